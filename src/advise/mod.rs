@@ -1,0 +1,1 @@
+//! Findings, the cause, the combined recommendation, and the config search.

@@ -1,0 +1,53 @@
+//! Devices the bundled allocator runs on: the simulated card (`sim`) and a real
+//! GPU through cudarc (`cuda`, the only module that touches cudarc).
+//!
+//! The trait mirrors the driver calls PyTorch's allocator makes: cudaMalloc /
+//! cudaFree for native segments, the virtual-memory API for expandable
+//! segments, cudaMemGetInfo for the OOM message, and synchronisations.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DeviceError {
+    /// cudaErrorMemoryAllocation: the allocator treats it as a failed attempt.
+    #[error("out of memory")]
+    OutOfMemory,
+    /// Any other driver error: PyTorch throws immediately.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Counts and modelled cost of driver calls, so a comparison can say what a
+/// config costs in driver work, not only in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceCounters {
+    pub mallocs: u64,
+    pub frees: u64,
+    pub maps: u64,
+    pub unmaps: u64,
+    pub synchronizations: u64,
+    /// Modelled (sim) or measured (cuda) time spent in driver calls, in microseconds.
+    pub driver_time_us: f64,
+}
+
+pub trait Device {
+    /// Total memory of the card (cudaMemGetInfo's `total`).
+    fn total_memory(&self) -> u64;
+    /// `(free, total)` as cudaMemGetInfo reports them now.
+    fn mem_get_info(&mut self) -> (u64, u64);
+    /// cudaMalloc of `size` bytes; the returned address is the segment base.
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError>;
+    /// cudaFree of a segment obtained from `malloc`.
+    fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError>;
+    /// cuMemAddressReserve: virtual address space for an expandable segment.
+    fn reserve_address(&mut self, size: u64) -> Result<u64, DeviceError>;
+    /// cuMemCreate + cuMemMap + cuMemSetAccess for `[addr, addr+size)` (whole pages).
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), DeviceError>;
+    /// cuMemUnmap + cuMemRelease of `[addr, addr+size)`.
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), DeviceError>;
+    /// cuMemAddressFree of a reservation from `reserve_address`.
+    fn release_address(&mut self, addr: u64, size: u64) -> Result<(), DeviceError>;
+    /// A device / stream synchronisation (counted; costed by the sim).
+    fn synchronize(&mut self);
+    fn counters(&self) -> DeviceCounters;
+}

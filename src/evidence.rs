@@ -1,0 +1,210 @@
+//! The one evidence model every input is parsed into. Field names and presence
+//! rules follow `shared/spec/cli-contract.md` (`parse --format json`): a field
+//! is present only when the input states it; nothing is derived here.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Raised by the caching allocator (any PyTorch era, native or cudaMallocAsync).
+    Oom,
+    /// Out of memory, but not the caching allocator's message (CUDA runtime,
+    /// cuBLAS, cuDNN, NCCL, MPS, host RAM, legacy THC).
+    NonAllocatorOom,
+    MemorySummary,
+    MemoryStats,
+    Snapshot,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    Cuda,
+    Hip,
+    Xpu,
+    Mps,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Backend {
+    #[serde(rename = "native")]
+    Native,
+    #[serde(rename = "cudaMallocAsync")]
+    CudaMallocAsync,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessUse {
+    /// `None` for "this process" ("Including non-PyTorch memory, this process has …").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u64>,
+    pub bytes: u64,
+}
+
+/// One `Stat {current, peak, allocated, freed}` as printed; absent columns stay `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StatValues {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub freed: Option<i64>,
+}
+
+/// `metrics[stat_name][pool]`, stat names as in `memory_stats()` (`allocated_bytes`,
+/// `segment`, …), pools `all`, `large_pool`, `small_pool`.
+pub type Metrics = BTreeMap<String, BTreeMap<String, StatValues>>;
+
+/// Which source raised a `non_allocator_oom`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomSource {
+    CudaRuntime,
+    Cublas,
+    Cudnn,
+    Nccl,
+    Mps,
+    Host,
+    LegacyThc,
+    Xpu,
+}
+
+/// One piece of evidence. `kind` says which fields can appear.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Observation {
+    pub kind: Kind,
+    /// The input's name as given (`-` for standard input).
+    pub input: String,
+    /// 1-based line where the observation starts (text inputs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_kind: Option<DeviceKind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exception: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_capacity_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_unallocated_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_in_use_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_processes: Vec<ProcessUse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_pools_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
+    /// The message or table was cut off; only what it holds is reported.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// The PyTorch era the text's format identifies, e.g. "1.10-2.0", "2.1", "2.4+".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format_era: Option<String>,
+    /// `non_allocator_oom` only: which library ran out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<OomSource>,
+    /// The first line of the message as found (for display), without prefixes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    // memory_summary / memory_stats
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_ooms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_retries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_ooms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_alloc_retries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Metrics>,
+    /// Scalar `memory_stats()` keys other than the two above
+    /// (`num_sync_all_streams`, `num_device_alloc`, `max_split_size`, …).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, i64>,
+
+    // snapshot
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segments: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_events: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_settings: Option<serde_json::Value>,
+    /// Snapshot-only analysis (per pool/stream breakdown, free extents, sites).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
+impl Observation {
+    /// An observation of `kind` from `input` with every optional field empty.
+    pub fn new(kind: Kind, input: impl Into<String>) -> Self {
+        Observation {
+            kind,
+            input: input.into(),
+            line: None,
+            device_kind: None,
+            device_index: None,
+            rank: None,
+            exception: None,
+            requested_bytes: None,
+            total_capacity_bytes: None,
+            free_bytes: None,
+            allocated_bytes: None,
+            reserved_bytes: None,
+            reserved_unallocated_bytes: None,
+            cached_bytes: None,
+            process_in_use_bytes: None,
+            other_processes: Vec::new(),
+            allowed_bytes: None,
+            private_pools_bytes: None,
+            backend: None,
+            truncated: false,
+            format_era: None,
+            source: None,
+            message: None,
+            cuda_ooms: None,
+            alloc_retries: None,
+            num_ooms: None,
+            num_alloc_retries: None,
+            metrics: None,
+            counters: BTreeMap::new(),
+            segments: None,
+            blocks: None,
+            active_bytes: None,
+            trace_events: None,
+            allocator_settings: None,
+            detail: None,
+        }
+    }
+}
+
+/// Everything found in all inputs, in input order then line order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Evidence {
+    pub observations: Vec<Observation>,
+}

@@ -1,0 +1,330 @@
+//! The `allocdoc` binary: parses the command line, calls the library, prints
+//! what it returns and exits with the contract's code. Nothing else lives here.
+
+use allocdoc::app::{self, Format, Outcome};
+use allocdoc::units::parse_size;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "allocdoc",
+    version,
+    about = "Diagnose PyTorch GPU out-of-memory failures and prove which PYTORCH_CUDA_ALLOC_CONF fixes them",
+    after_help = "Examples:\n  allocdoc diagnose train.log\n  pbpaste | allocdoc diagnose\n  allocdoc parse --format json oom.txt\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc replay trace.csv --conf '' --conf expandable_segments:True --capacity 24GiB\n  allocdoc recommend snapshot.pickle --capacity 16GiB"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Text,
+    Json,
+    Markdown,
+}
+
+impl From<FormatArg> for Format {
+    fn from(f: FormatArg) -> Self {
+        match f {
+            FormatArg::Text => Format::Text,
+            FormatArg::Json => Format::Json,
+            FormatArg::Markdown => Format::Markdown,
+        }
+    }
+}
+
+#[derive(Args, Clone, Copy)]
+struct FormatOpt {
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    format: FormatArg,
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The main job: parse every input, run the rules, print the cause and one environment line.
+    #[command(
+        after_help = "Examples:\n  allocdoc diagnose train.log\n  allocdoc diagnose rank*.log --format markdown\n  python train.py 2>&1 | allocdoc diagnose -"
+    )]
+    Diagnose {
+        /// Logs, memory_summary()/memory_stats() dumps, snapshot pickles or traces; `-` or nothing reads standard input.
+        inputs: Vec<String>,
+        /// Also list rules that could not be evaluated and what they need.
+        #[arg(short, long)]
+        verbose: bool,
+        /// A directory of extra YAML rules that add to or override the built-in ones.
+        #[arg(long)]
+        rules: Option<PathBuf>,
+        /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
+        #[arg(long)]
+        torch_version: Option<String>,
+        /// Also write a self-contained HTML report.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// The evidence alone: what was found in the inputs, nothing inferred.
+    #[command(
+        after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle"
+    )]
+    Parse {
+        /// Inputs; `-` or nothing reads standard input.
+        inputs: Vec<String>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Work with PYTORCH_CUDA_ALLOC_CONF values.
+    Conf {
+        #[command(subcommand)]
+        action: ConfAction,
+    },
+    /// Run a trace through the bundled caching allocator under one or more configs.
+    #[command(
+        after_help = "Examples:\n  allocdoc replay trace.csv --capacity 24GiB\n  allocdoc replay trace.csv --conf '' --conf expandable_segments:True --capacity 24GiB\n  allocdoc replay snapshot.pickle --fidelity"
+    )]
+    Replay {
+        /// A trace CSV (action,id,size,stream), an RMM replay log or a snapshot pickle with a trace.
+        trace: String,
+        /// A config to run under (repeatable; '' is PyTorch's default).
+        #[arg(long = "conf")]
+        confs: Vec<String>,
+        /// Device capacity, e.g. 24GiB.
+        #[arg(long, value_parser = size_arg)]
+        capacity: Option<u64>,
+        /// `sim` (default) or `cuda[:N]`.
+        #[arg(long, default_value = "sim")]
+        device: String,
+        /// Compare every allocation with the addresses recorded in the snapshot.
+        #[arg(long)]
+        fidelity: bool,
+        /// Print PyTorch's memory_summary() for each run at its peak and at the end.
+        #[arg(long)]
+        summary: bool,
+        /// Follow this PyTorch version's allocator behaviour (default 2.6).
+        #[arg(long)]
+        torch_version: Option<String>,
+        /// memory_stats() JSON written by scripts/torch_crosscheck.py, to compare against.
+        #[arg(long)]
+        compare_with: Option<PathBuf>,
+        /// Write the simulated run as a torch memory snapshot pickle.
+        #[arg(long)]
+        emit_snapshot: Option<PathBuf>,
+        /// Also write a self-contained HTML report.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Search the config space by replay and rank the results.
+    #[command(
+        after_help = "Examples:\n  allocdoc recommend trace.csv --capacity 16GiB\n  allocdoc recommend snapshot.pickle --format json"
+    )]
+    Recommend {
+        input: String,
+        #[arg(long, value_parser = size_arg)]
+        capacity: Option<u64>,
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Replay (or probe, for text-only evidence) under the current and a candidate config.
+    #[command(
+        after_help = "Examples:\n  allocdoc validate trace.csv --conf expandable_segments:True --capacity 24GiB\n  allocdoc validate oom.log --conf expandable_segments:True\n  allocdoc validate oom.log --conf expandable_segments:True --device cuda"
+    )]
+    Validate {
+        input: String,
+        /// The candidate config.
+        #[arg(long)]
+        conf: String,
+        /// The config in use today (default: PyTorch's defaults).
+        #[arg(long)]
+        current: Option<String>,
+        #[arg(long, value_parser = size_arg)]
+        capacity: Option<u64>,
+        /// `sim` (default) or `cuda[:N]`.
+        #[arg(long, default_value = "sim")]
+        device: String,
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+    /// Inspect and unit-test the YAML rules.
+    Rules {
+        #[command(subcommand)]
+        action: RulesAction,
+        /// A directory of extra YAML rules.
+        #[arg(long, global = true)]
+        rules: Option<PathBuf>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfAction {
+    /// Lint a PYTORCH_CUDA_ALLOC_CONF value for a given PyTorch version.
+    #[command(
+        after_help = "Examples:\n  allocdoc conf check 'max_split_size_mb:128,expandable_segments:True'\n  allocdoc conf check 'roundup_power2_divisions:[256:1,512:2,>:8]' --torch-version 2.10"
+    )]
+    Check {
+        conf: String,
+        /// PyTorch version whose grammar and keys apply (default 2.6).
+        #[arg(long)]
+        torch_version: Option<String>,
+        #[command(flatten)]
+        format: FormatOpt,
+    },
+}
+
+#[derive(Subcommand)]
+enum RulesAction {
+    /// List every rule.
+    List,
+    /// Show one rule in full.
+    Show { id: String },
+    /// Run every rule's own test cases.
+    Test { dir: Option<PathBuf> },
+}
+
+fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
+    match cli.command {
+        Command::Diagnose {
+            inputs,
+            verbose,
+            rules,
+            torch_version,
+            report,
+            format,
+        } => app::diagnose::run(&app::diagnose::DiagnoseOptions {
+            inputs,
+            format: format.format.into(),
+            verbose,
+            rules_dir: rules,
+            torch_version,
+            report,
+        }),
+        Command::Parse { inputs, format } => app::parse::run(&app::parse::ParseOptions {
+            inputs,
+            format: format.format.into(),
+        }),
+        Command::Conf {
+            action:
+                ConfAction::Check {
+                    conf,
+                    torch_version,
+                    format,
+                },
+        } => app::conf_check::run(&app::conf_check::ConfCheckOptions {
+            conf,
+            torch_version,
+            format: format.format.into(),
+        }),
+        Command::Replay {
+            trace,
+            confs,
+            capacity,
+            device,
+            fidelity,
+            summary,
+            torch_version,
+            compare_with,
+            emit_snapshot,
+            report,
+            format,
+        } => app::replay::run(&app::replay::ReplayOptions {
+            trace,
+            confs,
+            capacity,
+            device,
+            fidelity,
+            summary,
+            torch_version,
+            compare_with,
+            emit_snapshot,
+            report,
+            format: format.format.into(),
+        }),
+        Command::Recommend {
+            input,
+            capacity,
+            report,
+            format,
+        } => app::recommend::run(&app::recommend::RecommendOptions {
+            input,
+            capacity,
+            report,
+            format: format.format.into(),
+        }),
+        Command::Validate {
+            input,
+            conf,
+            current,
+            capacity,
+            device,
+            report,
+            format,
+        } => app::validate::run(&app::validate::ValidateOptions {
+            input,
+            conf,
+            current,
+            capacity,
+            device,
+            report,
+            format: format.format.into(),
+        }),
+        Command::Rules {
+            action,
+            rules,
+            format,
+        } => {
+            let action = match action {
+                RulesAction::List => app::rules_cmd::RulesAction::List,
+                RulesAction::Show { id } => app::rules_cmd::RulesAction::Show(id),
+                RulesAction::Test { dir } => app::rules_cmd::RulesAction::Test(dir),
+            };
+            app::rules_cmd::run(&app::rules_cmd::RulesOptions {
+                action,
+                rules_dir: rules,
+                format: format.format.into(),
+            })
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors; everything else is a usage error (2).
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(outcome) => {
+            for note in &outcome.stderr {
+                eprintln!("{note}");
+            }
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (`allocdoc … | head`) is not an error worth a panic.
+            let _ = out.write_all(outcome.stdout.as_bytes());
+            let _ = out.flush();
+            ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)
+        }
+        Err(e) => {
+            eprintln!("allocdoc: error: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}

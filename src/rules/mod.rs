@@ -1,0 +1,1 @@
+//! The YAML rule engine and its small expression language.

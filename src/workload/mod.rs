@@ -1,0 +1,1 @@
+//! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
