@@ -3,10 +3,12 @@
 //! renderer and the linter behind `conf check` live in this module.
 
 mod cpp;
+mod describe;
 pub mod keys;
 mod parse;
 mod render;
 
+pub use describe::{SettingRow, describe, serialize_rows};
 pub use keys::{Effect, KeySpec};
 pub use parse::{Era, parse};
 pub use render::render;

@@ -796,7 +796,11 @@ impl Parser<'_> {
             );
         }
         if s.expandable_segments {
-            self.note("expandable_segments is not supported on Windows (PyTorch warns and ignores it there)".into());
+            // CUDAAllocatorConfig::expandable_segments(): a compile-time guard.
+            self.note(
+                "builds without the CUDA driver API (Windows; ROCm before support) warn \"expandable_segments not supported on this platform\" and ignore expandable_segments"
+                    .into(),
+            );
         }
     }
 }
