@@ -397,6 +397,15 @@ fn whitespace_per_era() {
         ok("max_split_size_mb:\t128", "2.6").max_split_size,
         128 * MIB
     );
+    // A space inside a key: dropped by 2.x, a separator for 1.x.
+    assert_eq!(
+        ok("max_split_ size_mb:128", "2.6").max_split_size,
+        128 * MIB
+    );
+    assert_eq!(
+        err("max_split_ size_mb:128", "1.13").message,
+        "Unrecognized CachingAllocator option: size_mb"
+    );
     // Era C: every isspace character is dropped.
     let s = ok(
         "max_split_size_mb:128,\n\texpandable_segments:\tTrue",
@@ -758,6 +767,19 @@ mod command {
         assert_eq!(rounded(88080384), 100663296);
         assert_eq!(rounded(1200), 1536);
         assert_eq!(rounded(1048577), 1310720);
+    }
+
+    /// 1.12–2.0: `roundup_power2_divisions:1` leaves sizes above 512 unrounded.
+    #[test]
+    fn scalar_one_quirk_in_the_rounding_table() {
+        let row = |version: &str| {
+            let (json, _) = check("roundup_power2_divisions:1", version, Format::Json);
+            let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+            v["rounding"][2].clone()
+        };
+        assert_eq!(row("1.12")["request_bytes"], 1200);
+        assert_eq!(row("1.12")["rounded_bytes"], 1200);
+        assert_eq!(row("2.6")["rounded_bytes"], 1536);
     }
 
     #[test]
