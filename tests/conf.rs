@@ -556,6 +556,17 @@ fn unmodelled_keys_are_reported() {
 }
 
 #[test]
+fn parsed_render_keeps_unmodelled_keys() {
+    let value = "pinned_use_cuda_host_register: True ,max_split_size_mb:64,expandable_segments_reserve_by_class:[a:1,b:2],pinned_num_register_threads:8";
+    let p = parse(value, v("2.15")).unwrap();
+    assert_eq!(
+        p.render(),
+        "max_split_size_mb:64,pinned_use_cuda_host_register:True,expandable_segments_reserve_by_class:[a:1,b:2],pinned_num_register_threads:8"
+    );
+    assert_eq!(parse(&p.render(), v("2.15")).unwrap(), p);
+}
+
+#[test]
 fn every_parse_starts_from_defaults() {
     assert_eq!(
         ok("", "2.6"),
