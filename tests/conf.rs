@@ -477,7 +477,7 @@ fn cuda_malloc_async_warning_per_version() {
     assert_eq!(
         w("backend:cudaMallocAsync,max_split_size_mb:100", "2.0"),
         [
-            "backend:cudaMallocAsync ignores max_split_size_mb,roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
+            "backend:cudaMallocAsync ignores max_split_size_mb, roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
         ]
     );
     assert_eq!(
