@@ -117,10 +117,10 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
 fn next_steps(d: &Diagnosis) -> Vec<&str> {
     let mut v: Vec<&str> = Vec::new();
     for f in &d.findings {
-        if let Some(n) = f.next.as_deref() {
-            if !v.contains(&n) {
-                v.push(n);
-            }
+        if let Some(n) = f.next.as_deref()
+            && !v.contains(&n)
+        {
+            v.push(n);
         }
     }
     v
@@ -165,14 +165,13 @@ fn describe(o: &Observation) -> String {
     if let Some(r) = o.rank {
         let _ = write!(s, ", rank {r}");
     }
-    if let Some(src) = o.source {
-        if let Some(v) = serde_json::to_value(src)
+    if let Some(src) = o.source
+        && let Some(v) = serde_json::to_value(src)
             .ok()
             .as_ref()
             .and_then(|v| v.as_str().map(str::to_string))
-        {
-            let _ = write!(s, ", from {v}");
-        }
+    {
+        let _ = write!(s, ", from {v}");
     }
     s
 }
