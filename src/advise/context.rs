@@ -76,7 +76,11 @@ impl Context {
 
     /// Records the config in effect; an unparsable value is kept as text only.
     pub fn set_current(&mut self, value: &str, source: &'static str) {
-        self.current = super::combine::settings_of(value);
+        let version = self
+            .torch
+            .and_then(|t| t.lo)
+            .unwrap_or(crate::conf::TorchVersion::DEFAULT);
+        self.current = super::combine::settings_of(value, version);
         self.current_source = Some((value.to_string(), source));
     }
 }

@@ -57,7 +57,6 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
     bytes(f, "capacity", p.total_capacity_bytes);
     bytes(f, "free", p.free_bytes);
     bytes(f, "private_pools", p.private_pools_bytes);
-    bytes(f, "process_in_use", p.process_in_use_bytes);
     let (allocated, reserved) = match p.kind {
         Kind::MemorySummary | Kind::MemoryStats => (
             stat(p, "allocated_bytes", "all").or(p.allocated_bytes),
@@ -80,15 +79,34 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
             Some(c.saturating_sub(fr).saturating_sub(r)),
         );
     }
-    if let (Some(u), Some(r)) = (p.process_in_use_bytes, reserved) {
+    let listed: Vec<u64> = p
+        .other_processes
+        .iter()
+        .filter(|u| u.pid.is_some())
+        .map(|u| u.bytes)
+        .collect();
+    let mut in_use = p.process_in_use_bytes;
+    let mut self_at = None;
+    if let (None, Some(r), Some(c)) = (in_use, reserved, p.total_capacity_bytes) {
+        // In a container NVML reports host PIDs, so PyTorch does not recognise
+        // itself and prints "Process <pid> has …" for its own memory: a listed
+        // process holding this cache plus a context-sized margin is this one.
+        let margin = (2u64 << 30).max(c / 20);
+        self_at = listed
+            .iter()
+            .position(|&b| b >= r && b <= r.saturating_add(margin));
+        in_use = self_at.and_then(|i| listed.get(i).copied());
+    }
+    bytes(f, "process_in_use", in_use);
+    if let (Some(u), Some(r)) = (in_use, reserved) {
         bytes(f, "non_pytorch_in_process", Some(u.saturating_sub(r)));
     }
-    if !p.other_processes.is_empty() || p.process_in_use_bytes.is_some() {
-        let others: u64 = p
-            .other_processes
+    if !listed.is_empty() || in_use.is_some() {
+        let others: u64 = listed
             .iter()
-            .filter(|u| u.pid.is_some())
-            .map(|u| u.bytes)
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != self_at)
+            .map(|(_, b)| b)
             .sum();
         bytes(f, "other_processes_bytes", Some(others));
     }
@@ -240,7 +258,7 @@ fn era_range(o: &Observation) -> VersionRange {
 
 /// "2.1" → [2.1, 2.1], "1.10-2.0" → [1.10, 2.0], "2.4+" → [2.4, …), "pre-1.0" → (…, 0.4].
 pub fn parse_era(era: &str) -> VersionRange {
-    let v = |s: &str| crate::rules::parse_version(s.trim());
+    let v = |s: &str| TorchVersion::parse(s).ok();
     let era = era.trim();
     if let Some(rest) = era.strip_prefix("pre-") {
         let hi = v(rest).map(|x| TorchVersion::new(x.major.saturating_sub(1), 99));

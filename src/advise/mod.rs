@@ -118,7 +118,7 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
     let deciding = findings.iter().find(|f| f.cause.is_some());
     let cause = deciding.and_then(|f| f.cause).unwrap_or(Cause::Unknown);
     let verdict = match deciding {
-        Some(f) => format!("{}: {}", headline(cause), f.message),
+        Some(f) => format!("{}: {}", cause.as_str(), f.message),
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
         }
