@@ -367,6 +367,7 @@ mod tests {
         o.reserved_unallocated_bytes = Some(6657199309);
         o.format_era = Some("2.2-2.3".into());
         let ev = Evidence {
+            notes: Vec::new(),
             observations: vec![o],
         };
         let f = facts(&ev, &Context::default());
