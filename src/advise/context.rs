@@ -13,6 +13,9 @@ use std::sync::LazyLock;
 pub struct Context {
     /// From `--torch-version`, or a version line in the text (collect_env, pip freeze).
     pub torch: Option<VersionRange>,
+    /// The oldest version the text allows: PyTorch's hint "try setting
+    /// max_split_size_mb" appeared in 1.10 (§7.2).
+    pub torch_floor: Option<crate::conf::TorchVersion>,
     /// The allocator config in effect, from `--conf` or a `PYTORCH_*ALLOC_CONF=` in the text.
     pub current: Option<Settings>,
     /// The raw config value and where it came from ("--conf", "the text").
@@ -69,6 +72,9 @@ impl Context {
                     break;
                 }
             }
+        }
+        if text.contains("try setting max_split_size_mb") {
+            self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
         }
         self.windows |= WINDOWS.is_match(text);
         self.ipc_user |= IPC.is_match(text);

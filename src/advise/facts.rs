@@ -32,9 +32,15 @@ pub fn facts(evidence: &Evidence, ctx: &Context) -> Facts {
         }
     }
     let primary = primary(evidence);
-    f.torch = ctx
-        .torch
-        .unwrap_or_else(|| primary.map(era_range).unwrap_or_default());
+    f.torch = ctx.torch.unwrap_or_else(|| {
+        let mut r = primary.map(era_range).unwrap_or_default();
+        if let Some(floor) = ctx.torch_floor
+            && r.hi.is_none_or(|hi| hi >= floor)
+        {
+            r.lo = Some(r.lo.map_or(floor, |lo| lo.max(floor)));
+        }
+        r
+    });
     f.backend = primary
         .and_then(|p| p.backend)
         .or(ctx.current.as_ref().map(|c| c.backend));

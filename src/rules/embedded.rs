@@ -19,10 +19,6 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/expandable-already-on.yaml"),
     ),
     (
-        "rules/expandable-unavailable.yaml",
-        include_str!("../../rules/expandable-unavailable.yaml"),
-    ),
-    (
         "rules/free-exceeds-request.yaml",
         include_str!("../../rules/free-exceeds-request.yaml"),
     ),
@@ -97,6 +93,14 @@ pub(super) const FILES: &[(&str, &str)] = &[
     (
         "rules/small-pool-fragmentation.yaml",
         include_str!("../../rules/small-pool-fragmentation.yaml"),
+    ),
+    (
+        "rules/use-expandable-segments.yaml",
+        include_str!("../../rules/use-expandable-segments.yaml"),
+    ),
+    (
+        "rules/use-max-split-size.yaml",
+        include_str!("../../rules/use-max-split-size.yaml"),
     ),
 ];
 
