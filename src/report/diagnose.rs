@@ -54,6 +54,12 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
                 d.cause.as_str()
             );
         }
+        None if needs_version(d) => {
+            let _ = writeln!(
+                out,
+                "\nNo allocator setting yet: which one applies depends on your PyTorch version; rerun with --torch-version."
+            );
+        }
         None => {
             let _ = writeln!(
                 out,
@@ -111,6 +117,12 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
             let _ = writeln!(out, "  - {}: {}", f.rule, f.reference);
         }
     }
+}
+
+fn needs_version(d: &Diagnosis) -> bool {
+    d.not_evaluated
+        .iter()
+        .any(|n| n.needs.iter().any(|m| m == "torch_version"))
 }
 
 /// Each fired rule's advice once, highest priority first.
