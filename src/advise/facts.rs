@@ -68,13 +68,14 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
             stat(p, "allocated_bytes", "all").or(p.allocated_bytes),
             stat(p, "reserved_bytes", "all").or(p.reserved_bytes),
         ),
-        _ => (p.allocated_bytes, p.reserved_bytes.or(p.cached_bytes)),
+        _ => (p.allocated_bytes, p.reserved_bytes),
     };
-    // 2.1+ messages print allocated and reserved-unallocated; older ones allocated and reserved.
-    let reserved = reserved.or_else(|| Some(allocated? + p.reserved_unallocated_bytes?));
-    let unallocated = p
-        .reserved_unallocated_bytes
-        .or_else(|| Some(reserved?.saturating_sub(allocated?)));
+    // 2.1+ messages print reserved-but-unallocated; 1.0-1.3 print "cached", which
+    // is the same quantity (`stats.amount_cached - stats.amount_allocated` in
+    // THCCachingAllocator's message), not the reserved total.
+    let gap = p.reserved_unallocated_bytes.or(p.cached_bytes);
+    let reserved = reserved.or_else(|| Some(allocated? + gap?));
+    let unallocated = gap.or_else(|| Some(reserved?.saturating_sub(allocated?)));
     bytes(f, "allocated", allocated);
     bytes(f, "reserved", reserved);
     bytes(f, "reserved_unallocated", unallocated);
@@ -385,6 +386,29 @@ mod tests {
             Some(&Fact::Bool(true))
         );
         assert_eq!(f.values.get("fraction_set"), Some(&Fact::Bool(false)));
+        assert_eq!(
+            f.values.get("reserved_unallocated"),
+            Some(&Fact::Num(6657199309.0))
+        );
         assert!(!f.values.contains_key("other_processes_bytes"));
+    }
+
+    #[test]
+    fn cached_in_1_0_messages_is_the_gap_not_the_total() {
+        // "Tried to allocate 26.00 MiB (GPU 0; 1024.00 MiB total capacity; 435.61 MiB
+        //  already allocated; 24.17 MiB free; 26.39 MiB cached)" (pytorch/examples#621)
+        let mut o = Observation::new(Kind::Oom, "t.log");
+        o.allocated_bytes = Some(456769372);
+        o.cached_bytes = Some(27671675);
+        let ev = Evidence {
+            notes: Vec::new(),
+            observations: vec![o],
+        };
+        let f = facts(&ev, &Context::default());
+        assert_eq!(
+            f.values.get("reserved_unallocated"),
+            Some(&Fact::Num(27671675.0))
+        );
+        assert_eq!(f.values.get("reserved"), Some(&Fact::Num(484441047.0)));
     }
 }

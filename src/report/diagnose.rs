@@ -189,13 +189,14 @@ fn describe(o: &Observation) -> String {
 }
 
 fn sizes(o: &Observation) -> Vec<String> {
-    let fields: [(&str, Option<u64>); 8] = [
+    let fields: [(&str, Option<u64>); 9] = [
         ("requested", o.requested_bytes),
         ("capacity", o.total_capacity_bytes),
         ("free", o.free_bytes),
         ("allocated", o.allocated_bytes),
-        ("reserved", o.reserved_bytes.or(o.cached_bytes)),
+        ("reserved", o.reserved_bytes),
         ("reserved but unallocated", o.reserved_unallocated_bytes),
+        ("cached (reserved but unallocated)", o.cached_bytes),
         ("allowed", o.allowed_bytes),
         ("private pools", o.private_pools_bytes),
     ];
