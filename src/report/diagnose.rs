@@ -89,7 +89,7 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
 
 fn recommendation_text(out: &mut String, r: &Recommendation) {
     let _ = writeln!(out, "\nRecommended\n  {}", r.line);
-    let _ = writeln!(out, "  or in Python, before the first `import torch`:");
+    let _ = writeln!(out, "  or in Python:");
     for l in r.python.lines() {
         let _ = writeln!(out, "    {l}");
     }
