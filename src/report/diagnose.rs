@@ -2,11 +2,11 @@
 //! findings, the one environment line (or why there is none), what to check
 //! next, and with `-v` the rules that could not be evaluated.
 
-use crate::advise::{Diagnosis, Recommendation};
+use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation};
 use crate::evidence::{Kind, Observation};
 use crate::units::format_size;
 use comfy_table::{ContentArrangement, Table, presets};
-use serde_json::json;
+use serde::Serialize;
 use std::fmt::Write;
 
 /// Width of the findings table, fixed so output is the same on every terminal.
@@ -206,24 +206,34 @@ fn sizes(o: &Observation) -> Vec<String> {
         .collect()
 }
 
+/// `diagnose --format json`: the contract's fields in the contract's order,
+/// then ours (`verdict`, `next_steps`, `not_evaluated`).
+#[derive(Serialize)]
+struct Json<'a> {
+    observations: &'a [Observation],
+    cause: &'static str,
+    findings: &'a [Finding],
+    recommendation: Option<&'a Recommendation>,
+    verdict: &'a str,
+    next_steps: Vec<&'a str>,
+    not_evaluated: &'a [NotEvaluated],
+}
+
 pub fn json(d: &Diagnosis) -> String {
-    let value = json!({
-        "observations": d.evidence.observations,
-        "cause": d.cause.as_str(),
-        "verdict": d.verdict,
-        "findings": d.findings,
-        "recommendation": d.recommendation,
-        "next_steps": next_steps(d),
-        "not_evaluated": d.not_evaluated,
-    });
-    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
-    s.push('\n');
-    s
+    crate::report::common::json(&Json {
+        observations: &d.evidence.observations,
+        cause: d.cause.as_str(),
+        findings: &d.findings,
+        recommendation: d.recommendation.as_ref(),
+        verdict: &d.verdict,
+        next_steps: next_steps(d),
+        not_evaluated: &d.not_evaluated,
+    })
 }
 
 pub fn markdown(d: &Diagnosis) -> String {
     let mut out = String::from("## allocdoc diagnosis\n\n");
-    let _ = writeln!(out, "**Cause: `{}`.** {}\n", d.cause.as_str(), d.verdict);
+    let _ = writeln!(out, "**Verdict:** {}\n", d.verdict);
     if let Some(p) = primary(d) {
         let _ = writeln!(out, "Evidence: `{}`", describe(p));
         let sizes = sizes(p);
