@@ -120,9 +120,11 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
 }
 
 fn needs_version(d: &Diagnosis) -> bool {
-    d.not_evaluated
-        .iter()
-        .any(|n| n.needs.iter().any(|m| m == "torch_version"))
+    d.not_evaluated.iter().any(|n| {
+        n.needs
+            .iter()
+            .any(|m| m == "torch_version" || m == "expandable_segments_supported")
+    })
 }
 
 /// Each fired rule's advice once, highest priority first.

@@ -31,6 +31,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/huge-request.yaml"),
     ),
     (
+        "rules/inactive-split-high.yaml",
+        include_str!("../../rules/inactive-split-high.yaml"),
+    ),
+    (
         "rules/inactive-split-rising.yaml",
         include_str!("../../rules/inactive-split-rising.yaml"),
     ),
