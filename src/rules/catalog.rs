@@ -217,3 +217,18 @@ pub const METRICS: &[MetricDef] = &[
 pub fn lookup(name: &str) -> Option<&'static MetricDef> {
     METRICS.iter().find(|d| d.name == name)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn readme_documents_every_metric() {
+        let readme = include_str!("../../rules/README.md");
+        for m in super::METRICS {
+            assert!(
+                readme.contains(&format!("| `{}` |", m.name)),
+                "rules/README.md lacks {}",
+                m.name
+            );
+        }
+    }
+}
