@@ -44,6 +44,21 @@ static IPC: LazyLock<Regex> = LazyLock::new(|| {
         .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 
+/// PyTorch's OOM hint ("… try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+/// to avoid fragmentation"), also when a terminal or a log prefix wrapped it.
+fn is_pytorch_hint(text: &str, start: usize, end: usize) -> bool {
+    let mut from = start.saturating_sub(80);
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    let mut to = end.saturating_add(40).min(text.len());
+    while !text.is_char_boundary(to) {
+        to += 1;
+    }
+    text.get(from..start).is_some_and(|b| b.contains("try"))
+        || text.get(end..to).is_some_and(|a| a.contains("avoid"))
+}
+
 impl Context {
     /// Scans the text of every input. The OOM hint PyTorch itself prints
     /// ("try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") is not a
@@ -62,15 +77,15 @@ impl Context {
             }
         }
         if self.current_source.is_none() {
-            for line in text.lines().filter(|l| !l.contains("try setting")) {
-                if let Some(c) = CONF.captures(line) {
-                    let value = c
-                        .get(1)
-                        .map_or("", |m| m.as_str())
-                        .trim_end_matches([',', '.']);
-                    self.set_current(value, "the text");
-                    break;
+            for c in CONF.captures_iter(text) {
+                let (Some(all), Some(value)) = (c.get(0), c.get(1)) else {
+                    continue;
+                };
+                if is_pytorch_hint(text, all.start(), all.end()) {
+                    continue;
                 }
+                self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
+                break;
             }
         }
         if text.contains("try setting max_split_size_mb") {
@@ -118,6 +133,8 @@ mod tests {
     fn pytorch_hint_is_not_a_user_config() {
         let mut c = Context::default();
         c.scan("If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
+        assert_eq!(c.current_source, None);
+        c.scan("[rank2]: eserved but unallocated memory is large try settin\n[rank2]: g PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n[rank2]:  to avoid fragmentation.");
         assert_eq!(c.current_source, None);
         c.scan("vllm/distributed/device_communicators/custom_all_reduce.py");
         assert!(c.ipc_user);

@@ -58,8 +58,19 @@ fn bytes(f: &mut Facts, name: &str, v: Option<u64>) {
     }
 }
 
+/// §7.2: "Tried to allocate more than 1EB memory." states a lower bound only.
+const ONE_EIB: u64 = 1 << 60;
+
 fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
-    bytes(f, "requested", p.requested_bytes);
+    let over_1eb = p
+        .message
+        .as_deref()
+        .is_some_and(|m| m.contains("more than 1EB"));
+    bytes(
+        f,
+        "requested",
+        p.requested_bytes.or(over_1eb.then_some(ONE_EIB)),
+    );
     bytes(f, "capacity", p.total_capacity_bytes);
     bytes(f, "free", p.free_bytes);
     bytes(f, "private_pools", p.private_pools_bytes);

@@ -7,6 +7,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/alloc-retries.yaml"),
     ),
     (
+        "rules/async-capacity.yaml",
+        include_str!("../../rules/async-capacity.yaml"),
+    ),
+    (
         "rules/capacity.yaml",
         include_str!("../../rules/capacity.yaml"),
     ),
@@ -81,6 +85,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
     (
         "rules/request-exceeds-capacity.yaml",
         include_str!("../../rules/request-exceeds-capacity.yaml"),
+    ),
+    (
+        "rules/request-over-1eb.yaml",
+        include_str!("../../rules/request-over-1eb.yaml"),
     ),
     (
         "rules/reserved-gap.yaml",

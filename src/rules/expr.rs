@@ -201,7 +201,7 @@ fn lex(src: &str) -> Result<Vec<(Tok, Span)>, ParseError> {
                     None => {
                         return Err(ParseError {
                             message: format!(
-                                "unknown size unit '{unit}' (use B, KiB, MiB, GiB, TiB)"
+                                "unknown size unit '{unit}' (use B, KiB, MiB, GiB, TiB, PiB, EiB)"
                             ),
                             span: Span {
                                 start: unit_start,
@@ -308,6 +308,8 @@ fn size_unit(unit: &str) -> Option<f64> {
         "MiB" | "MB" | "M" => 1048576.0,
         "GiB" | "GB" | "G" => 1073741824.0,
         "TiB" | "TB" | "T" => 1099511627776.0,
+        "PiB" | "PB" => 1125899906842624.0,
+        "EiB" | "EB" => 1152921504606846976.0,
         _ => return None,
     })
 }
