@@ -21,6 +21,9 @@ pub struct Context {
     /// The raw config value and where it came from ("--conf", "the text").
     pub current_source: Option<(String, &'static str)>,
     pub windows: bool,
+    /// PyTorch warned "expandable_segments not supported on this platform"
+    /// (old driver, no driver API; pytorch#122057).
+    pub expandable_unsupported: bool,
     pub ipc_user: bool,
 }
 
@@ -92,6 +95,7 @@ impl Context {
             self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
         }
         self.windows |= WINDOWS.is_match(text);
+        self.expandable_unsupported |= text.contains("expandable_segments not supported on this platform");
         self.ipc_user |= IPC.is_match(text);
     }
 

@@ -315,14 +315,15 @@ fn context_facts(f: &mut Facts, ctx: &Context, primary: Option<&Observation>) {
         "backend_async",
         Fact::Bool(f.backend == Some(Backend::CudaMallocAsync)),
     );
-    // §5: expandable segments need 2.1+, Linux CUDA driver API, ROCm from 2.12
-    // (UNVERIFIED in the spec), and no CUDA IPC user that breaks with them.
+    // §5: expandable segments need 2.1+ and the CUDA driver API on Linux, and
+    // no CUDA IPC user that breaks with them. ROCm: pytorch#173330, relanded as
+    // #177974 (March 2026) and gated on ROCm >= 7.0 (#179930), so 2.12 upstream.
     let version_ok = |min: TorchVersion| match (f.torch.lo, f.torch.hi) {
         (Some(lo), _) if lo >= min => Some(true),
         (_, Some(hi)) if hi < min => Some(false),
         _ => None,
     };
-    let blocked = ctx.windows || ctx.ipc_user;
+    let blocked = ctx.windows || ctx.ipc_user || ctx.expandable_unsupported;
     let supported = if blocked {
         Some(false)
     } else if rocm {
