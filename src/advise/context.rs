@@ -95,7 +95,8 @@ impl Context {
             self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
         }
         self.windows |= WINDOWS.is_match(text);
-        self.expandable_unsupported |= text.contains("expandable_segments not supported on this platform");
+        self.expandable_unsupported |=
+            text.contains("expandable_segments not supported on this platform");
         self.ipc_user |= IPC.is_match(text);
     }
 
