@@ -179,15 +179,14 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
         bytes(f, "oversize_segments", stat(s, "oversize_segments", "all"));
         bytes(f, "retries", retries(s));
     }
-    let ooms = latest
-        .and_then(|s| s.cuda_ooms.or(s.num_ooms))
-        .unwrap_or_else(|| {
-            evidence
-                .observations
-                .iter()
-                .filter(|o| o.kind == Kind::Oom)
-                .count() as u64
-        });
+    // A summary printed before the OOM does not count it; the messages do.
+    let messages = evidence
+        .observations
+        .iter()
+        .filter(|o| o.kind == Kind::Oom)
+        .count() as u64;
+    let counted = latest.and_then(|s| s.cuda_ooms.or(s.num_ooms)).unwrap_or(0);
+    let ooms = counted.max(messages);
     f.set("ooms", Fact::Num(ooms as f64));
 }
 

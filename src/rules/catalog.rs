@@ -126,7 +126,7 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "ooms",
         Number,
-        "OOMs counted by the allocator (latest summary/stats), else the number of OOM messages seen",
+        "OOMs: the larger of the allocator's count (latest summary/stats) and the number of OOM messages seen",
     ),
     m(
         "expandable_segments_on",
