@@ -87,7 +87,8 @@ impl Context {
                 if is_pytorch_hint(text, all.start(), all.end()) {
                     continue;
                 }
-                self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
+                // A config in a log that PyTorch rejects is reported by `conf check`, not here.
+                let _ = self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
                 break;
             }
         }
@@ -100,14 +101,26 @@ impl Context {
         self.ipc_user |= IPC.is_match(text);
     }
 
-    /// Records the config in effect; an unparsable value is kept as text only.
-    pub fn set_current(&mut self, value: &str, source: &'static str) {
+    /// Records the config in effect. A value PyTorch would reject is kept as
+    /// text only, and the error says why (the settings then stay unknown).
+    pub fn set_current(&mut self, value: &str, source: &'static str) -> Result<(), String> {
         let version = self
             .torch
             .and_then(|t| t.lo)
             .unwrap_or(crate::conf::TorchVersion::DEFAULT);
-        self.current = super::combine::settings_of(value, version);
         self.current_source = Some((value.to_string(), source));
+        match crate::conf::parse(value, version) {
+            Ok(p) => {
+                self.current = Some(p.settings);
+                Ok(())
+            }
+            Err(e) => {
+                self.current = None;
+                Err(format!(
+                    "PyTorch {version} would reject the config '{value}' ({source}): {e}; see `allocdoc conf check`"
+                ))
+            }
+        }
     }
 }
 
