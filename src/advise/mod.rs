@@ -111,7 +111,7 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
         }
-        None => format!("{}.", headline(cause)),
+        None => "Not enough evidence to name a cause.".into(),
     };
     let recommendation = if cause.rules_out_settings() {
         None
@@ -130,18 +130,5 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         failed,
         current_conf: ctx.current_source.clone(),
         facts,
-    }
-}
-
-/// The cause in a few words, for the verdict line.
-pub fn headline(cause: Cause) -> &'static str {
-    match cause {
-        Cause::Fragmentation => "Fragmentation",
-        Cause::Capacity => "Live tensors fill the card",
-        Cause::RequestExceedsCapacity => "One request is larger than the whole card",
-        Cause::OtherProcesses => "Other processes hold the memory",
-        Cause::MemoryFractionCap => "The per-process memory fraction cap was hit",
-        Cause::NotAllocator => "Out of memory outside PyTorch's caching allocator",
-        Cause::Unknown => "Not enough evidence to name a cause",
     }
 }

@@ -123,7 +123,7 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
     if !d.findings.is_empty() {
         let _ = writeln!(out, "\nReferences");
         for f in &d.findings {
-            let _ = writeln!(out, "  - {}: {}", f.rule, f.reference);
+            let _ = writeln!(out, "  - {} ({}): {}", f.rule, f.title, f.reference);
         }
     }
 }
