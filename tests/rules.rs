@@ -120,6 +120,8 @@ const OLD_FRAGMENTED: &str = "fixtures/eval/2kangho-vdsr-pytorch-2.txt";
 const TOO_LARGE: &str = "fixtures/eval/qwenlm-qwen25-omni-240.txt";
 /// Host RAM: not the allocator at all.
 const HOST: &str = "fixtures/eval/jingyunliang-vrt-49.txt";
+/// The README's main-job example: a training log with a summary, then the OOM.
+const README: &str = "fixtures/text/readme_example.log";
 
 #[test]
 fn diagnose_text() {
@@ -128,6 +130,7 @@ fn diagnose_text() {
         ("old_fragmented", OLD_FRAGMENTED),
         ("too_large", TOO_LARGE),
         ("host", HOST),
+        ("readme", README),
     ] {
         insta::assert_snapshot!(format!("text_{name}"), render(input, Format::Text));
     }
