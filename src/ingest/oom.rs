@@ -15,8 +15,9 @@ use crate::units::printed_size;
 use regex::{Captures, Regex};
 use std::sync::LazyLock;
 
-/// How far back on the hit's line a prefix is read (lines with lost newlines can be huge).
-const LOOKBACK: usize = 1024;
+/// How far back on the hit's line a prefix is read (lines with lost newlines
+/// can be huge; a vLLM worker prefix and an exception class take ~130 bytes).
+const LOOKBACK: usize = 512;
 /// Limits on one assembled message.
 const MAX_LINES: usize = 40;
 const MAX_TEXT: usize = 8192;
