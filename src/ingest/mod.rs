@@ -113,34 +113,49 @@ impl std::ops::Deref for Bytes {
 }
 
 fn read_input(name: &str) -> Result<Bytes, Error> {
-    let fail =
-        |what: &str, e: std::io::Error| Error::Input(format!("cannot read '{name}': {what}{e}"));
+    let fail = |e: std::io::Error| Error::Input(format!("cannot read '{name}': {e}"));
     if name == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut buf)
-            .map_err(|e| fail("", e))?;
-        return Ok(Bytes::Owned(buf));
+        return read_stdin().map_err(fail);
     }
-    let meta = std::fs::metadata(name).map_err(|e| fail("", e))?;
+    let meta = std::fs::metadata(name).map_err(fail)?;
     if meta.is_dir() {
         return Err(Error::Input(format!(
             "cannot read '{name}': it is a directory (expected a log, a snapshot pickle or a trace CSV)"
         )));
     }
-    let file = File::open(name).map_err(|e| fail("", e))?;
-    if meta.len() == 0 || !meta.is_file() {
-        // Empty files cannot be mapped; pipes and devices are read.
-        let mut buf = Vec::new();
-        (&file).read_to_end(&mut buf).map_err(|e| fail("", e))?;
-        return Ok(Bytes::Owned(buf));
+    map_or_read(File::open(name).map_err(fail)?).map_err(fail)
+}
+
+/// Maps a regular, non-empty file; reads anything else (pipes, devices,
+/// empty files, which cannot be mapped).
+fn map_or_read(file: File) -> std::io::Result<Bytes> {
+    let meta = file.metadata()?;
+    if meta.is_file() && meta.len() > 0 {
+        // SAFETY: the map is read-only and private to this process; a file
+        // truncated while we read it can fault, as with every mmap-based
+        // reader (ripgrep makes the same trade); logs are not rewritten in place.
+        return Ok(Bytes::Mapped(unsafe { memmap2::Mmap::map(&file) }?));
     }
-    // SAFETY: the map is read-only and private to this process; a file
-    // truncated while we read it can fault, as with every mmap-based reader
-    // (ripgrep makes the same trade) — logs are not rewritten in place.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| fail("", e))?;
-    Ok(Bytes::Mapped(map))
+    let mut buf = Vec::new();
+    (&file).read_to_end(&mut buf)?;
+    Ok(Bytes::Owned(buf))
+}
+
+/// Standard input: mapped when it is a redirected file (`< big.log`), so a
+/// multi-GB log costs no memory; a pipe is read into memory.
+fn read_stdin() -> std::io::Result<Bytes> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdin().as_fd().try_clone_to_owned()?;
+        map_or_read(File::from(fd))
+    }
+    #[cfg(not(unix))]
+    {
+        let mut buf = Vec::new();
+        std::io::stdin().lock().read_to_end(&mut buf)?;
+        Ok(Bytes::Owned(buf))
+    }
 }
 
 /// Reads every input (paths; `-` or an empty list means standard input) and
