@@ -26,10 +26,16 @@ const MESSAGE_CHARS: usize = 200;
 
 /// Compiles a message pattern: a space matches any run of whitespace or of
 /// literal `\n` escapes (a hard wrap may have eaten it; a repr or JSON string
-/// escapes newlines), `SIZE` is a figure as `format_size` prints it.
+/// escapes newlines), `SIZE` is a figure as `format_size` prints it,
+/// `MPS_SIZE` one as the MPS allocator's `format_size` does (binary KB/MB/GB,
+/// GiB-style labels in later versions).
 fn pattern(p: &str) -> Regex {
     let p = p
         .replace(' ', r"(?:\s|\\[nrt])*")
+        .replace(
+            "MPS_SIZE",
+            r"(\d+(?:\.\d+)?)\s*(bytes|KB|MB|GB|KiB|MiB|GiB)",
+        )
         .replace("SIZE", r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB)");
     Regex::new(&p).expect("built-in OOM pattern")
 }
@@ -67,7 +73,6 @@ patterns! {
     ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // The end of each era's message: its absence means the text was cut.
     COMPLETE = r"cached \)|reserved in total by PyTorch \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
-    ASYNC_COMPLETE = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
@@ -75,9 +80,9 @@ patterns! {
     LEAD_MPS = r"MPS backend $";
     LEAD_THC = r"cuda runtime error \( ?2 ?\) : $";
     // MPSAllocator.mm (its format_size prints binary "KB/MB/GB").
-    MPS_ALLOCATED = r"MPS allocated : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
-    MPS_ALLOWED = r"max allowed : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
-    MPS_REQUESTED = r"Tried to allocate (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
+    MPS_ALLOCATED = "MPS allocated : MPS_SIZE";
+    MPS_ALLOWED = "max allowed : MPS_SIZE";
+    MPS_REQUESTED = "Tried to allocate MPS_SIZE";
     // c10/core/impl/alloc_cpu.cpp.
     HOST_REQUESTED = r"you tried to allocate (\d+) bytes";
 }
@@ -469,7 +474,7 @@ pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let line = hit_line(data, hit, ANCHOR.len(), b"would exceed allowed memory");
     let lead = line.before.rfind("Allocation on device")?;
     let before = line.before[..lead].to_owned();
-    let complete = |t: &str| ASYNC_COMPLETE.is_match(t);
+    let complete = |t: &str| ASYNC_FRACTION.is_match(t);
     let (msg, first_len) = gather(data, line, lead, &complete);
     let t = msg.text.as_str();
     let mut obs = oom_observation(input, &before, &msg);
