@@ -230,3 +230,25 @@ fn rules_test_command_passes() {
         .success()
         .stdout(predicates::str::contains(" 0 failed"));
 }
+
+#[test]
+fn user_rules_cannot_recommend_a_setting_for_a_request_larger_than_the_card() {
+    let dir = tempfile::tempdir().unwrap();
+    // A user rule that outranks everything and recommends a setting regardless.
+    std::fs::write(
+        dir.path().join("always.yaml"),
+        "id: always\ntitle: t\nseverity: info\ncause: fragmentation\npriority: 1000\n\
+         when: requested > 0\nrecommend: {expandable_segments: \"True\"}\nbecause: b\nreference: x\n",
+    )
+    .unwrap();
+    let out = diagnose::run(&DiagnoseOptions {
+        inputs: vec![TOO_LARGE.to_string()],
+        format: Format::Json,
+        rules_dir: Some(dir.path().to_path_buf()),
+        ..DiagnoseOptions::default()
+    })
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["cause"], "fragmentation");
+    assert!(v["recommendation"].is_null(), "{}", out.stdout);
+}

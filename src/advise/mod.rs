@@ -113,7 +113,7 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         }
         None => "Not enough evidence to name a cause.".into(),
     };
-    let recommendation = if cause.rules_out_settings() {
+    let recommendation = if cause.rules_out_settings() || no_setting_can_help(&facts) {
         None
     } else {
         let with: Vec<_> = fired.iter().map(|(r, s)| (*r, s)).collect();
@@ -131,4 +131,18 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         current_conf: ctx.current_source.clone(),
         facts,
     }
+}
+
+/// Holds whatever rules a `--rules` directory adds: no allocator setting is
+/// ever recommended for a failure outside the allocator or for a request
+/// larger than the whole card.
+fn no_setting_can_help(facts: &Facts) -> bool {
+    use crate::rules::Fact;
+    let num = |n: &str| match facts.values.get(n) {
+        Some(Fact::Num(v)) => Some(*v),
+        _ => None,
+    };
+    let outside = facts.values.get("non_allocator_oom") == Some(&Fact::Bool(true));
+    let too_large = matches!((num("requested"), num("capacity")), (Some(r), Some(c)) if r > c);
+    outside || too_large
 }
