@@ -39,8 +39,21 @@ struct TableLine {
     end: usize,
 }
 
-/// The part of a table line from its first `|` on (prefixes dropped).
+/// Every printed table line is `|` + 75 characters + `|` (torch/cuda/memory.py).
+const TABLE_WIDTH: usize = 77;
+
+/// The table part of a line, prefixes dropped: its last 77 characters when
+/// they are bar to bar (a prefix may hold bars too: `… | INFO | …`), else
+/// everything from the first `|` (a row cut short).
 fn body(text: &str) -> Option<&str> {
+    let t = text.trim_end();
+    if let Some(at) = t.len().checked_sub(TABLE_WIDTH)
+        && t.is_char_boundary(at)
+        && t[at..].starts_with('|')
+        && t.ends_with('|')
+    {
+        return Some(&t[at..]);
+    }
     text.find('|').map(|i| &text[i..])
 }
 
@@ -211,7 +224,8 @@ pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Fou
             }
             header = true;
             obs.device_index = header_numbers(b, "device ID").and_then(|d| u32::try_from(d).ok());
-            obs.rank = rank_in(&l.text[..l.text.len() - b.len()]);
+            // The table body never holds "[rankN]": the whole line can be searched.
+            obs.rank = rank_in(&l.text);
         } else if b.contains("CUDA OOMs") {
             obs.cuda_ooms = header_numbers(b, "CUDA OOMs:");
             obs.alloc_retries = header_numbers(b, "cudaMalloc retries:");
