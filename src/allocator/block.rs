@@ -245,7 +245,7 @@ impl FreeSet {
         let sf = &mut self.streams[index];
         let (b, i) = sf.lower_bound(size, addr);
         let v = &mut sf.buckets[b];
-        if !v.get(i).is_some_and(|&(s, a, _)| (s, a) == (size, addr)) {
+        if v.get(i).is_none_or(|&(s, a, _)| (s, a) != (size, addr)) {
             return false;
         }
         v.remove(i);
