@@ -46,7 +46,7 @@ fn synthetic_trace() -> Trace {
     let mut live: Vec<u32> = Vec::with_capacity(LIVE);
     let mut free_ids: Vec<u32> = (0..LIVE as u32).rev().collect();
     while events.len() < EVENTS {
-        let grow = live.is_empty() || (live.len() < LIVE && rng.next() % 2 == 0);
+        let grow = live.is_empty() || (live.len() < LIVE && rng.next().is_multiple_of(2));
         if grow {
             let id = free_ids.pop().unwrap_or(0);
             events.push(Event::Alloc {
@@ -61,7 +61,7 @@ fn synthetic_trace() -> Trace {
             events.push(Event::Free { id });
             free_ids.push(id);
         }
-        if rng.next() % 1_000_000 == 0 {
+        if rng.next().is_multiple_of(1_000_000) {
             events.push(Event::EmptyCache);
         }
     }
