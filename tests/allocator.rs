@@ -515,3 +515,130 @@ proptest! {
         a.check_invariants().unwrap();
     }
 }
+
+// ---- the `replay` command ------------------------------------------------------------
+
+fn allocdoc() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("allocdoc").expect("the allocdoc binary")
+}
+
+const DEVLOG: &str = "fixtures/allocator/devlog_16_then_32.csv";
+
+#[test]
+fn replay_text_runs_side_by_side() {
+    let out = allocdoc()
+        .args(["replay", DEVLOG, "--capacity", "200MiB"])
+        .args(["--conf", "", "--conf", "expandable_segments:True"])
+        .assert()
+        .code(0);
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn replay_json_follows_the_contract() {
+    let out = allocdoc()
+        .args(["replay", DEVLOG, "--capacity", "200MiB", "--format", "json"])
+        .args(["--conf", "expandable_segments:True", "--conf", ""])
+        .assert()
+        .code(0);
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["conf"], "expandable_segments:True");
+    assert_eq!(runs[0]["peak_reserved_bytes"], 140 * MIB);
+    assert_eq!(runs[0]["device_allocs"], 7);
+    assert_eq!(runs[1]["conf"], "");
+    assert_eq!(runs[1]["capacity_bytes"], 200 * MIB);
+    assert_eq!(runs[1]["events"], 20);
+    assert!(runs[1]["oom"].is_null());
+    // 8 × 16 MiB segments, then the 32 MiB requests force a release of all of them.
+    assert_eq!(runs[1]["peak_reserved_bytes"], 192 * MIB);
+    assert_eq!(runs[1]["device_frees"], 8);
+    assert_eq!(runs[1]["alloc_retries"], 1);
+    assert_eq!(runs[1]["stats"]["reserved_bytes.all.current"], 128 * MIB);
+    assert_eq!(runs[1]["stats"].as_object().unwrap().len(), 122);
+}
+
+#[test]
+fn replay_exit_codes() {
+    // The last config runs out of memory: exit 1, with PyTorch's message. Every
+    // other 16 MiB block of the 32 MiB segments stays live, so a 32 MiB request
+    // needs a new segment that a 150 MiB card cannot give.
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::from("action,id,size,stream\n");
+    for i in 0..4 {
+        csv += &format!("alloc,big{i},33554432,0\n");
+    }
+    for i in 0..4 {
+        csv += &format!("free,big{i},,\n");
+    }
+    for i in 0..8 {
+        csv += &format!("alloc,half{i},16777216,0\n");
+    }
+    for i in (0..8).step_by(2) {
+        csv += &format!("free,half{i},,\n");
+    }
+    csv += "alloc,last,33554432,0\n";
+    let fragmented = dir.path().join("fragmented.csv");
+    std::fs::write(&fragmented, csv).unwrap();
+    let out = allocdoc()
+        .args(["replay", "--capacity", "150MiB", "--format", "json"])
+        .arg(&fragmented)
+        .args(["--conf", "max_split_size_mb:21", "--conf", ""])
+        .assert()
+        .code(1);
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert!(v["runs"][0]["oom"].is_null());
+    // Oversize 32 MiB blocks are never split for 16 MiB requests: released instead.
+    assert_eq!(v["runs"][0]["peak_reserved_bytes"], 144 * MIB);
+    let oom = &v["runs"][1]["oom"];
+    assert_eq!(oom["event_index"], 20);
+    assert_eq!(oom["requested_bytes"], 32 * MIB);
+    assert_eq!(
+        oom["message"].as_str().unwrap(),
+        "CUDA out of memory. Tried to allocate 32.00 MiB. GPU 0 has a total capacity of 150.00 MiB \
+         of which 22.00 MiB is free. Of the allocated memory 64.00 MiB is allocated by PyTorch, and \
+         64.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is \
+         large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid \
+         fragmentation.  See documentation for Memory Management  \
+         (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    );
+    // Bad input: exit 2, naming the file and line.
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "action,id,size,stream\nalloc,a,12,0\nfree,b,,0\n").unwrap();
+    let out = allocdoc().args(["replay"]).arg(&bad).assert().code(2);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains("bad.csv:3: expected the id of a live allocation"),
+        "{stderr}"
+    );
+    allocdoc()
+        .args(["replay", DEVLOG, "--conf", "max_split_size_mb:2"])
+        .assert()
+        .code(2);
+    // No GPU for --device cuda: exit 3.
+    allocdoc()
+        .args(["replay", DEVLOG, "--device", "cuda"])
+        .assert()
+        .code(3);
+}
+
+#[test]
+fn replay_summary_prints_pytorch_tables() {
+    let out = allocdoc()
+        .args(["replay", DEVLOG, "--capacity", "200MiB", "--summary"])
+        .assert()
+        .code(0);
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert_eq!(
+        stdout
+            .matches("PyTorch CUDA memory summary, device ID 0")
+            .count(),
+        2
+    );
+    assert!(
+        stdout.contains("|        cudaMalloc retries: 1         |"),
+        "{stdout}"
+    );
+}
