@@ -110,20 +110,20 @@ pub type SizeKey = (u64, u64, u64);
 /// Key of the unmapped set: `BlockComparatorAddress` = (stream, address).
 pub type AddressKey = (u64, u64);
 
-/// Size buckets per stream: 16 exact classes of 512 bytes, then 8 per octave.
-const BUCKETS: usize = 16 + 52 * 8;
+/// Size buckets per stream: 32 exact classes of 512 bytes, then 16 per octave.
+const BUCKETS: usize = 32 + 50 * 16;
 const BITMAP_WORDS: usize = BUCKETS.div_ceil(64);
 
 /// The bucket of `size`; monotone in `size`, so bucket order is size order.
 #[inline]
 fn bucket(size: u64) -> usize {
     let units = size >> 9;
-    if units < 16 {
+    if units < 32 {
         return units as usize;
     }
     let octave = 63 - units.leading_zeros() as usize;
-    let sub = ((units >> (octave - 3)) & 7) as usize;
-    16 + (octave - 4) * 8 + sub
+    let sub = ((units >> (octave - 4)) & 15) as usize;
+    32 + (octave - 5) * 16 + sub
 }
 
 /// One stream's free blocks: per bucket, (size, address, block) kept sorted,
