@@ -235,6 +235,46 @@ fn test_out_of_memory_retry_and_exact_message() {
     a.check_invariants().unwrap();
 }
 
+/// test_set_per_process_memory_fraction: with 0.5, `int(total*0.499) - max_memory_reserved()`
+/// bytes fit, `int(total*0.5)` does not ("out of memory", with the allowed amount): its
+/// segment is rounded up to 2 MiB, past the cap, on a card whose total (an H100's
+/// 85029158912 bytes) is not a multiple of 4 MiB.
+#[test]
+fn test_set_per_process_memory_fraction() {
+    let total = 85_029_158_912;
+    let mut a = allocator(Settings::default(), total);
+    a.set_memory_fraction(0.5);
+    let tmp = a.malloc(2 * MIB, 0).unwrap();
+    a.free(tmp).unwrap();
+    let max_reserved = a.stats().reserved_bytes.all().peak as u64;
+    let fits = (total as f64 * 0.499) as u64 - max_reserved;
+    let p = a.malloc(fits, 0).unwrap();
+    a.free(p).unwrap();
+    let err = a.malloc((total as f64 * 0.5) as u64, 0).unwrap_err();
+    assert!(err.message.contains("out of memory"));
+    assert!(
+        err.message.contains("39.59 GiB allowed; "),
+        "{}",
+        err.message
+    );
+}
+
+/// test_memory_allocation / test_cachingAllocator_raw_alloc.
+#[test]
+fn test_small_allocation_and_raw_alloc_accounting() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let p = a.malloc(1, 0).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all().current, 512);
+    a.free(p).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all().current, 0);
+    let before = a.stats().requested_bytes.all().allocated;
+    a.malloc(MIB, 0).unwrap();
+    assert_eq!(
+        a.stats().requested_bytes.all().allocated - before,
+        MIB as i64
+    );
+}
+
 /// test_memory_stats: peaks, empty_cache counters, zero-size allocations.
 #[test]
 fn test_memory_stats_invariants() {
@@ -334,6 +374,67 @@ fn test_garbage_collect_expandable() {
     assert_eq!(a.stats().num_sync_all_streams, 0);
     assert_eq!(a.stats().num_device_free, 1);
     a.check_invariants().unwrap();
+}
+
+/// garbage_collect_cached_blocks: ages count get_free_block calls on the pool since a
+/// block was cached; each pass frees every unsplit block at or above the average age,
+/// until the target is reclaimed.
+#[test]
+fn garbage_collection_frees_the_oldest_blocks_first() {
+    let total = 80 * GIB;
+    let settings = Settings {
+        garbage_collection_threshold: 0.5,
+        per_process_memory_fraction: Some((100 * MIB) as f64 / total as f64),
+        ..Settings::default()
+    };
+    let mut a = allocator(settings, total);
+    a.record_history();
+    let old = a.malloc(30 * MIB, 0).unwrap(); // get_free_block call 1
+    let young = a.malloc(30 * MIB, 0).unwrap(); // call 2
+    a.free(old).unwrap(); // cached at count 2
+    let third = a.malloc(35 * MIB, 0).unwrap(); // call 3: a new 35 MiB segment
+    a.free(third).unwrap(); // cached at count 3
+    a.free(young).unwrap(); // cached at count 3
+    // call 4: ages old=2, young=1, third=1. 95 MiB > 50 MiB: reclaim 45 MiB. The
+    // first pass (average 4/3) frees `old` only; the second (average 1) the rest.
+    a.malloc(40 * MIB, 0).unwrap();
+    let freed: Vec<u64> = a
+        .take_trace()
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentFree)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(freed, vec![old, young, third]);
+    assert_eq!(reserved(&a), 40 * MIB);
+    assert_eq!(a.stats().num_sync_all_streams, 0);
+    a.check_invariants().unwrap();
+}
+
+/// release_available_cached_blocks: with max_split_size set, the largest cached oversize
+/// blocks of the stream are freed until the request fits, without a synchronisation.
+#[test]
+fn release_available_cached_blocks_frees_largest_oversize_first() {
+    let settings = Settings {
+        max_split_size: 50 * MIB,
+        ..Settings::default()
+    };
+    let mut a = allocator(settings, 200 * MIB);
+    a.record_history();
+    let small = a.malloc(60 * MIB, 0).unwrap();
+    let large = a.malloc(70 * MIB, 0).unwrap();
+    a.free(small).unwrap();
+    a.free(large).unwrap();
+    a.malloc(100 * MIB, 0).unwrap();
+    let freed: Vec<u64> = a
+        .take_trace()
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentFree)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(freed, vec![large, small]);
+    assert_eq!(a.stats().num_sync_all_streams, 0);
+    assert_eq!(a.stats().num_alloc_retries, 0);
+    assert_eq!(reserved(&a), 100 * MIB);
 }
 
 /// test_caching_allocator_record_stream_oom: frees deferred by record_stream must
