@@ -743,3 +743,28 @@ fn replay_summary_prints_pytorch_tables() {
         "{stdout}"
     );
 }
+
+/// Nothing overflows or panics on an unbounded card or absurd requests.
+#[test]
+fn extreme_sizes_do_not_panic() {
+    for settings in [Settings::default(), expandable()] {
+        let mut a = allocator(settings, u64::MAX);
+        for size in [u64::MAX, 1 << 60] {
+            assert!(a.malloc(size, 0).is_err());
+        }
+        // An unbounded card serves anything below 1 EB, expandable or not.
+        for size in [(1 << 60) - 1, (1 << 40) + 1, 1] {
+            assert!(a.malloc(size, 0).is_ok());
+        }
+        a.check_invariants().unwrap();
+        a.empty_cache();
+    }
+    let div = Settings {
+        roundup_power2_divisions: [8; 16],
+        ..Settings::default()
+    };
+    assert_eq!(
+        allocdoc::allocator::sizes::round_size(u64::MAX, &div),
+        u64::MAX
+    );
+}
