@@ -110,20 +110,28 @@ pub type SizeKey = (u64, u64, u64);
 /// Key of the unmapped set: `BlockComparatorAddress` = (stream, address).
 pub type AddressKey = (u64, u64);
 
-/// Size buckets per stream: 32 exact classes of 512 bytes, then 16 per octave.
-const BUCKETS: usize = 32 + 50 * 16;
+/// Sub-buckets per octave of sizes, as a power of two.
+const SUB_BITS: usize = 5;
+/// Size buckets per stream: `2 << SUB_BITS` exact classes of 512 bytes, then
+/// `1 << SUB_BITS` per octave (sizes within a bucket differ by at most ~3 %).
+const BUCKETS: usize = (2 << SUB_BITS) + (55 - SUB_BITS) * (1 << SUB_BITS);
 const BITMAP_WORDS: usize = BUCKETS.div_ceil(64);
 
 /// The bucket of `size`; monotone in `size`, so bucket order is size order.
 #[inline]
 fn bucket(size: u64) -> usize {
     let units = size >> 9;
-    if units < 32 {
+    if units < (2 << SUB_BITS) {
         return units as usize;
     }
     let octave = 63 - units.leading_zeros() as usize;
-    let sub = ((units >> (octave - 4)) & 15) as usize;
-    32 + (octave - 5) * 16 + sub
+    let sub = ((units >> (octave - SUB_BITS)) & ((1 << SUB_BITS) - 1)) as usize;
+    (2 << SUB_BITS) + (octave - SUB_BITS - 1) * (1 << SUB_BITS) + sub
+}
+
+#[inline]
+fn entry_key(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
 }
 
 /// One stream's free blocks: per bucket, (size, address, block) kept sorted,
@@ -131,7 +139,8 @@ fn bucket(size: u64) -> usize {
 #[derive(Debug, Clone)]
 struct StreamFree {
     stream: u64,
-    buckets: Vec<Vec<(u64, u64, BlockId)>>,
+    /// Entries keyed by `size << 64 | address` (one integer compare per step).
+    buckets: Vec<Vec<(u128, BlockId)>>,
     nonempty: [u64; BITMAP_WORDS],
 }
 
@@ -183,8 +192,14 @@ impl StreamFree {
     /// Position of the first entry not below (size, addr).
     fn lower_bound(&self, size: u64, addr: u64) -> (usize, usize) {
         let b = bucket(size);
-        let i = self.buckets[b].partition_point(|&(s, a, _)| (s, a) < (size, addr));
+        let key = entry_key(size, addr);
+        let i = self.buckets[b].partition_point(|&(k, _)| k < key);
         (b, i)
+    }
+    /// The (stream, size, address) key and block at position (b, i).
+    fn entry(&self, b: usize, i: usize) -> (SizeKey, BlockId) {
+        let (k, id) = self.buckets[b][i];
+        ((self.stream, (k >> 64) as u64, k as u64), id)
     }
     /// The entry at or after position (b, i), and its position.
     fn at_or_after(&self, b: usize, i: usize) -> Option<(usize, usize)> {
@@ -192,9 +207,6 @@ impl StreamFree {
             return Some((b, i));
         }
         self.next_bucket(b + 1).map(|b| (b, 0))
-    }
-    fn is_empty(&self) -> bool {
-        self.nonempty.iter().all(|&w| w == 0)
     }
 }
 
@@ -229,12 +241,13 @@ impl FreeSet {
         };
         let sf = &mut self.streams[index];
         let (b, i) = sf.lower_bound(size, addr);
+        let key = entry_key(size, addr);
         let v = &mut sf.buckets[b];
-        if v.get(i).is_some_and(|&(s, a, _)| (s, a) == (size, addr)) {
-            v[i].2 = id;
+        if v.get(i).is_some_and(|&(k, _)| k == key) {
+            v[i].1 = id;
             return;
         }
-        v.insert(i, (size, addr, id));
+        v.insert(i, (key, id));
         sf.nonempty[b / 64] |= 1 << (b % 64);
         self.len += 1;
     }
@@ -244,16 +257,17 @@ impl FreeSet {
         };
         let sf = &mut self.streams[index];
         let (b, i) = sf.lower_bound(size, addr);
+        let key = entry_key(size, addr);
         let v = &mut sf.buckets[b];
-        if v.get(i).is_none_or(|&(s, a, _)| (s, a) != (size, addr)) {
+        if v.get(i).is_none_or(|&(k, _)| k != key) {
             return false;
         }
         v.remove(i);
         if v.is_empty() {
+            // The stream's buckets stay allocated: streams are few, and a pool that
+            // empties and refills (one segment reused over and over) must not pay
+            // for them again.
             sf.nonempty[b / 64] &= !(1 << (b % 64));
-            if sf.is_empty() {
-                self.streams.remove(index);
-            }
         }
         self.len -= 1;
         true
@@ -269,9 +283,8 @@ impl FreeSet {
         std::iter::from_fn(move || {
             let sf = sf?;
             let (b, i) = pos?;
-            let (s, a, id) = sf.buckets[b][i];
             pos = sf.at_or_after(b, i + 1);
-            Some(((sf.stream, s, a), id))
+            Some(sf.entry(b, i))
         })
     }
     /// The blocks of `stream` with size < `size`, largest first (walking back
@@ -291,9 +304,8 @@ impl FreeSet {
         std::iter::from_fn(move || {
             let sf = sf?;
             let (b, i) = pos?;
-            let (s, a, id) = sf.buckets[b][i];
             pos = step_back(sf, b, i);
-            Some(((sf.stream, s, a), id))
+            Some(sf.entry(b, i))
         })
     }
     /// Every block in (stream, size, address) order.
@@ -302,7 +314,7 @@ impl FreeSet {
             sf.buckets
                 .iter()
                 .flatten()
-                .map(move |&(s, a, id)| ((sf.stream, s, a), id))
+                .map(move |&(k, id)| ((sf.stream, (k >> 64) as u64, k as u64), id))
         })
     }
     /// Every block id in order.
