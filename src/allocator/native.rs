@@ -62,7 +62,7 @@ pub struct CachingAllocator<D: Device> {
     pub(super) large_blocks: BlockPool,
     pub(super) small_blocks: BlockPool,
     /// `allocated_blocks`: address → allocated block.
-    allocated_blocks: AddrMap,
+    pub(super) allocated_blocks: AddrMap,
     pub(super) stats: DeviceStats,
     /// Bytes obtained from the device (cudaMalloc'd plus mapped).
     pub(super) total_allocated_memory: u64,
@@ -118,6 +118,18 @@ impl<D: Device> CachingAllocator<D> {
     pub fn stats(&self) -> &DeviceStats {
         &self.stats
     }
+    /// `torch.cuda.memory_stats()`: the flat, sorted keys of this allocator's version.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.stats.flat(self.settings.version)
+    }
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
     /// Bytes currently obtained from the device (`total_allocated_memory`).
     pub fn total_allocated_memory(&self) -> u64 {
         self.total_allocated_memory
@@ -167,6 +179,26 @@ impl<D: Device> CachingAllocator<D> {
         } else {
             &mut self.large_blocks
         }
+    }
+
+    #[inline]
+    pub(super) fn pool(&self, small: bool) -> &BlockPool {
+        if small {
+            &self.small_blocks
+        } else {
+            &self.large_blocks
+        }
+    }
+
+    /// `pool.insert_into_blocks(block)` into the block's own pool.
+    #[inline]
+    pub(super) fn insert_into_pool(&mut self, id: BlockId) {
+        let pool = if self.arena.get(id).small {
+            &mut self.small_blocks
+        } else {
+            &mut self.large_blocks
+        };
+        pool.insert_into_blocks(&mut self.arena, id);
     }
 
     #[inline]
@@ -263,8 +295,8 @@ impl<D: Device> CachingAllocator<D> {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut candidates = pool.blocks.range((p.stream, p.size, 0)..);
-        let (mut key, mut id) = candidates.next().map(|(k, &id)| (*k, id))?;
+        let mut candidates = pool.blocks.range_from(p.stream, p.size);
+        let (mut key, mut id) = candidates.next()?;
         if key.0 != p.stream {
             return None;
         }
@@ -282,12 +314,12 @@ impl<D: Device> CachingAllocator<D> {
                 };
                 while arena.get(id).is_expandable() {
                     match candidates.next() {
-                        Some((k, &next))
+                        Some((k, next))
                             if k.0 == p.stream
                                 && expandable_size(arena.get(next))
                                     < expandable_size(arena.get(id)) =>
                         {
-                            key = *k;
+                            key = k;
                             id = next;
                         }
                         _ => break,
@@ -296,12 +328,12 @@ impl<D: Device> CachingAllocator<D> {
             } else {
                 // Expandable segments were turned off: only non-expandable blocks.
                 loop {
-                    let (k, &next) = candidates.next()?;
+                    let (k, next) = candidates.next()?;
                     if k.0 != p.stream {
                         return None;
                     }
                     if !arena.get(next).is_expandable() {
-                        key = *k;
+                        key = k;
                         id = next;
                         break;
                     }
@@ -317,6 +349,7 @@ impl<D: Device> CachingAllocator<D> {
         if p.size >= max_split && found >= p.size.saturating_add(tolerance) {
             return None;
         }
+        drop(candidates);
         pool.blocks.remove(&key);
         Some(id)
     }
@@ -389,12 +422,7 @@ impl<D: Device> CachingAllocator<D> {
             rem.addr += size;
             rem.size -= size;
             let remaining_size = rem.size;
-            let pool = if small {
-                &mut self.small_blocks
-            } else {
-                &mut self.large_blocks
-            };
-            pool.insert_into_blocks(&mut self.arena, remaining);
+            self.insert_into_pool(remaining);
             if !expandable {
                 if already_split {
                     // An already-split inactive block shrinks by `size`.
@@ -569,12 +597,7 @@ impl<D: Device> CachingAllocator<D> {
                 net_bytes -= subsumed as i64;
             }
         }
-        let pool = if b.small {
-            &mut self.small_blocks
-        } else {
-            &mut self.large_blocks
-        };
-        pool.insert_into_blocks(&mut self.arena, id);
+        self.insert_into_pool(id);
         let merged = self.arena.get(id);
         if merged.is_split() {
             net_blocks += 1;
@@ -656,16 +679,12 @@ impl<D: Device> CachingAllocator<D> {
         }
         let key_size = p.size.max(max_split);
         let arena = &self.arena;
-        let pool = if p.small {
-            &self.small_blocks
-        } else {
-            &self.large_blocks
-        };
+        let pool = self.pool(p.small);
         let first = pool
             .blocks
-            .range((p.stream, key_size, 0)..)
+            .range_from(p.stream, key_size)
             .next()
-            .map(|(k, &id)| (k.0, id));
+            .map(|(k, id)| (k.0, id));
         if let Some((stream, id)) = first
             && stream == p.stream
             && !arena.get(id).is_expandable()
@@ -676,7 +695,7 @@ impl<D: Device> CachingAllocator<D> {
         // No single block is large enough: free oversize blocks from the largest down.
         let mut released = 0u64;
         let mut to_release = Vec::new();
-        for (&(stream, size, _), &id) in pool.blocks.range(..(p.stream, key_size, 0)).rev() {
+        for ((stream, size, _), id) in pool.blocks.range_below(p.stream, key_size) {
             if released >= key_size || size < max_split || stream != p.stream {
                 break;
             }
@@ -708,14 +727,10 @@ impl<D: Device> CachingAllocator<D> {
     /// `release_blocks(pool)`.
     fn release_blocks(&mut self, small: bool) {
         let arena = &self.arena;
-        let pool = if small {
-            &self.small_blocks
-        } else {
-            &self.large_blocks
-        };
+        let pool = self.pool(small);
         let mut to_release = Vec::new();
         let mut to_unmap = Vec::new();
-        for &id in pool.blocks.values() {
+        for id in pool.blocks.values() {
             let b = arena.get(id);
             if b.is_expandable() {
                 to_unmap.push(id);
@@ -747,7 +762,7 @@ impl<D: Device> CachingAllocator<D> {
         let mut reclaimed = 0u64;
         let mut total_age = 0u64;
         let mut freeable: u64 = 0;
-        for &id in self.large_blocks.blocks.values() {
+        for id in self.large_blocks.blocks.values() {
             let b = self.arena.get(id);
             if !b.is_split() {
                 total_age += self.large_blocks.gc_count(b);
@@ -763,7 +778,7 @@ impl<D: Device> CachingAllocator<D> {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
             victims.clear();
-            for &id in self.large_blocks.blocks.values() {
+            for id in self.large_blocks.blocks.values() {
                 let b = self.arena.get(id);
                 let age = self.large_blocks.gc_count(b);
                 if !b.is_split() && !b.is_expandable() && age as f64 >= age_threshold {

@@ -172,7 +172,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let actual_free: BTreeSet<_> = [(true, &self.small_blocks), (false, &self.large_blocks)]
             .iter()
-            .flat_map(|(small, pool)| pool.blocks.iter().map(move |(k, &id)| (*small, *k, id)))
+            .flat_map(|(small, pool)| pool.blocks.iter().map(move |(k, id)| (*small, k, id)))
             .collect();
         if actual_free != expected_free {
             return Err(format!(
@@ -188,6 +188,14 @@ impl<D: Device> CachingAllocator<D> {
                 .collect();
         if actual_unmapped != expected_unmapped {
             return Err("unmapped set differs from the unmapped blocks".into());
+        }
+        let allocated = self.arena.iter().filter(|(_, b)| b.allocated).count();
+        if allocated != self.allocated_blocks.len()
+            || self.allocated_blocks.iter().any(|(&addr, &id)| {
+                !self.arena.get(id).allocated || self.arena.get(id).addr != addr
+            })
+        {
+            return Err("the address map differs from the allocated blocks".into());
         }
         if mapped_total != self.total_allocated_memory {
             return Err(format!(
