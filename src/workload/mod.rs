@@ -1,1 +1,3 @@
 //! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
+
+pub mod rmm;
