@@ -3,8 +3,11 @@
 //! at the recorded addresses.
 
 use allocdoc::Error;
+use allocdoc::allocator::CachingAllocator;
+use allocdoc::device::sim::SimDevice;
 use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
 use allocdoc::snapshot::{self, Snapshot};
+use allocdoc::workload::snapshot_trace::{self, Fidelity, SnapshotTrace};
 use std::path::Path;
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -400,4 +403,68 @@ fn ints_up_to_u64_max_and_beyond() {
         Value::UInt(u64::MAX)
     );
     assert_eq!(pickle::decode(b"I-7\n.").unwrap().root, Value::Int(-7));
+}
+
+// ---- replay fidelity -------------------------------------------------------
+
+fn fidelity(name: &str) -> Fidelity {
+    let data = fixture(name);
+    let snap = snapshot::load(name, &data).unwrap();
+    let settings = snapshot_trace::recorded_settings(&snap);
+    let device = snapshot_trace::traced_device(&snap).unwrap();
+    let trace = SnapshotTrace::new(&snap, device, &settings).unwrap();
+    let sim = SimDevice::new(1 << 50).with_recorded_addresses(trace.recorded_addresses(true));
+    let mut alloc = CachingAllocator::new(settings, sim);
+    let run = trace.run(&mut alloc, true).unwrap();
+    assert_eq!(run.oom, None, "{name}");
+    alloc.check_invariants().unwrap();
+    run.fidelity.unwrap()
+}
+
+#[test]
+fn traced_snapshots_replay_at_the_recorded_addresses() {
+    for (name, allocs) in [
+        ("maphsge4-select_n_snapshot_traced.pickle", 1497),
+        ("magma27-assignment2-systems_memory_snapshot.pickle", 1721),
+        (
+            "wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle",
+            1280,
+        ),
+    ] {
+        let f = fidelity(name);
+        assert_eq!(f.alloc_events, allocs, "{name}");
+        assert_eq!(f.address_matches, allocs, "{name}: {f:#?}");
+        assert_eq!(f.first_divergence, None, "{name}");
+        assert_eq!(f.entries_equal, f.entries_compared, "{name}");
+        assert_eq!(f.segment_matches, f.segment_events, "{name}");
+        assert!(f.final_segments_equal, "{name}: {:?}", f.final_difference);
+    }
+}
+
+#[test]
+fn another_config_diverges_and_the_report_says_where() {
+    let name = "maphsge4-select_n_snapshot_traced.pickle";
+    let data = fixture(name);
+    let snap = snapshot::load(name, &data).unwrap();
+    let recorded = snapshot_trace::recorded_settings(&snap);
+    let trace = SnapshotTrace::new(&snap, 0, &recorded).unwrap();
+    // Sizes rounded up to half powers of two (roundup_power2_divisions:2): other sizes,
+    // other addresses.
+    let mut settings = recorded.clone();
+    settings.roundup_power2_divisions = [2; 16];
+    let sim = SimDevice::new(1 << 50).with_recorded_addresses(trace.recorded_addresses(true));
+    let mut alloc = CachingAllocator::new(settings, sim);
+    let f = trace.run(&mut alloc, true).unwrap().fidelity.unwrap();
+    assert_eq!(f.alloc_events, 1497);
+    assert_eq!(f.address_matches, 1275);
+    let d = f.first_divergence.unwrap();
+    // The third trace entry is the first alloc placed elsewhere; the report
+    // names it with its recorded stack.
+    assert_eq!((d.event_index, d.action, d.size), (2, "alloc", 16));
+    assert_eq!(d.recorded_addr, 140650101506560);
+    assert_eq!(
+        d.frames[0],
+        "modeling_utils.py:3490:warn_if_padding_and_no_attention_mask"
+    );
+    assert!(!f.final_segments_equal);
 }

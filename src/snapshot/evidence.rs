@@ -319,7 +319,7 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
             let idx = match by_list.get(&key) {
                 Some(&i) => i,
                 None => {
-                    let text = site_frames(snap, b.frames);
+                    let text = stack_text(snap, b.frames);
                     let i = *by_text.entry(text.clone()).or_insert_with(|| {
                         sites.push((text, 0, 0));
                         sites.len() - 1
@@ -349,9 +349,9 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
         .collect()
 }
 
-/// The shown frames of a stack, innermost first, starting at the first Python
+/// The shown frames of a stack (`_memory_viz` filter and format), innermost first, starting at the first Python
 /// frame when there is one (the C++ frames above it are the allocator itself).
-fn site_frames(snap: &Snapshot, frames: Frames) -> Vec<String> {
+pub fn stack_text(snap: &Snapshot, frames: Frames) -> Vec<String> {
     let shown: Vec<Frame> = snap.frames(frames).filter(frame_shown).collect();
     let first_py = shown
         .iter()
