@@ -211,17 +211,14 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                     seen_alloc.insert(e.addr);
                 }
                 Action::FreeRequested => {
-                    if !live.remove(&e.addr) && !seen_alloc.contains(&e.addr) {
+                    let was_live = live.remove(&e.addr);
+                    if !was_live && seen_alloc.insert(e.addr) {
                         pre_freed.push((e.addr, e.size));
-                        seen_alloc.insert(e.addr);
                     }
                 }
-                Action::FreeCompleted => {
-                    // A completion whose request came before the trace started.
-                    if !seen_alloc.contains(&e.addr) {
-                        pre_freed.push((e.addr, e.size));
-                        seen_alloc.insert(e.addr);
-                    }
+                // A completion whose request came before the trace started.
+                Action::FreeCompleted if seen_alloc.insert(e.addr) => {
+                    pre_freed.push((e.addr, e.size));
                 }
                 Action::SegmentAlloc => {
                     created.insert(e.addr);
