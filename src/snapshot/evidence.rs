@@ -307,7 +307,7 @@ fn frame_text(f: &Frame) -> String {
 /// list objects are merged by their text.
 fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
     // Format each distinct frames list once (torch shares them between blocks).
-    let mut by_list: HashMap<Option<u32>, usize> = HashMap::new();
+    let mut by_list: HashMap<Frames, usize> = HashMap::new();
     let mut sites: Vec<(Vec<String>, u64, u64)> = Vec::new();
     let mut by_text: HashMap<Vec<String>, usize> = HashMap::new();
     for s in segs {
@@ -315,7 +315,7 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
             if b.state != BlockState::ActiveAllocated {
                 continue;
             }
-            let key = Snapshot::frames_id(b.frames);
+            let key = b.frames;
             let idx = match by_list.get(&key) {
                 Some(&i) => i,
                 None => {

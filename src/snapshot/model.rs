@@ -6,7 +6,7 @@
 //! no `is_expandable`, legacy `history` on blocks) and new ones (extra keys are
 //! ignored) alike (allocator.md §9).
 
-use super::pickle::{Pickle, Value};
+use super::pickle::{Pickle, V};
 use std::ops::Range;
 use thiserror::Error;
 
@@ -57,9 +57,21 @@ pub enum BlockState {
     Inactive,
 }
 
-/// The frames list of a block, segment or trace entry, as an arena value.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Frames(pub Option<Value>);
+/// The frames list of a block, segment or trace entry: its arena id
+/// ([`Frames::NONE`] when not recorded). Equal ids are the same recorded list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frames(pub u32);
+
+impl Frames {
+    pub const NONE: Frames = Frames(u32::MAX);
+
+    fn of(p: &Pickle, v: V) -> Frames {
+        match v.id() {
+            Some(id) if p.items(v).is_some() => Frames(id),
+            _ => Frames::NONE,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Segment {
@@ -136,9 +148,10 @@ pub struct TraceEntry {
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
-    /// `oom` entries only: what cudaMemGetInfo reported free.
-    pub device_free: Option<u64>,
-    pub time_us: Option<i64>,
+    /// `oom` entries: what cudaMemGetInfo reported free (0 for other actions).
+    pub device_free: u64,
+    /// µs since the epoch; 0 when not recorded (before about 2.2).
+    pub time_us: i64,
     pub frames: Frames,
 }
 
@@ -151,7 +164,7 @@ pub struct Snapshot<'a> {
     pub blocks: Vec<Block>,
     /// One list per device allocator, index = device ordinal.
     pub device_traces: Vec<Vec<TraceEntry>>,
-    pub allocator_settings: Option<Value>,
+    pub allocator_settings: Option<V>,
     pub external_annotations: Option<usize>,
 }
 
@@ -174,7 +187,7 @@ impl<'a> Snapshot<'a> {
             let annotations = pickle
                 .get(root, "external_annotations")
                 .and_then(|v| pickle.items(v))
-                .map(<[Value]>::len);
+                .map(<[V]>::len);
             (
                 Form::Dict,
                 segs,
@@ -201,7 +214,7 @@ impl<'a> Snapshot<'a> {
         }
 
         let mut device_traces = Vec::new();
-        if let Some(tv) = traces_v.filter(|v| *v != Value::None) {
+        if let Some(tv) = traces_v.filter(|v| *v != V::NONE) {
             let per_device = pickle
                 .items(tv)
                 .ok_or_else(|| err("device_traces", "not a list"))?;
@@ -223,7 +236,7 @@ impl<'a> Snapshot<'a> {
             segments,
             blocks,
             device_traces,
-            allocator_settings: settings.filter(|v| *v != Value::None),
+            allocator_settings: settings.filter(|v| *v != V::NONE),
             external_annotations: annotations,
         })
     }
@@ -254,86 +267,119 @@ impl<'a> Snapshot<'a> {
 
     /// The frames of a list, skipping entries that are not frame dicts.
     pub fn frames(&self, f: Frames) -> impl Iterator<Item = Frame<'_>> + '_ {
-        let items = f.0.and_then(|v| self.pickle.items(v)).unwrap_or_default();
-        items.iter().filter_map(|&fr| {
-            let p = &self.pickle;
-            Some(Frame {
-                filename: p.get(fr, "filename").and_then(|v| p.str(v)).unwrap_or(""),
-                line: p.get(fr, "line").and_then(Pickle::i64).unwrap_or(0),
-                name: p.get(fr, "name").and_then(|v| p.str(v))?,
-            })
+        let p = &self.pickle;
+        let list = (f != Frames::NONE)
+            .then(|| p.items(V::object(f.0)))
+            .flatten();
+        list.unwrap_or_default().iter().filter_map(move |&fr| {
+            let mut frame = Frame {
+                filename: "",
+                line: 0,
+                name: "",
+            };
+            let mut named = false;
+            for kv in p.dict(fr)?.chunks_exact(2) {
+                match p.str(kv[0]) {
+                    Some("filename") => frame.filename = p.str(kv[1]).unwrap_or(""),
+                    Some("line") => frame.line = p.i64(kv[1]).unwrap_or(0),
+                    Some("name") => {
+                        frame.name = p.str(kv[1]).unwrap_or("");
+                        named = true;
+                    }
+                    _ => {}
+                }
+            }
+            named.then_some(frame)
         })
     }
-
-    /// The arena id of a frames list (equal ids = the same recorded stack).
-    pub fn frames_id(f: Frames) -> Option<u32> {
-        match f.0 {
-            Some(Value::Ref(r)) => Some(r),
-            _ => None,
-        }
-    }
 }
 
-fn req_u64(p: &Pickle, d: Value, key: &str, path: &dyn Fn() -> String) -> Result<u64, ModelError> {
-    let v = p
-        .get(d, key)
-        .ok_or_else(|| err(path(), format!("missing '{key}'")))?;
-    Pickle::u64(v).ok_or_else(|| err(path(), format!("'{key}' is not a non-negative int")))
+/// A dict's (key, value) pairs with str keys; `path` names it in errors.
+fn pairs<'p>(
+    p: &'p Pickle,
+    d: V,
+    path: &dyn Fn() -> String,
+) -> Result<impl Iterator<Item = (&'p str, V)> + 'p, ModelError> {
+    let items = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
+    Ok(items
+        .chunks_exact(2)
+        .filter_map(|kv| Some((p.str(kv[0])?, kv[1]))))
 }
 
-fn opt_u64(p: &Pickle, d: Value, key: &str) -> Option<u64> {
-    p.get(d, key).and_then(Pickle::u64)
+fn need(v: Option<u64>, key: &str, path: &dyn Fn() -> String) -> Result<u64, ModelError> {
+    v.ok_or_else(|| err(path(), format!("missing '{key}' (a non-negative int)")))
 }
 
 /// A `cudaStream_t` as recorded: an int (pointer value), 0 for the default stream.
-fn stream_of(p: &Pickle, d: Value) -> u64 {
-    p.get(d, "stream")
-        .and_then(|v| Pickle::u64(v).or_else(|| Pickle::i64(v).map(|i| i as u64)))
-        .unwrap_or(0)
-}
-
-fn frames_of(p: &Pickle, d: Value, key: &str) -> Frames {
-    Frames(p.get(d, key).filter(|v| p.items(*v).is_some()))
+fn stream_of(p: &Pickle, v: V) -> u64 {
+    p.u64(v).or_else(|| p.i64(v).map(|i| i as u64)).unwrap_or(0)
 }
 
 fn read_segment(
     p: &Pickle,
-    s: Value,
+    s: V,
     i: usize,
     blocks: &mut Vec<Block>,
 ) -> Result<Segment, ModelError> {
     let path = || format!("segments[{i}]");
-    if p.dict(s).is_none() {
-        return Err(err(path(), "not a dict"));
+    let (mut address, mut total_size, mut device) = (None, None, 0u32);
+    let (mut allocated_size, mut active_size, mut requested_size) = (None, None, None);
+    let mut stream = 0;
+    let mut segment_type = PoolKind::Large;
+    let mut segment_pool_id = None;
+    let mut is_expandable = None;
+    let mut frames = Frames::NONE;
+    let mut blist = None;
+    for (k, v) in pairs(p, s, &path)? {
+        match k {
+            "address" => address = p.u64(v),
+            "total_size" => total_size = p.u64(v),
+            "device" => device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0),
+            "allocated_size" => allocated_size = p.u64(v),
+            "active_size" => active_size = p.u64(v),
+            "requested_size" => requested_size = p.u64(v),
+            "stream" => stream = stream_of(p, v),
+            "segment_type" => {
+                if p.str(v) == Some("small") {
+                    segment_type = PoolKind::Small;
+                }
+            }
+            "segment_pool_id" => {
+                segment_pool_id = p.items(v).and_then(|t| {
+                    Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?))
+                })
+            }
+            "is_expandable" => is_expandable = p.bool(v),
+            "frames" => frames = Frames::of(p, v),
+            "blocks" => blist = p.items(v),
+            _ => {}
+        }
     }
-    let address = req_u64(p, s, "address", &path)?;
-    let total_size = req_u64(p, s, "total_size", &path)?;
-    let device = p
-        .get(s, "device")
-        .and_then(Pickle::u64)
-        .and_then(|d| u32::try_from(d).ok())
-        .unwrap_or(0);
-    let segment_type = match p.get(s, "segment_type").and_then(|v| p.str(v)) {
-        Some("small") => PoolKind::Small,
-        _ => PoolKind::Large,
-    };
-    let segment_pool_id = p.get(s, "segment_pool_id").and_then(|v| {
-        let t = p.items(v)?;
-        Some((Pickle::i64(*t.first()?)?, Pickle::i64(*t.get(1)?)?))
-    });
-    let blist = p
-        .get(s, "blocks")
-        .and_then(|v| p.items(v))
-        .ok_or_else(|| err(path(), "missing 'blocks' list"))?;
+    let address = need(address, "address", &path)?;
+    let total_size = need(total_size, "total_size", &path)?;
+    let blist = blist.ok_or_else(|| err(path(), "missing 'blocks' list"))?;
     let start = blocks.len();
     let mut offset = 0u64;
     for (j, &b) in blist.iter().enumerate() {
         let bpath = || format!("segments[{i}].blocks[{j}]");
-        if p.dict(b).is_none() {
-            return Err(err(bpath(), "not a dict"));
+        let (mut size, mut state, mut baddr, mut requested) = (None, None, None, None);
+        let (mut frames, mut has_frames, mut history) = (Frames::NONE, false, None);
+        for (k, v) in pairs(p, b, &bpath)? {
+            match k {
+                "size" => size = p.u64(v),
+                "address" => baddr = p.u64(v),
+                "requested_size" => requested = p.u64(v),
+                "state" => state = Some(p.str(v).unwrap_or("")),
+                "frames" => {
+                    has_frames = true;
+                    frames = Frames::of(p, v);
+                }
+                "history" => history = p.items(v).and_then(|h| h.first().copied()),
+                _ => {}
+            }
         }
-        let size = req_u64(p, b, "size", &bpath)?;
-        let state = match p.get(b, "state").and_then(|v| p.str(v)) {
+        let size = need(size, "size", &bpath)?;
+        let state = match state {
             Some("active_allocated") => BlockState::ActiveAllocated,
             Some("active_pending_free" | "active_awaiting_free") => BlockState::ActivePendingFree,
             Some("inactive") => BlockState::Inactive,
@@ -342,78 +388,71 @@ fn read_segment(
         };
         // _memory_viz._block_extra: frames and requested size, from history[0] in
         // the legacy schema (no 'frames' key on blocks).
-        let (requested_size, frames) = if p.get(b, "frames").is_some() {
-            (
-                opt_u64(p, b, "requested_size").unwrap_or(size),
-                frames_of(p, b, "frames"),
-            )
-        } else {
-            let h0 = p
-                .get(b, "history")
-                .and_then(|h| p.items(h))
-                .and_then(|h| h.first().copied());
-            match h0 {
-                Some(h) => (
-                    opt_u64(p, h, "real_size").unwrap_or(size),
-                    frames_of(p, h, "frames"),
-                ),
-                None => (
-                    opt_u64(p, b, "requested_size").unwrap_or(size),
-                    Frames(None),
-                ),
+        let requested_size = match history.filter(|_| !has_frames) {
+            Some(h) => {
+                frames = p.get(h, "frames").map_or(Frames::NONE, |f| Frames::of(p, f));
+                p.get(h, "real_size").and_then(|v| p.u64(v)).unwrap_or(size)
             }
+            None => requested.unwrap_or(size),
         };
-        let block_address =
-            opt_u64(p, b, "address").unwrap_or_else(|| address.saturating_add(offset));
-        offset = offset.saturating_add(size);
         blocks.push(Block {
-            address: block_address,
+            address: baddr.unwrap_or_else(|| address.saturating_add(offset)),
             size,
             requested_size,
             state,
             frames,
         });
+        offset = offset.saturating_add(size);
     }
     let seg_blocks = blocks.get(start..).unwrap_or_default();
     // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
     let sum = |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
-    let allocated_size = opt_u64(p, s, "allocated_size")
-        .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));
-    let active_size =
-        opt_u64(p, s, "active_size").unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive));
     Ok(Segment {
         device,
         address,
         total_size,
-        allocated_size,
-        active_size,
-        requested_size: opt_u64(p, s, "requested_size"),
-        stream: stream_of(p, s),
+        allocated_size: allocated_size
+            .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated)),
+        active_size: active_size.unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive)),
+        requested_size,
+        stream,
         segment_type,
         segment_pool_id,
-        is_expandable: p.get(s, "is_expandable").and_then(Pickle::bool),
-        frames: frames_of(p, s, "frames"),
+        is_expandable,
+        frames,
         blocks: start..blocks.len(),
     })
 }
 
-fn read_trace_entry(p: &Pickle, e: Value, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
+fn read_trace_entry(p: &Pickle, e: V, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
     let path = || format!("device_traces[{d}][{j}]");
-    if p.dict(e).is_none() {
-        return Err(err(path(), "not a dict"));
+    let mut t = TraceEntry {
+        action: Action::Other,
+        addr: 0,
+        size: 0,
+        stream: 0,
+        device_free: 0,
+        time_us: 0,
+        frames: Frames::NONE,
+    };
+    let mut has_action = false;
+    for (k, v) in pairs(p, e, &path)? {
+        match k {
+            "action" => {
+                has_action = true;
+                t.action = Action::parse(p.str(v).unwrap_or(""));
+            }
+            "addr" => t.addr = p.u64(v).unwrap_or(0),
+            "size" => t.size = p.u64(v).unwrap_or(0),
+            "stream" => t.stream = stream_of(p, v),
+            "device_free" => t.device_free = p.u64(v).unwrap_or(0),
+            "time_us" => t.time_us = p.i64(v).unwrap_or(0),
+            "frames" => t.frames = Frames::of(p, v),
+            _ => {}
+        }
     }
-    let action = p
-        .get(e, "action")
-        .and_then(|v| p.str(v))
-        .map(Action::parse)
-        .ok_or_else(|| err(path(), "missing 'action'"))?;
-    Ok(TraceEntry {
-        action,
-        addr: opt_u64(p, e, "addr").unwrap_or(0),
-        size: opt_u64(p, e, "size").unwrap_or(0),
-        stream: stream_of(p, e),
-        device_free: opt_u64(p, e, "device_free"),
-        time_us: p.get(e, "time_us").and_then(Pickle::i64),
-        frames: frames_of(p, e, "frames"),
-    })
+    if !has_action {
+        return Err(err(path(), "missing 'action'"));
+    }
+    Ok(t)
 }
