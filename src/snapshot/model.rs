@@ -124,23 +124,6 @@ pub enum Action {
     Other,
 }
 
-impl Action {
-    fn parse(s: &str) -> Action {
-        match s {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            "snapshot" => Action::Snapshot,
-            "oom" => Action::Oom,
-            "annotate" => Action::Annotate,
-            _ => Action::Other,
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceEntry {
@@ -207,10 +190,11 @@ impl<'a> Snapshot<'a> {
         let seg_items = pickle
             .items(segs_v)
             .ok_or_else(|| err("segments", "not a list"))?;
+        let mut reader = Reader::new();
         let mut segments = Vec::with_capacity(seg_items.len());
         let mut blocks = Vec::new();
         for (i, &s) in seg_items.iter().enumerate() {
-            segments.push(read_segment(&pickle, s, i, &mut blocks)?);
+            segments.push(reader.segment(&pickle, s, i, &mut blocks)?);
         }
 
         let mut device_traces = Vec::new();
@@ -224,7 +208,7 @@ impl<'a> Snapshot<'a> {
                     .ok_or_else(|| err(format!("device_traces[{d}]"), "not a list"))?;
                 let mut out = Vec::with_capacity(entries.len());
                 for (j, &e) in entries.iter().enumerate() {
-                    out.push(read_trace_entry(&pickle, e, d, j)?);
+                    out.push(reader.trace_entry(&pickle, e, d, j)?);
                 }
                 device_traces.push(out);
             }
@@ -278,12 +262,12 @@ impl<'a> Snapshot<'a> {
                 name: "",
             };
             let mut named = false;
-            for kv in p.dict(fr)?.chunks_exact(2) {
-                match p.str(kv[0]) {
-                    Some("filename") => frame.filename = p.str(kv[1]).unwrap_or(""),
-                    Some("line") => frame.line = p.i64(kv[1]).unwrap_or(0),
+            for (k, v) in p.dict(fr)?.iter() {
+                match p.str(k) {
+                    Some("filename") => frame.filename = p.str(v).unwrap_or(""),
+                    Some("line") => frame.line = p.i64(v).unwrap_or(0),
                     Some("name") => {
-                        frame.name = p.str(kv[1]).unwrap_or("");
+                        frame.name = p.str(v).unwrap_or("");
                         named = true;
                     }
                     _ => {}
@@ -294,16 +278,48 @@ impl<'a> Snapshot<'a> {
     }
 }
 
-/// A dict's (key, value) pairs with str keys; `path` names it in errors.
-fn pairs<'p>(
-    p: &'p Pickle,
-    d: V,
-    path: &dyn Fn() -> String,
-) -> Result<impl Iterator<Item = (&'p str, V)> + 'p, ModelError> {
-    let items = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
-    Ok(items
-        .chunks_exact(2)
-        .filter_map(|kv| Some((p.str(kv[0])?, kv[1]))))
+/// Resolves dict keys to known fields. Keys are shared str objects, so each
+/// distinct key object is compared as text once and then by arena id.
+struct Keys<K: Copy + 'static> {
+    names: &'static [(&'static str, K)],
+    seen: Vec<(V, Option<K>)>,
+}
+
+impl<K: Copy + 'static> Keys<K> {
+    fn new(names: &'static [(&'static str, K)]) -> Self {
+        Keys {
+            names,
+            seen: Vec::new(),
+        }
+    }
+
+    fn field(&mut self, p: &Pickle, k: V) -> Option<K> {
+        if let Some(&(_, f)) = self.seen.iter().find(|(seen, _)| *seen == k) {
+            return f;
+        }
+        let f = p
+            .str(k)
+            .and_then(|s| self.names.iter().find(|(n, _)| *n == s).map(|(_, f)| *f));
+        // Keys are few; a hostile file with many distinct key objects only
+        // loses the cache.
+        if self.seen.len() < 64 {
+            self.seen.push((k, f));
+        }
+        f
+    }
+
+    /// The known fields of dict `d` with their values; `path` names it in errors.
+    fn pairs<'p>(
+        &'p mut self,
+        p: &'p Pickle,
+        d: V,
+        path: &dyn Fn() -> String,
+    ) -> Result<impl Iterator<Item = (K, V)> + 'p, ModelError> {
+        let pairs = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
+        Ok(pairs
+            .iter()
+            .filter_map(move |(k, v)| Some((self.field(p, k)?, v))))
+    }
 }
 
 fn need(v: Option<u64>, key: &str, path: &dyn Fn() -> String) -> Result<u64, ModelError> {
@@ -315,77 +331,218 @@ fn stream_of(p: &Pickle, v: V) -> u64 {
     p.u64(v).or_else(|| p.i64(v).map(|i| i as u64)).unwrap_or(0)
 }
 
-fn read_segment(
-    p: &Pickle,
-    s: V,
-    i: usize,
-    blocks: &mut Vec<Block>,
-) -> Result<Segment, ModelError> {
-    let path = || format!("segments[{i}]");
-    let (mut address, mut total_size, mut device) = (None, None, 0u32);
-    let (mut allocated_size, mut active_size, mut requested_size) = (None, None, None);
-    let mut stream = 0;
-    let mut segment_type = PoolKind::Large;
-    let mut segment_pool_id = None;
-    let mut is_expandable = None;
-    let mut frames = Frames::NONE;
-    let mut blist = None;
-    for (k, v) in pairs(p, s, &path)? {
-        match k {
-            "address" => address = p.u64(v),
-            "total_size" => total_size = p.u64(v),
-            "device" => device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0),
-            "allocated_size" => allocated_size = p.u64(v),
-            "active_size" => active_size = p.u64(v),
-            "requested_size" => requested_size = p.u64(v),
-            "stream" => stream = stream_of(p, v),
-            "segment_type" => {
-                if p.str(v) == Some("small") {
-                    segment_type = PoolKind::Small;
-                }
-            }
-            "segment_pool_id" => {
-                segment_pool_id = p.items(v).and_then(|t| {
-                    Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?))
-                })
-            }
-            "is_expandable" => is_expandable = p.bool(v),
-            "frames" => frames = Frames::of(p, v),
-            "blocks" => blist = p.items(v),
-            _ => {}
+#[derive(Clone, Copy)]
+enum SegKey {
+    Address,
+    TotalSize,
+    Device,
+    AllocatedSize,
+    ActiveSize,
+    RequestedSize,
+    Stream,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Frames,
+    Blocks,
+}
+
+const SEG_KEYS: &[(&str, SegKey)] = &[
+    ("address", SegKey::Address),
+    ("total_size", SegKey::TotalSize),
+    ("device", SegKey::Device),
+    ("allocated_size", SegKey::AllocatedSize),
+    ("active_size", SegKey::ActiveSize),
+    ("requested_size", SegKey::RequestedSize),
+    ("stream", SegKey::Stream),
+    ("segment_type", SegKey::SegmentType),
+    ("segment_pool_id", SegKey::SegmentPoolId),
+    ("is_expandable", SegKey::IsExpandable),
+    ("frames", SegKey::Frames),
+    ("blocks", SegKey::Blocks),
+];
+
+#[derive(Clone, Copy)]
+enum BlockKey {
+    Size,
+    Address,
+    RequestedSize,
+    State,
+    Frames,
+    History,
+}
+
+const BLOCK_KEYS: &[(&str, BlockKey)] = &[
+    ("size", BlockKey::Size),
+    ("address", BlockKey::Address),
+    ("requested_size", BlockKey::RequestedSize),
+    ("state", BlockKey::State),
+    ("frames", BlockKey::Frames),
+    ("history", BlockKey::History),
+];
+
+const STATES: &[(&str, BlockState)] = &[
+    ("active_allocated", BlockState::ActiveAllocated),
+    ("active_pending_free", BlockState::ActivePendingFree),
+    // The docstring's spelling (allocator.md §9.2).
+    ("active_awaiting_free", BlockState::ActivePendingFree),
+    ("inactive", BlockState::Inactive),
+];
+
+#[derive(Clone, Copy)]
+enum TraceKey {
+    Action,
+    Addr,
+    Size,
+    Stream,
+    DeviceFree,
+    TimeUs,
+    Frames,
+}
+
+const TRACE_KEYS: &[(&str, TraceKey)] = &[
+    ("action", TraceKey::Action),
+    ("addr", TraceKey::Addr),
+    ("size", TraceKey::Size),
+    ("stream", TraceKey::Stream),
+    ("device_free", TraceKey::DeviceFree),
+    ("time_us", TraceKey::TimeUs),
+    ("frames", TraceKey::Frames),
+];
+
+const ACTIONS: &[(&str, Action)] = &[
+    ("alloc", Action::Alloc),
+    ("free_requested", Action::FreeRequested),
+    ("free_completed", Action::FreeCompleted),
+    ("segment_alloc", Action::SegmentAlloc),
+    ("segment_free", Action::SegmentFree),
+    ("segment_map", Action::SegmentMap),
+    ("segment_unmap", Action::SegmentUnmap),
+    ("snapshot", Action::Snapshot),
+    ("oom", Action::Oom),
+    ("annotate", Action::Annotate),
+];
+
+/// The key resolvers of one model build.
+struct Reader {
+    seg: Keys<SegKey>,
+    block: Keys<BlockKey>,
+    state: Keys<BlockState>,
+    trace: Keys<TraceKey>,
+    action: Keys<Action>,
+}
+
+impl Reader {
+    fn new() -> Self {
+        Reader {
+            seg: Keys::new(SEG_KEYS),
+            block: Keys::new(BLOCK_KEYS),
+            state: Keys::new(STATES),
+            trace: Keys::new(TRACE_KEYS),
+            action: Keys::new(ACTIONS),
         }
     }
-    let address = need(address, "address", &path)?;
-    let total_size = need(total_size, "total_size", &path)?;
-    let blist = blist.ok_or_else(|| err(path(), "missing 'blocks' list"))?;
-    let start = blocks.len();
-    let mut offset = 0u64;
-    for (j, &b) in blist.iter().enumerate() {
-        let bpath = || format!("segments[{i}].blocks[{j}]");
-        let (mut size, mut state, mut baddr, mut requested) = (None, None, None, None);
-        let (mut frames, mut has_frames, mut history) = (Frames::NONE, false, None);
-        for (k, v) in pairs(p, b, &bpath)? {
+
+    fn segment(
+        &mut self,
+        p: &Pickle,
+        s: V,
+        i: usize,
+        blocks: &mut Vec<Block>,
+    ) -> Result<Segment, ModelError> {
+        let path = || format!("segments[{i}]");
+        let (mut address, mut total_size, mut device) = (None, None, 0u32);
+        let (mut allocated_size, mut active_size, mut requested_size) = (None, None, None);
+        let mut stream = 0;
+        let mut segment_type = PoolKind::Large;
+        let mut segment_pool_id = None;
+        let mut is_expandable = None;
+        let mut frames = Frames::NONE;
+        let mut blist = None;
+        for (k, v) in self.seg.pairs(p, s, &path)? {
             match k {
-                "size" => size = p.u64(v),
-                "address" => baddr = p.u64(v),
-                "requested_size" => requested = p.u64(v),
-                "state" => state = Some(p.str(v).unwrap_or("")),
-                "frames" => {
+                SegKey::Address => address = p.u64(v),
+                SegKey::TotalSize => total_size = p.u64(v),
+                SegKey::Device => {
+                    device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0)
+                }
+                SegKey::AllocatedSize => allocated_size = p.u64(v),
+                SegKey::ActiveSize => active_size = p.u64(v),
+                SegKey::RequestedSize => requested_size = p.u64(v),
+                SegKey::Stream => stream = stream_of(p, v),
+                SegKey::SegmentType => {
+                    if p.str(v) == Some("small") {
+                        segment_type = PoolKind::Small;
+                    }
+                }
+                SegKey::SegmentPoolId => {
+                    segment_pool_id = p
+                        .items(v)
+                        .and_then(|t| Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?)))
+                }
+                SegKey::IsExpandable => is_expandable = p.bool(v),
+                SegKey::Frames => frames = Frames::of(p, v),
+                SegKey::Blocks => blist = p.items(v),
+            }
+        }
+        let address = need(address, "address", &path)?;
+        let total_size = need(total_size, "total_size", &path)?;
+        let blist = blist.ok_or_else(|| err(path(), "missing 'blocks' list"))?;
+        let start = blocks.len();
+        let mut offset = 0u64;
+        for (j, &b) in blist.iter().enumerate() {
+            let block = self.block(p, b, (i, j), address.saturating_add(offset))?;
+            offset = offset.saturating_add(block.size);
+            blocks.push(block);
+        }
+        let seg_blocks = blocks.get(start..).unwrap_or_default();
+        // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
+        let sum =
+            |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
+        Ok(Segment {
+            device,
+            address,
+            total_size,
+            allocated_size: allocated_size
+                .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated)),
+            active_size: active_size.unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive)),
+            requested_size,
+            stream,
+            segment_type,
+            segment_pool_id,
+            is_expandable,
+            frames,
+            blocks: start..blocks.len(),
+        })
+    }
+
+    /// Block `j` of segment `i`; `at` is its address by position (old schemas
+    /// record none).
+    fn block(&mut self, p: &Pickle, b: V, (i, j): (usize, usize), at: u64) -> Result<Block, ModelError> {
+        let path = || format!("segments[{i}].blocks[{j}]");
+        let (mut size, mut state, mut address, mut requested) = (None, None, None, None);
+        let (mut frames, mut has_frames, mut history, mut state_v) =
+            (Frames::NONE, false, None, None);
+        for (k, v) in self.block.pairs(p, b, &path)? {
+            match k {
+                BlockKey::Size => size = p.u64(v),
+                BlockKey::Address => address = p.u64(v),
+                BlockKey::RequestedSize => requested = p.u64(v),
+                BlockKey::State => state_v = Some(v),
+                BlockKey::Frames => {
                     has_frames = true;
                     frames = Frames::of(p, v);
                 }
-                "history" => history = p.items(v).and_then(|h| h.first().copied()),
-                _ => {}
+                BlockKey::History => history = p.items(v).and_then(|h| h.first().copied()),
             }
         }
-        let size = need(size, "size", &bpath)?;
-        let state = match state {
-            Some("active_allocated") => BlockState::ActiveAllocated,
-            Some("active_pending_free" | "active_awaiting_free") => BlockState::ActivePendingFree,
-            Some("inactive") => BlockState::Inactive,
-            Some(other) => return Err(err(bpath(), format!("unknown state '{other}'"))),
-            None => return Err(err(bpath(), "missing 'state'")),
-        };
+        if let Some(v) = state_v {
+            state = Some(self.state.field(p, v).ok_or_else(|| {
+                err(path(), format!("unknown state '{}'", p.str(v).unwrap_or("?")))
+            })?);
+        }
+        let size = need(size, "size", &path)?;
+        let state = state.ok_or_else(|| err(path(), "missing 'state'"))?;
         // _memory_viz._block_extra: frames and requested size, from history[0] in
         // the legacy schema (no 'frames' key on blocks).
         let requested_size = match history.filter(|_| !has_frames) {
@@ -395,64 +552,40 @@ fn read_segment(
             }
             None => requested.unwrap_or(size),
         };
-        blocks.push(Block {
-            address: baddr.unwrap_or_else(|| address.saturating_add(offset)),
+        Ok(Block {
+            address: address.unwrap_or(at),
             size,
             requested_size,
             state,
             frames,
-        });
-        offset = offset.saturating_add(size);
+        })
     }
-    let seg_blocks = blocks.get(start..).unwrap_or_default();
-    // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
-    let sum = |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
-    Ok(Segment {
-        device,
-        address,
-        total_size,
-        allocated_size: allocated_size
-            .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated)),
-        active_size: active_size.unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive)),
-        requested_size,
-        stream,
-        segment_type,
-        segment_pool_id,
-        is_expandable,
-        frames,
-        blocks: start..blocks.len(),
-    })
-}
 
-fn read_trace_entry(p: &Pickle, e: V, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
-    let path = || format!("device_traces[{d}][{j}]");
-    let mut t = TraceEntry {
-        action: Action::Other,
-        addr: 0,
-        size: 0,
-        stream: 0,
-        device_free: 0,
-        time_us: 0,
-        frames: Frames::NONE,
-    };
-    let mut has_action = false;
-    for (k, v) in pairs(p, e, &path)? {
-        match k {
-            "action" => {
-                has_action = true;
-                t.action = Action::parse(p.str(v).unwrap_or(""));
+    fn trace_entry(&mut self, p: &Pickle, e: V, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
+        let path = || format!("device_traces[{d}][{j}]");
+        let mut t = TraceEntry {
+            action: Action::Other,
+            addr: 0,
+            size: 0,
+            stream: 0,
+            device_free: 0,
+            time_us: 0,
+            frames: Frames::NONE,
+        };
+        let mut action = None;
+        for (k, v) in self.trace.pairs(p, e, &path)? {
+            match k {
+                TraceKey::Action => action = Some(v),
+                TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
+                TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
+                TraceKey::Stream => t.stream = stream_of(p, v),
+                TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
+                TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
+                TraceKey::Frames => t.frames = Frames::of(p, v),
             }
-            "addr" => t.addr = p.u64(v).unwrap_or(0),
-            "size" => t.size = p.u64(v).unwrap_or(0),
-            "stream" => t.stream = stream_of(p, v),
-            "device_free" => t.device_free = p.u64(v).unwrap_or(0),
-            "time_us" => t.time_us = p.i64(v).unwrap_or(0),
-            "frames" => t.frames = Frames::of(p, v),
-            _ => {}
         }
+        let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
+        t.action = self.action.field(p, action).unwrap_or(Action::Other);
+        Ok(t)
     }
-    if !has_action {
-        return Err(err(path(), "missing 'action'"));
-    }
-    Ok(t)
 }

@@ -90,12 +90,25 @@ pub enum Kind {
     FrozenSet,
 }
 
-/// A container's items: a range of [`Pickle::pool`], or (once it grew while
-/// other objects were being built) a vector of its own in [`Pickle::owned`].
+/// Where a container's items are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `len` items at `start` in [`Pickle::pool`].
+    Pool,
+    /// A vector of its own (`start` indexes [`Pickle::owned`]): it grew in
+    /// several batches while other objects were being built.
+    Owned,
+    /// A dict whose keys are shape `len` ([`Pickle::shapes`]); its values
+    /// are at `start` in the pool. Torch's dicts share a handful of key
+    /// sequences, so each stores only its values.
+    Shaped,
+}
+
+/// A container's kind and where its items are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Container {
     pub kind: Kind,
-    owned: bool,
+    layout: Layout,
     len: u32,
     start: u64,
 }
@@ -187,6 +200,8 @@ pub struct Pickle<'a> {
     pool: Vec<V>,
     /// Items of containers that grew in several batches between other objects.
     owned: Vec<Vec<V>>,
+    /// Key sequences shared by dicts (see [`Layout::Shaped`]).
+    shapes: Vec<Box<[V]>>,
     pub root: V,
     /// The protocol named by the PROTO opcode (0 when absent).
     pub protocol: u8,
@@ -211,9 +226,12 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
             objs: Vec::new(),
             pool: Vec::new(),
             owned: Vec::new(),
+            shapes: Vec::new(),
             root: V::NONE,
             protocol: 0,
         },
+        shape_ids: HashMap::new(),
+        recent_shapes: [u32::MAX; 4],
         values: 0,
         limits,
     }
@@ -230,6 +248,9 @@ struct Decoder<'a> {
     memo: Vec<V>,
     sparse_memo: HashMap<u64, V>,
     p: Pickle<'a>,
+    shape_ids: HashMap<Box<[V]>, u32>,
+    /// The shapes used last, checked before `shape_ids`.
+    recent_shapes: [u32; 4],
     /// Values created so far (a running bound on memory).
     values: u64,
     limits: Limits,
@@ -811,7 +832,7 @@ impl<'a> Decoder<'a> {
         let v = self.alloc(
             Obj::Container(Container {
                 kind,
-                owned: false,
+                layout: Layout::Pool,
                 len: 0,
                 start,
             }),
@@ -823,17 +844,12 @@ impl<'a> Decoder<'a> {
     /// A container of `stack[from..]` (TUPLE, LIST, DICT, FROZENSET, TUPLE1-3).
     fn build(&mut self, kind: Kind, from: usize, at: usize) -> Result<(), DecodeError> {
         let start = self.p.pool.len() as u64;
-        let len = self.stack.len().saturating_sub(from);
-        let len = u32::try_from(len).map_err(|_| DecodeError::Limit {
-            offset: at,
-            what: "container length",
-            limit: u64::from(u32::MAX),
-        })?;
+        let len = self.checked_len(self.stack.len().saturating_sub(from) as u64, at)?;
         self.p.pool.extend(self.stack.drain(from..));
         let v = self.alloc(
             Obj::Container(Container {
                 kind,
-                owned: false,
+                layout: Layout::Pool,
                 len,
                 start,
             }),
@@ -871,50 +887,118 @@ impl<'a> Decoder<'a> {
             Kind::Set => "target is not a set",
             _ => "target is not a list",
         };
-        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get_mut(id as usize))
-        else {
+        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get(id as usize)) else {
             return Err(self.malformed(at, op, wrong()));
         };
         if c.kind != kind {
             return Err(self.malformed(at, op, wrong()));
         }
+        let c = *c;
+        let id = target.id().unwrap_or(u32::MAX) as usize;
         let n = self.stack.len().saturating_sub(from);
         let pool_end = self.p.pool.len() as u64;
-        if c.owned {
-            let items = self.p.owned.get_mut(c.start as usize);
-            items
-                .ok_or(DecodeError::Malformed {
-                    offset: at,
-                    opcode: opcode_name(op),
-                    problem: "corrupt container".into(),
-                })?
-                .extend(self.stack.drain(from..));
-            return Ok(());
-        }
-        let new_len = u64::from(c.len) + n as u64;
-        if new_len <= u64::from(u32::MAX) && (c.len == 0 || c.start + u64::from(c.len) == pool_end)
-        {
-            // The container's items end the pool: grow in place.
-            if c.len == 0 {
-                c.start = pool_end;
+        match c.layout {
+            Layout::Owned => {
+                if let Some(items) = self.p.owned.get_mut(c.start as usize) {
+                    items.extend(self.stack.drain(from..));
+                }
             }
-            c.len = new_len as u32;
-            self.p.pool.extend(self.stack.drain(from..));
-        } else {
-            // Other objects were built since: give it a vector of its own.
-            let (start, len) = (c.start as usize, c.len as usize);
-            c.owned = true;
-            c.start = self.p.owned.len() as u64;
-            let mut items = self
-                .p
-                .pool
-                .get(start..start + len)
-                .map(<[V]>::to_vec)
-                .unwrap_or_default();
-            items.extend(self.stack.drain(from..));
-            self.p.owned.push(items);
+            Layout::Pool if c.len == 0 && kind == Kind::Dict && n > 0 => {
+                // A dict's first items: store its values under a shared key shape.
+                let start = pool_end;
+                let slot = match self.shape_of(from) {
+                    Some(shape) => {
+                        let values = self.stack.get(from + 1..).unwrap_or_default();
+                        self.p.pool.extend(values.iter().step_by(2));
+                        self.stack.truncate(from);
+                        Container {
+                            kind,
+                            layout: Layout::Shaped,
+                            len: shape,
+                            start,
+                        }
+                    }
+                    None => {
+                        let len = self.checked_len(n as u64, at)?;
+                        self.p.pool.extend(self.stack.drain(from..));
+                        Container {
+                            kind,
+                            layout: Layout::Pool,
+                            len,
+                            start,
+                        }
+                    }
+                };
+                self.p.objs[id] = Obj::Container(slot);
+            }
+            Layout::Pool if c.len == 0 || c.start + u64::from(c.len) == pool_end => {
+                // The container's items end the pool: grow in place.
+                let len = self.checked_len(u64::from(c.len) + n as u64, at)?;
+                let start = if c.len == 0 { pool_end } else { c.start };
+                self.p.pool.extend(self.stack.drain(from..));
+                self.p.objs[id] = Obj::Container(Container { len, start, ..c });
+            }
+            Layout::Pool | Layout::Shaped => {
+                // Other objects were built since: give it a vector of its own.
+                let mut items = match self.p.dict_of(&c) {
+                    Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+                    None => self.p.items_of(&c).to_vec(),
+                };
+                items.extend(self.stack.drain(from..));
+                let start = self.p.owned.len() as u64;
+                self.p.owned.push(items);
+                self.p.objs[id] = Obj::Container(Container {
+                    kind,
+                    layout: Layout::Owned,
+                    len: 0,
+                    start,
+                });
+            }
         }
         Ok(())
+    }
+
+    fn checked_len(&self, n: u64, at: usize) -> Result<u32, DecodeError> {
+        u32::try_from(n).map_err(|_| DecodeError::Limit {
+            offset: at,
+            what: "container length",
+            limit: u64::from(u32::MAX),
+        })
+    }
+
+    /// The shape id of the keys at `stack[from..]` (every other item), when
+    /// they are all objects (str keys); new shapes are added up to a bound.
+    fn shape_of(&mut self, from: usize) -> Option<u32> {
+        const MAX_SHAPES: usize = 1 << 12;
+        let items = self.stack.get(from..)?;
+        if items.len() % 2 != 0 || items.len() > 64 {
+            return None;
+        }
+        let keys = || items.iter().step_by(2).copied();
+        if keys().any(|k| k.id().is_none()) {
+            return None;
+        }
+        for &id in &self.recent_shapes {
+            if let Some(shape) = self.p.shapes.get(id as usize)
+                && shape.iter().copied().eq(keys())
+            {
+                return Some(id);
+            }
+        }
+        let key: Box<[V]> = keys().collect();
+        let id = match self.shape_ids.get(&key) {
+            Some(&id) => id,
+            None if self.p.shapes.len() < MAX_SHAPES => {
+                let id = self.p.shapes.len() as u32;
+                self.p.shapes.push(key.clone());
+                self.shape_ids.insert(key, id);
+                id
+            }
+            None => return None,
+        };
+        self.recent_shapes.rotate_right(1);
+        self.recent_shapes[0] = id;
+        Some(id)
     }
 
     fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Result<(), DecodeError> {
@@ -1176,43 +1260,79 @@ impl<'a> Pickle<'a> {
         }
     }
 
-    /// A container's kind and items (dict items flattened key, value, …).
-    pub fn container(&self, v: V) -> Option<(Kind, &[V])> {
-        let Obj::Container(c) = self.obj(v)? else {
+    /// The items of a non-dict container (the values, for a shaped dict).
+    fn items_of(&self, c: &Container) -> &[V] {
+        let items = match c.layout {
+            Layout::Owned => self.owned.get(c.start as usize).map(Vec::as_slice),
+            Layout::Pool | Layout::Shaped => {
+                let len = match c.layout {
+                    Layout::Shaped => self.shapes.get(c.len as usize).map_or(0, |k| k.len()),
+                    _ => c.len as usize,
+                };
+                usize::try_from(c.start)
+                    .ok()
+                    .and_then(|start| self.pool.get(start..start.checked_add(len)?))
+            }
+        };
+        items.unwrap_or_default()
+    }
+
+    /// A dict container's (key, value) pairs.
+    fn dict_of(&self, c: &Container) -> Option<Pairs<'_>> {
+        if c.kind != Kind::Dict {
             return None;
-        };
-        let items = if c.owned {
-            self.owned.get(c.start as usize).map(Vec::as_slice)
-        } else {
-            let start = usize::try_from(c.start).ok()?;
-            self.pool.get(start..start + c.len as usize)
-        };
-        Some((c.kind, items.unwrap_or_default()))
+        }
+        let values = self.items_of(c);
+        Some(match c.layout {
+            Layout::Shaped => Pairs {
+                keys: self.shapes.get(c.len as usize).map_or(&[], |k| k),
+                values,
+                stride: 1,
+            },
+            _ => Pairs {
+                keys: values,
+                values: values.get(1..).unwrap_or_default(),
+                stride: 2,
+            },
+        })
+    }
+
+    fn container_of(&self, v: V) -> Option<&Container> {
+        match self.obj(v)? {
+            Obj::Container(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Which container `v` is, if it is one.
+    pub fn kind(&self, v: V) -> Option<Kind> {
+        self.container_of(v).map(|c| c.kind)
     }
 
     /// Items of a list or tuple.
     pub fn items(&self, v: V) -> Option<&[V]> {
-        match self.container(v)? {
-            (Kind::List | Kind::Tuple, items) => Some(items),
-            _ => None,
-        }
+        let c = self.container_of(v)?;
+        matches!(c.kind, Kind::List | Kind::Tuple).then(|| self.items_of(c))
     }
 
-    /// A dict's items, flattened: key, value, key, value, …
-    pub fn dict(&self, v: V) -> Option<&[V]> {
-        match self.container(v)? {
-            (Kind::Dict, items) => Some(items),
-            _ => None,
-        }
+    /// Items of a set or frozenset.
+    pub fn set_items(&self, v: V) -> Option<&[V]> {
+        let c = self.container_of(v)?;
+        matches!(c.kind, Kind::Set | Kind::FrozenSet).then(|| self.items_of(c))
+    }
+
+    /// A dict's (key, value) pairs in insertion order.
+    pub fn dict(&self, v: V) -> Option<Pairs<'_>> {
+        self.dict_of(self.container_of(v)?)
     }
 
     /// `d[key]` for a str key (the last assignment wins, as in Python).
     pub fn get(&self, d: V, key: &str) -> Option<V> {
         self.dict(d)?
-            .chunks_exact(2)
+            .iter()
             .rev()
-            .find(|kv| self.str(kv[0]) == Some(key))
-            .map(|kv| kv[1])
+            .find(|(k, _)| self.str(*k) == Some(key))
+            .map(|(_, v)| v)
     }
 
     pub fn u64(&self, v: V) -> Option<u64> {
@@ -1262,8 +1382,13 @@ impl<'a> Pickle<'a> {
                 _ => continue,
             }
             n += 1;
-            if let Some((_, items)) = self.container(v) {
-                todo.extend_from_slice(items);
+            match self.dict(v) {
+                Some(pairs) => todo.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
+                None => {
+                    if let Some(c) = self.container_of(v) {
+                        todo.extend_from_slice(self.items_of(c));
+                    }
+                }
             }
         }
         n
@@ -1289,9 +1414,12 @@ impl<'a> Pickle<'a> {
                     (_, Some(Obj::Str(s))) => Some(J::String((*s).to_string())),
                     (_, Some(Obj::OwnedStr(s))) => Some(J::String(s.to_string())),
                     (_, Some(Obj::Bytes(b))) => Some(J::String(String::from_utf8_lossy(b).into())),
-                    (_, Some(Obj::Container(_))) if frames.len() < max_depth => {
-                        let (kind, items) = self.container(v).unwrap_or((Kind::List, &[]));
-                        let dict = kind == Kind::Dict;
+                    (_, Some(Obj::Container(c))) if frames.len() < max_depth => {
+                        let dict = c.kind == Kind::Dict;
+                        let items: Vec<V> = match self.dict_of(c) {
+                            Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+                            None => self.items_of(c).to_vec(),
+                        };
                         frames.push(JsonFrame {
                             out: if dict {
                                 J::Object(serde_json::Map::new())
@@ -1300,7 +1428,7 @@ impl<'a> Pickle<'a> {
                             },
                             dict,
                             key: None,
-                            items: items.iter(),
+                            items: items.into_iter(),
                         });
                         None
                     }
@@ -1313,15 +1441,15 @@ impl<'a> Pickle<'a> {
             // Hand out the innermost container's next child, or close it.
             let Some(top) = frames.last_mut() else { break };
             match top.items.next() {
-                Some(&child) if top.dict && top.key.is_none() => {
+                Some(child) if top.dict && top.key.is_none() => {
                     top.key = Some(self.key_text(child));
                     // The value follows.
-                    next = top.items.next().copied();
+                    next = top.items.next();
                     if next.is_none() {
                         top.key = None;
                     }
                 }
-                Some(&child) => next = Some(child),
+                Some(child) => next = Some(child),
                 None => {
                     if let Some(done) = frames.pop() {
                         place(&mut frames, &mut result, done.out);
@@ -1347,11 +1475,11 @@ impl<'a> Pickle<'a> {
 
 /// A JSON container being filled: whether it is a dict, the key waiting for
 /// its value, and the items still to visit.
-struct JsonFrame<'p> {
+struct JsonFrame {
     out: serde_json::Value,
     dict: bool,
     key: Option<String>,
-    items: std::slice::Iter<'p, V>,
+    items: std::vec::IntoIter<V>,
 }
 
 /// Puts a finished JSON value into the innermost open container (under its
@@ -1366,5 +1494,43 @@ fn place(frames: &mut [JsonFrame], result: &mut serde_json::Value, val: serde_js
             _ => {}
         },
         None => *result = val,
+    }
+}
+
+/// A dict's (key, value) pairs: flattened `k, v, k, v` items, or a shared key
+/// shape beside the values.
+#[derive(Debug, Clone, Copy)]
+pub struct Pairs<'p> {
+    keys: &'p [V],
+    values: &'p [V],
+    stride: usize,
+}
+
+impl<'p> Pairs<'p> {
+    pub fn len(&self) -> usize {
+        if self.stride == 2 {
+            self.keys.len() / 2
+        } else {
+            self.keys.len().min(self.values.len())
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: usize) -> Option<(V, V)> {
+        let j = i.checked_mul(self.stride)?;
+        Some((*self.keys.get(j)?, *self.values.get(j)?))
+    }
+
+    /// The keys alone (the shared shape, for shaped dicts): equal slices mean
+    /// equal key sequences, so callers can cache per shape.
+    pub fn shape(&self) -> Option<&'p [V]> {
+        (self.stride == 1).then_some(self.keys)
+    }
+
+    pub fn iter(self) -> impl DoubleEndedIterator<Item = (V, V)> + 'p {
+        (0..self.len()).filter_map(move |i| self.get(i))
     }
 }
