@@ -5,8 +5,8 @@
 use allocdoc::Error;
 use allocdoc::allocator::CachingAllocator;
 use allocdoc::device::sim::SimDevice;
-use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
 use allocdoc::snapshot;
+use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
 use allocdoc::workload::snapshot_trace::{self, Fidelity, SnapshotTrace};
 use std::path::Path;
 
@@ -54,7 +54,9 @@ fn every_real_snapshot_loads_with_the_readme_figures() {
         } = e;
         let data = fixture(name);
         let snap = snapshot::load(name, &data).unwrap();
-        let lens: Vec<usize> = snap.device_traces.iter().map(Vec::len).collect();
+        let lens: Vec<usize> = (0..snap.trace_lists() as u32)
+            .map(|d| snap.trace_len(d))
+            .collect();
         assert_eq!(lens, traces, "{name}");
         let obs = snapshot::observations(name, &data).unwrap();
         let got: Vec<u32> = obs.iter().map(|o| o.device_index.unwrap()).collect();

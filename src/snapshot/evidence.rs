@@ -3,7 +3,7 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in `detail`.
 
-use super::model::{Action, BlockState, Frame, Frames, Segment, Snapshot};
+use super::model::{Action, BlockState, Frame, Frames, ModelError, Segment, Snapshot};
 use crate::evidence::{DeviceKind, Kind, Observation};
 use serde_json::{Value as J, json};
 use std::collections::{BTreeMap, HashMap};
@@ -15,7 +15,10 @@ const TOP_SITES: usize = 10;
 const SITE_FRAMES: usize = 12;
 
 /// One observation per device present (segments or trace entries).
-pub fn device_observations(input_name: &str, snap: &Snapshot) -> Vec<Observation> {
+pub fn device_observations(
+    input_name: &str,
+    snap: &Snapshot,
+) -> Result<Vec<Observation>, ModelError> {
     let settings_json = settings_json(snap);
     let settings_note = settings_json.as_ref().and_then(settings_mismatch);
     snap.devices()
@@ -35,10 +38,10 @@ pub fn device_observations(input_name: &str, snap: &Snapshot) -> Vec<Observation
             o.allocated_bytes = Some(segs.iter().map(|s| s.allocated_size).sum());
             o.active_bytes = Some(segs.iter().map(|s| s.active_size).sum());
             o.requested_bytes = Some(segs.iter().map(|s| segment_requested(snap, s)).sum());
-            o.trace_events = Some(snap.trace(device).len() as u64);
+            o.trace_events = Some(snap.trace_len(device) as u64);
             o.allocator_settings = settings_json.clone();
-            o.detail = Some(detail(snap, device, &segs, settings_note.as_deref()));
-            o
+            o.detail = Some(detail(snap, device, &segs, settings_note.as_deref())?);
+            Ok(o)
         })
         .collect()
 }
@@ -136,7 +139,12 @@ struct PoolTotals {
     segsum: SegSum,
 }
 
-fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option<&str>) -> J {
+fn detail(
+    snap: &Snapshot,
+    device: u32,
+    segs: &[&Segment],
+    settings_note: Option<&str>,
+) -> Result<J, ModelError> {
     let mut pools: BTreeMap<(String, &'static str, u64), PoolTotals> = BTreeMap::new();
     let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
@@ -197,10 +205,10 @@ fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option
         .map(|((_, name), (n, bytes))| json!({"class": name, "segments": n, "bytes": bytes}))
         .collect();
 
-    let trace = snap.trace(device);
     let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut ooms = Vec::new();
-    for (i, e) in trace.iter().enumerate() {
+    for (i, e) in snap.trace(device).enumerate() {
+        let e = e?;
         *actions.entry(action_name(e.action)).or_default() += 1;
         if e.action == Action::Oom {
             ooms.push(json!({
@@ -235,7 +243,7 @@ fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option
             map.insert("external_annotations".into(), json!(n));
         }
     }
-    d
+    Ok(d)
 }
 
 fn action_name(a: Action) -> &'static str {

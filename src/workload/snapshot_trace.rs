@@ -33,7 +33,7 @@ use crate::allocator::{CachingAllocator, TraceAction, TraceEntry};
 use crate::conf::Settings;
 use crate::device::Device;
 use crate::snapshot::Snapshot;
-use crate::snapshot::model::{Action, BlockState, Segment};
+use crate::snapshot::model::{Action, BlockState, Segment, TraceEntry as TraceRecord};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -156,16 +156,17 @@ pub fn recorded_settings(snap: &Snapshot) -> Settings {
 
 /// The first device with trace entries.
 pub fn traced_device(snap: &Snapshot) -> Option<u32> {
-    snap.device_traces
-        .iter()
-        .position(|t| !t.is_empty())
-        .and_then(|d| u32::try_from(d).ok())
+    (0..snap.trace_lists())
+        .filter_map(|d| u32::try_from(d).ok())
+        .find(|&d| snap.trace_len(d) > 0)
 }
 
 /// A snapshot's trace on one device, with the state it started from.
 pub struct SnapshotTrace<'s, 'a> {
     snap: &'s Snapshot<'a>,
     device: u32,
+    /// The device's trace entries, read once.
+    pub trace: Vec<TraceRecord>,
     pub start: StartState,
     /// `segment_alloc` addresses in trace order.
     segment_allocs: Vec<u64>,
@@ -175,7 +176,10 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
     /// `recorded` are the settings the recording ran under (sizes of blocks
     /// live at the start follow them).
     pub fn new(snap: &'s Snapshot<'a>, device: u32, recorded: &Settings) -> Result<Self, Error> {
-        let trace = snap.trace(device);
+        let trace = snap
+            .trace(device)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Input(format!("not a torch memory snapshot: {e}")))?;
         if trace.is_empty() {
             return Err(Error::Input(format!(
                 "the snapshot has no trace for device {device}: record it with torch.cuda.memory._record_memory_history()"
@@ -204,7 +208,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut created: HashSet<u64> = HashSet::new();
         let mut released_first: Vec<(u64, u64, u64)> = Vec::new();
         let mut segment_allocs = Vec::new();
-        for e in trace {
+        for e in &trace {
             match e.action {
                 Action::Alloc => {
                     live.insert(e.addr);
@@ -312,6 +316,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         Ok(SnapshotTrace {
             snap,
             device,
+            trace,
             start: state,
             segment_allocs,
         })
@@ -334,7 +339,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         alloc: &mut CachingAllocator<D>,
         fidelity: bool,
     ) -> Result<SnapshotRun, Error> {
-        let trace = self.snap.trace(self.device);
+        let trace = &self.trace;
         // Recorded address → replayed address of every live allocation.
         let mut map: HashMap<u64, u64> = HashMap::new();
         for seg in &self.start.segments {
@@ -471,7 +476,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         address_matches: u64,
         first_alloc_miss: Option<usize>,
     ) -> Fidelity {
-        let trace = self.snap.trace(self.device);
+        let trace = &self.trace;
         let recorded: Vec<(usize, TraceAction)> = trace
             .iter()
             .enumerate()
@@ -523,7 +528,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
     }
 
     fn divergence(&self, i: usize, ours: Option<&TraceEntry>) -> Divergence {
-        let e = &self.snap.trace(self.device)[i];
+        let e = &self.trace[i];
         Divergence {
             event_index: i,
             action: comparable(e.action).map_or("other", TraceAction::as_str),
