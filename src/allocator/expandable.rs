@@ -80,9 +80,14 @@ impl<D: Device> CachingAllocator<D> {
                 return Some(candidate);
             }
         }
-        let page = expandable_page_size(p.small);
+        let page = expandable_page_size(p.small, &self.settings);
         let total = self.device.total_memory();
-        let pages = (total + total / 8).div_ceil(page);
+        // 9/8 of the card; a card too large for that (an unbounded simulated one)
+        // gets 2^62 bytes, so the reservation still fits a 64-bit address space.
+        let pages = total
+            .saturating_add(total / 8)
+            .div_ceil(page)
+            .min((1 << 62) / page);
         let segment = ExpandableSegment {
             base: 0,
             page,
