@@ -472,3 +472,31 @@ fn another_config_diverges_and_the_report_says_where() {
     );
     assert!(!f.final_segments_equal);
 }
+
+#[test]
+fn replay_accepts_a_snapshot_and_reports_fidelity() {
+    use allocdoc::app::replay::{ReplayOptions, execute};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle");
+    let opts = ReplayOptions {
+        trace: path.display().to_string(),
+        confs: vec![String::new(), "expandable_segments:True".into()],
+        device: "sim".into(),
+        fidelity: true,
+        ..ReplayOptions::default()
+    };
+    let r = execute(&opts).unwrap();
+    assert_eq!(r.events, 3840);
+    assert_eq!(r.runs.len(), 2);
+    assert!(r.runs.iter().all(|run| run.result.oom.is_none()));
+    let f = r.fidelity.as_ref().unwrap();
+    assert_eq!((f.alloc_events, f.address_matches), (1280, 1280));
+    let json: serde_json::Value =
+        serde_json::from_str(&allocdoc::report::replay::json(&r)).unwrap();
+    assert_eq!(json["fidelity"]["alloc_events"], 1280);
+    assert_eq!(json["fidelity"]["address_matches"], 1280);
+    assert_eq!(
+        json["fidelity"]["first_divergence"],
+        serde_json::Value::Null
+    );
+}
