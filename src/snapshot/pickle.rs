@@ -14,7 +14,6 @@
 //! against the remaining input before slicing, and never sizes an allocation
 //! from a length read from the input.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -120,7 +119,7 @@ pub struct Container {
 pub enum Obj<'a> {
     Str(&'a str),
     OwnedStr(Box<str>),
-    Bytes(Cow<'a, [u8]>),
+    Bytes(&'a [u8]),
     /// An int outside [-2^60, 2^64): little-endian two's complement when
     /// wider than 64 bits.
     BigInt(Box<[u8]>),
@@ -217,16 +216,20 @@ pub fn decode(data: &[u8]) -> Result<Pickle<'_>, DecodeError> {
 /// Decodes `data` (one pickle; trailing bytes after STOP are ignored, as
 /// `pickle.loads` does).
 pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeError> {
-    Decoder {
+    // Reserve from the input's actual size (not a declared length): a torch
+    // snapshot holds about one pooled value per 10 bytes and one object per
+    // 50; only touched pages count, so an overestimate costs nothing.
+    let n = data.len();
+    let d = Decoder {
         data,
         pos: 0,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Vec::new(),
+        memo: Vec::with_capacity(n / 48),
         sparse_memo: HashMap::new(),
         p: Pickle {
-            objs: Vec::new(),
-            pool: Vec::new(),
+            objs: Vec::with_capacity(n / 48),
+            pool: Vec::with_capacity(n / 8),
             owned: Vec::new(),
             shapes: Vec::new(),
             root: V::NONE,
@@ -236,8 +239,8 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         recent_shapes: [u32::MAX; 4],
         values: 0,
         limits,
-    }
-    .run()
+    };
+    d.run()
 }
 
 struct Decoder<'a> {
@@ -557,19 +560,19 @@ impl<'a> Decoder<'a> {
                 b'B' => {
                     let n = self.len_u32(at, op)?;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(Cow::Borrowed(b)), at)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
                     self.push(v, at)?;
                 }
                 b'C' => {
                     let n = self.take(1, at, op)?[0] as usize;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(Cow::Borrowed(b)), at)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
                     self.push(v, at)?;
                 }
                 0x8e | 0x96 => {
                     let n = self.len_u64(at, op)?;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(Cow::Borrowed(b)), at)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
                     self.push(v, at)?;
                 }
                 0x97 => {
@@ -1029,9 +1032,9 @@ impl<'a> Decoder<'a> {
 
     #[inline]
     fn get(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
-        let v = match self.memo.get(idx as usize) {
-            Some(&v) if idx <= usize::MAX as u64 => v,
-            _ => *self.sparse_memo.get(&idx).ok_or_else(|| {
+        let v = match usize::try_from(idx).ok().and_then(|i| self.memo.get(i)) {
+            Some(&v) => v,
+            None => *self.sparse_memo.get(&idx).ok_or_else(|| {
                 self.malformed(at, op, &format!("memo key {idx} was never stored"))
             })?,
         };
