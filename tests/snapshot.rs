@@ -500,3 +500,17 @@ fn replay_accepts_a_snapshot_and_reports_fidelity() {
         serde_json::Value::Null
     );
 }
+
+#[test]
+fn a_recorded_conf_that_did_not_take_effect_is_noted() {
+    let obs = snapshot::observations("g", &fixture("gen-ignored-conf.pickle")).unwrap();
+    let note = obs[0].detail.as_ref().unwrap()["allocator_settings_note"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        note,
+        "PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True,max_split_size_mb:256\" asks for \
+         \"max_split_size_mb:256,expandable_segments:True\" but the allocator ran with the defaults"
+    );
+}

@@ -4,6 +4,7 @@
 //! settings in `detail`.
 
 use super::model::{Action, BlockState, Frame, Frames, ModelError, Segment, Snapshot};
+use crate::conf::{Settings, TorchVersion};
 use crate::evidence::{DeviceKind, Kind, Observation};
 use serde_json::{Value as J, json};
 use std::collections::{BTreeMap, HashMap};
@@ -375,42 +376,69 @@ pub fn stack_text(snap: &Snapshot, frames: Frames) -> Vec<String> {
 
 /// Compares the `PYTORCH_CUDA_ALLOC_CONF` string recorded in
 /// `allocator_settings` with the values that took effect (pytorch#183387:
-/// keys silently ignored). Returns a note when they disagree.
+/// a value can be silently ignored). Only the keys the snapshot records are
+/// compared. Returns a note when they disagree.
 fn settings_mismatch(settings: &J) -> Option<String> {
     let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")?.as_str()?;
-    let mut notes = Vec::new();
-    for item in conf.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let Some((key, value)) = item.split_once(':') else {
-            continue;
-        };
-        let (key, value) = (key.trim(), value.trim());
-        let effective = settings.get(match key {
-            "max_split_size_mb" => "max_split_size",
-            k => k,
-        });
-        let differs = match (key, effective) {
-            ("expandable_segments" | "release_lock_on_cudamalloc", Some(J::Bool(b))) => {
-                !value.eq_ignore_ascii_case(if *b { "true" } else { "false" })
-            }
-            ("max_split_size_mb", Some(v)) => {
-                let want = value.parse::<u64>().ok().map(|mb| (mb * MIB) as i64);
-                want.is_some() && v.as_i64() != want
-            }
-            ("garbage_collection_threshold", Some(v)) => value
-                .parse::<f64>()
-                .ok()
-                .zip(v.as_f64())
-                .is_some_and(|(a, b)| (a - b).abs() > 1e-9),
-            _ => false,
-        };
-        if differs {
-            notes.push(format!(
-                "{key}:{value} is in PYTORCH_CUDA_ALLOC_CONF but the allocator ran with {}",
-                effective.map(J::to_string).unwrap_or_default()
+    let parsed = match crate::conf::parse(conf, TorchVersion::DEFAULT) {
+        Ok(p) => p.settings,
+        Err(e) => {
+            return Some(format!(
+                "PYTORCH_CUDA_ALLOC_CONF={conf:?} does not parse ({e}); the allocator ran with {}",
+                describe(&apply_recorded(Settings::default(), settings))
             ));
         }
+    };
+    let effective = apply_recorded(parsed.clone(), settings);
+    (effective != parsed).then(|| {
+        format!(
+            "PYTORCH_CUDA_ALLOC_CONF={conf:?} asks for {} but the allocator ran with {}",
+            describe(&parsed),
+            describe(&effective)
+        )
+    })
+}
+
+/// A config as PyTorch would spell it, or "the defaults".
+fn describe(s: &Settings) -> String {
+    match crate::conf::render(s) {
+        r if r.is_empty() => "the defaults".into(),
+        r => format!("{r:?}"),
     }
-    (!notes.is_empty()).then(|| notes.join("; "))
+}
+
+/// `base` with the values `allocator_settings` records put over it.
+fn apply_recorded(mut s: Settings, j: &J) -> Settings {
+    if let Some(v) = j.get("max_split_size").and_then(J::as_i64) {
+        // SIZE_MAX is recorded as -1.
+        s.max_split_size = u64::try_from(v).unwrap_or(u64::MAX);
+    }
+    if let Some(v) = j.get("expandable_segments").and_then(J::as_bool) {
+        s.expandable_segments = v;
+    }
+    if let Some(v) = j.get("garbage_collection_threshold").and_then(J::as_f64) {
+        s.garbage_collection_threshold = v;
+    }
+    if let Some(v) = j.get("release_lock_on_cudamalloc").and_then(J::as_bool) {
+        s.release_lock_on_cudamalloc = v;
+    }
+    if let Some(d) = j.get("roundup_power2_divisions").and_then(J::as_object) {
+        for (i, slot) in s.roundup_power2_divisions.iter_mut().enumerate() {
+            if let Some(v) = d.get(&(1u64 << i).to_string()).and_then(J::as_u64) {
+                *slot = v;
+            }
+        }
+    }
+    s
+}
+
+/// The settings the snapshot records as in effect (`allocator_settings`),
+/// PyTorch's defaults for what it does not record.
+pub fn recorded_settings(snap: &Snapshot) -> Settings {
+    match settings_json(snap) {
+        Some(j) => apply_recorded(Settings::default(), &j),
+        None => Settings::default(),
+    }
 }
 
 /// The recorded allocator settings, decoded (for replay's `--fidelity`).

@@ -124,44 +124,7 @@ pub struct SnapshotRun {
     pub seeded_counters: DeviceCounters,
 }
 
-/// The settings recorded in the snapshot's `allocator_settings` (what took
-/// effect), or PyTorch's defaults when the snapshot does not record them.
-pub fn recorded_settings(snap: &Snapshot) -> Settings {
-    let mut s = Settings::default();
-    let Some(j) = crate::snapshot::evidence::settings_json(snap) else {
-        return s;
-    };
-    if let Some(v) = j.get("max_split_size").and_then(|v| v.as_i64()) {
-        // SIZE_MAX is recorded as -1.
-        s.max_split_size = u64::try_from(v).unwrap_or(u64::MAX);
-    }
-    if let Some(v) = j.get("expandable_segments").and_then(|v| v.as_bool()) {
-        s.expandable_segments = v;
-    }
-    if let Some(v) = j
-        .get("garbage_collection_threshold")
-        .and_then(|v| v.as_f64())
-    {
-        s.garbage_collection_threshold = v;
-    }
-    if let Some(v) = j
-        .get("release_lock_on_cudamalloc")
-        .and_then(|v| v.as_bool())
-    {
-        s.release_lock_on_cudamalloc = v;
-    }
-    if let Some(d) = j
-        .get("roundup_power2_divisions")
-        .and_then(|v| v.as_object())
-    {
-        for (i, slot) in s.roundup_power2_divisions.iter_mut().enumerate() {
-            if let Some(v) = d.get(&(1u64 << i).to_string()).and_then(|v| v.as_u64()) {
-                *slot = v;
-            }
-        }
-    }
-    s
-}
+pub use crate::snapshot::evidence::recorded_settings;
 
 /// The first device with trace entries.
 pub fn traced_device(snap: &Snapshot) -> Option<u32> {
