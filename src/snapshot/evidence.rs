@@ -34,11 +34,15 @@ pub fn device_observations(
             o.device_kind = Some(DeviceKind::Cuda);
             o.device_index = Some(device);
             o.segments = Some(segs.len() as u64);
-            o.blocks = Some(segs.iter().map(|s| s.blocks.len() as u64).sum());
-            o.reserved_bytes = Some(segs.iter().map(|s| s.total_size).sum());
-            o.allocated_bytes = Some(segs.iter().map(|s| s.allocated_size).sum());
-            o.active_bytes = Some(segs.iter().map(|s| s.active_size).sum());
-            o.requested_bytes = Some(segs.iter().map(|s| segment_requested(snap, s)).sum());
+            // Sizes come from the file: saturate rather than overflow.
+            let total = |f: &dyn Fn(&Segment) -> u64| {
+                segs.iter().map(|s| f(s)).fold(0, u64::saturating_add)
+            };
+            o.blocks = Some(total(&|s| s.blocks.len() as u64));
+            o.reserved_bytes = Some(total(&|s| s.total_size));
+            o.allocated_bytes = Some(total(&|s| s.allocated_size));
+            o.active_bytes = Some(total(&|s| s.active_size));
+            o.requested_bytes = Some(total(&|s| segment_requested(snap, s)));
             o.trace_events = Some(snap.trace_len(device) as u64);
             o.allocator_settings = settings_json.clone();
             o.detail = Some(detail(snap, device, &segs, settings_note.as_deref())?);
@@ -54,7 +58,7 @@ fn segment_requested(snap: &Snapshot, s: &Segment) -> u64 {
             .iter()
             .filter(|b| b.state != BlockState::Inactive)
             .map(|b| b.requested_size)
-            .sum()
+            .fold(0, u64::saturating_add)
     })
 }
 
@@ -82,10 +86,10 @@ impl SegSum {
             if b.state == BlockState::ActiveAllocated {
                 // segsum trusts requested ≤ size; clamp so a corrupt file cannot underflow.
                 let req = b.requested_size.min(b.size);
-                r.allocated += req;
-                r.internal_free += b.size - req;
+                r.allocated = r.allocated.saturating_add(req);
+                r.internal_free = r.internal_free.saturating_add(b.size - req);
             } else {
-                r.external_free += b.size;
+                r.external_free = r.external_free.saturating_add(b.size);
                 if b.state == BlockState::Inactive {
                     r.largest_free_block = r.largest_free_block.max(b.size);
                 }
@@ -95,20 +99,23 @@ impl SegSum {
     }
 
     fn add(&mut self, o: SegSum) {
-        self.reserved += o.reserved;
-        self.allocated += o.allocated;
-        self.internal_free += o.internal_free;
-        self.external_free += o.external_free;
+        self.reserved = self.reserved.saturating_add(o.reserved);
+        self.allocated = self.allocated.saturating_add(o.allocated);
+        self.internal_free = self.internal_free.saturating_add(o.internal_free);
+        self.external_free = self.external_free.saturating_add(o.external_free);
         self.largest_free_block = self.largest_free_block.max(o.largest_free_block);
     }
 
     /// segsum's assertion: "Segment size mismatch" when this fails.
     pub fn balanced(&self) -> bool {
-        self.allocated + self.internal_free + self.external_free == self.reserved
+        self.allocated
+            .checked_add(self.internal_free)
+            .and_then(|x| x.checked_add(self.external_free))
+            == Some(self.reserved)
     }
 
     fn json(&self) -> J {
-        let free = self.internal_free + self.external_free;
+        let free = self.internal_free.saturating_add(self.external_free);
         json!({
             "reserved_bytes": self.reserved,
             "allocated_bytes": self.allocated,
@@ -164,16 +171,16 @@ fn detail(
             .iter()
             .filter(|b| b.state == BlockState::Inactive)
             .map(|b| b.size)
-            .sum();
-        t.segments += 1;
-        t.blocks += blocks.len() as u64;
-        t.reserved += s.total_size;
-        t.allocated += s.allocated_size;
-        t.active += s.active_size;
-        t.requested += segment_requested(snap, s);
-        t.inactive += inactive;
+            .fold(0, u64::saturating_add);
+        t.segments = t.segments.saturating_add(1);
+        t.blocks = t.blocks.saturating_add(blocks.len() as u64);
+        t.reserved = t.reserved.saturating_add(s.total_size);
+        t.allocated = t.allocated.saturating_add(s.allocated_size);
+        t.active = t.active.saturating_add(s.active_size);
+        t.requested = t.requested.saturating_add(segment_requested(snap, s));
+        t.inactive = t.inactive.saturating_add(inactive);
         if blocks.len() > 1 {
-            t.inactive_split += inactive;
+            t.inactive_split = t.inactive_split.saturating_add(inactive);
         }
         let ss = SegSum::of(snap, s);
         if !ss.balanced() {
@@ -183,9 +190,9 @@ fn detail(
         total.add(ss);
         let class = size_class(s.total_size);
         let c = classes.entry(class).or_default();
-        c.0 += 1;
-        c.1 += s.total_size;
-        expandable += u64::from(s.is_expandable == Some(true));
+        c.0 = c.0.saturating_add(1);
+        c.1 = c.1.saturating_add(s.total_size);
+        expandable = expandable.saturating_add(u64::from(s.is_expandable == Some(true)));
     }
 
     let pools_json: Vec<J> = pools
@@ -338,8 +345,8 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
                 }
             };
             if let Some(site) = sites.get_mut(idx) {
-                site.1 += b.size;
-                site.2 += 1;
+                site.1 = site.1.saturating_add(b.size);
+                site.2 = site.2.saturating_add(1);
             }
         }
     }

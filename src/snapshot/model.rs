@@ -544,8 +544,13 @@ impl Reader {
         }
         let seg_blocks = blocks.get(start..).unwrap_or_default();
         // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
-        let sum =
-            |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
+        let sum = |f: &dyn Fn(&Block) -> bool| {
+            seg_blocks
+                .iter()
+                .filter(|b| f(b))
+                .map(|b| b.size)
+                .fold(0, u64::saturating_add)
+        };
         Ok(Segment {
             device,
             address,
