@@ -517,6 +517,8 @@ enum Op {
     RecordStream(usize, u64),
     SyncStream(u64),
     EmptyCache,
+    /// `_set_allocator_settings("expandable_segments:…")` mid-run.
+    SetExpandable(bool),
 }
 
 fn size_strategy() -> impl Strategy<Value = u64> {
@@ -535,6 +537,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0u64..3).prop_map(|(i, st)| Op::RecordStream(i, st)),
         1 => (0u64..3).prop_map(Op::SyncStream),
         1 => Just(Op::EmptyCache),
+        1 => any::<bool>().prop_map(Op::SetExpandable),
     ]
 }
 
@@ -557,7 +560,7 @@ fn settings_strategy() -> impl Strategy<Value = Settings> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn invariants_hold_after_every_operation(
@@ -565,7 +568,7 @@ proptest! {
         capacity_mib in 200u64..600,
         ops in prop::collection::vec(op_strategy(), 1..120),
     ) {
-        let mut a = allocator(settings, capacity_mib * MIB);
+        let mut a = allocator(settings.clone(), capacity_mib * MIB);
         let mut live: Vec<u64> = Vec::new();
         for op in ops {
             match op {
@@ -583,6 +586,10 @@ proptest! {
                 }
                 Op::SyncStream(stream) => a.synchronize_stream(stream),
                 Op::EmptyCache => a.empty_cache(),
+                Op::SetExpandable(on) => a.set_settings(Settings {
+                    expandable_segments: on,
+                    ..settings.clone()
+                }),
                 _ => {}
             }
             if let Err(e) = a.check_invariants() {
