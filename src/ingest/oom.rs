@@ -15,19 +15,27 @@ use crate::units::printed_size;
 use regex::{Captures, Regex};
 use std::sync::LazyLock;
 
-/// How far back on the hit's line a prefix is read (lines with lost newlines can be huge).
-const LOOKBACK: usize = 1024;
+/// How far back on the hit's line a prefix is read (lines with lost newlines
+/// can be huge; a vLLM worker prefix and an exception class take ~130 bytes).
+const LOOKBACK: usize = 512;
 /// Limits on one assembled message.
 const MAX_LINES: usize = 40;
 const MAX_TEXT: usize = 8192;
 /// Length of the `message` field.
 const MESSAGE_CHARS: usize = 200;
 
-/// Compiles a message pattern: a space matches any run of whitespace (a hard
-/// wrap may have eaten it), `SIZE` is a figure as `format_size` prints it.
+/// Compiles a message pattern: a space matches any run of whitespace or of
+/// literal `\n` escapes (a hard wrap may have eaten it; a repr or JSON string
+/// escapes newlines), `SIZE` is a figure as `format_size` prints it,
+/// `MPS_SIZE` one as the MPS allocator's `format_size` does (binary KB/MB/GB,
+/// GiB-style labels in later versions).
 fn pattern(p: &str) -> Regex {
     let p = p
-        .replace(' ', r"\s*")
+        .replace(' ', r"(?:\s|\\[nrt])*")
+        .replace(
+            "MPS_SIZE",
+            r"(\d+(?:\.\d+)?)\s*(bytes|KB|MB|GB|KiB|MiB|GiB)",
+        )
         .replace("SIZE", r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB)");
     Regex::new(&p).expect("built-in OOM pattern")
 }
@@ -58,14 +66,13 @@ patterns! {
     OTHER_PROCESS = r"Process (\d+) has SIZE";
     // cudaMallocAsync backend (c10/cuda/CUDAMallocAsyncAllocator.cpp, mallocAsync).
     ASYNC_DEVICE = "Allocation on device (\\d+) would exceed";
-    ASYNC_ALLOCATED = "Currently allocated :SIZE";
-    ASYNC_REQUESTED = "Requested :SIZE";
-    ASYNC_LIMIT = "Device limit :SIZE";
-    ASYNC_FREE = r"Free \(according to CUDA\) :SIZE";
-    ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) :SIZE";
+    ASYNC_ALLOCATED = "Currently allocated : SIZE";
+    ASYNC_REQUESTED = "Requested : SIZE";
+    ASYNC_LIMIT = "Device limit : SIZE";
+    ASYNC_FREE = r"Free \(according to CUDA\) : SIZE";
+    ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // The end of each era's message: its absence means the text was cut.
     COMPLETE = r"cached \)|reserved in total by PyTorch \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
-    ASYNC_COMPLETE = r"PyTorch limit \(set by user-supplied memory fraction\) :SIZE";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
@@ -73,9 +80,9 @@ patterns! {
     LEAD_MPS = r"MPS backend $";
     LEAD_THC = r"cuda runtime error \( ?2 ?\) : $";
     // MPSAllocator.mm (its format_size prints binary "KB/MB/GB").
-    MPS_ALLOCATED = r"MPS allocated : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
-    MPS_ALLOWED = r"max allowed : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
-    MPS_REQUESTED = r"Tried to allocate (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
+    MPS_ALLOCATED = "MPS allocated : MPS_SIZE";
+    MPS_ALLOWED = "max allowed : MPS_SIZE";
+    MPS_REQUESTED = "Tried to allocate MPS_SIZE";
     // c10/core/impl/alloc_cpu.cpp.
     HOST_REQUESTED = r"you tried to allocate (\d+) bytes";
 }
@@ -107,9 +114,12 @@ struct Message {
 }
 
 impl Message {
+    /// The message's first line, also ending at a literal `\n` escape.
     fn first_line(&self, first_len: usize) -> String {
         let cut = text::ceil_boundary(&self.text, first_len.min(self.text.len()));
-        text::head(self.text[..cut].trim_end(), MESSAGE_CHARS)
+        let first = &self.text[..cut];
+        let first = first.find("\\n").map_or(first, |i| &first[..i]);
+        text::head(first.trim_end(), MESSAGE_CHARS)
     }
 }
 
@@ -193,8 +203,9 @@ fn starts_other_record(line: &str, so_far: &str) -> bool {
         "File \"",
         "|",
     ];
+    static HAS_HEAD: LazyLock<Regex> = LazyLock::new(|| pattern("out of memory"));
     OTHER.iter().any(|p| line.starts_with(p))
-        || line.contains("out of memory")
+        || (line.contains("out of memory") && HAS_HEAD.is_match(so_far))
         || line.contains("memory summary")
         || (line.contains("Tried to allocate") && so_far.contains("Tried to allocate"))
 }
@@ -226,11 +237,22 @@ fn gather(
     (msg, first_len)
 }
 
-fn new_observation(kind: Kind, input: &str, before_msg: &str, msg: &Message) -> Observation {
-    let mut obs = Observation::new(kind, input);
+/// An `oom` observation with the exception class printed before the message
+/// and the rank its prefix names.
+fn oom_observation(input: &str, before_msg: &str, msg: &Message) -> Observation {
+    let mut obs = Observation::new(Kind::Oom, input);
     obs.exception = exception_before(before_msg).map(|(e, _)| e);
     obs.rank = text::rank_in(&msg.prefix);
     obs
+}
+
+/// The device kind a message's first word names ("CUDA", "HIP", "XPU").
+fn device_of(word: &str) -> DeviceKind {
+    match word {
+        "HIP" => DeviceKind::Hip,
+        "XPU" => DeviceKind::Xpu,
+        _ => DeviceKind::Cuda,
+    }
 }
 
 /// A hit on "out of memory": decides who ran out from the words before it.
@@ -240,11 +262,7 @@ pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let before = line.before.clone();
     if let Some(m) = LEAD_ALLOCATOR.captures(&before) {
         let lead = m.get(1)?;
-        let device = match lead.as_str() {
-            "HIP" => DeviceKind::Hip,
-            "XPU" => DeviceKind::Xpu,
-            _ => DeviceKind::Cuda,
-        };
+        let device = device_of(lead.as_str());
         let after = line.after.as_str();
         // "CUDA out of memory." (or cut right there); prose like "CUDA out of memory errors" is not PyTorch's.
         let rest = after.get(ANCHOR.len()..).unwrap_or("");
@@ -290,9 +308,7 @@ fn nccl_start(before: &str, lead: usize) -> usize {
 /// A hit on "Tried to allocate" that no "out of memory" hit consumed: a wrap
 /// split "CUDA out of memory." over the lines above, or the head is lost.
 pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> {
-    static HEAD: LazyLock<Regex> =
-        LazyLock::new(|| pattern(r"^(?:CUDA|HIP|XPU) out of memory \.? $"));
-    if let Some(found) = wrapped_head(data, hit, input, &HEAD) {
+    if let Some(found) = wrapped_head(data, hit, input) {
         return Some(found);
     }
     // The head is lost: read what is there, marked truncated.
@@ -307,9 +323,11 @@ pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> 
     Some(found)
 }
 
-/// Looks on the two lines above `hit` for the "CUDA"/"HIP"/"XPU" that starts a
-/// message whose text, joined across the wrap up to the hit, matches `head`.
-fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Found> {
+/// Looks on the two lines above `hit` for a "CUDA out of memory." that a wrap
+/// split (anywhere, even inside "CUDA"), joining the pieces the way
+/// [`continue_lines`] will.
+fn wrapped_head(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    static HEAD: LazyLock<Regex> = LazyLock::new(|| pattern(r"(CUDA|HIP|XPU) out of memory \.? $"));
     let ls = line_start(data, hit);
     let mut prev_start = ls;
     for _ in 0..2 {
@@ -317,42 +335,32 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Fo
             return None;
         }
         prev_start = line_start(data, prev_start - 1);
-        let prev = clean(&data[prev_start..line_end(data, prev_start)]);
-        let Some(pos) = ["CUDA", "HIP", "XPU"]
-            .iter()
-            .filter_map(|w| prev.rfind(w))
-            .max()
-        else {
-            continue;
-        };
-        // Join the wrapped pieces the way `continue_lines` will.
-        let log_prefix = exception_before(&prev[..pos]).map_or(&prev[..pos], |(_, at)| &prev[..at]);
-        let log_prefix = log_prefix.trim_end();
-        let mut joined = prev[pos..].trim().to_owned();
-        let mut p = line_end(data, prev_start) + 1;
+        let prev_end = line_end(data, prev_start);
+        let prev = clean(&data[prev_start..prev_end]);
+        let mut joined = prev.trim_end().to_owned();
+        let first_len = joined.len();
+        let mut p = prev_end + 1;
         while p <= ls {
             let le = line_end(data, p).min(hit);
             let piece = clean(&data[p..le]);
-            let piece = piece
-                .strip_prefix(log_prefix)
-                .filter(|_| !log_prefix.is_empty())
-                .unwrap_or(&piece);
-            joined.push_str(piece.trim());
+            joined.push_str(piece[shared_prefix(&prev, &piece)..].trim());
             p = le + 1;
         }
-        if !head.is_match(&joined) {
+        let Some(c) = HEAD.captures(&joined) else {
+            continue;
+        };
+        let (whole, word) = (c.get(0)?, c.get(1)?);
+        // It must start on `prev`, or a nearer line is the message's first.
+        if whole.start() >= first_len {
             continue;
         }
-        let device = match &prev[pos..pos + 3] {
-            "HIP" => DeviceKind::Hip,
-            "XPU" => DeviceKind::Xpu,
-            _ => DeviceKind::Cuda,
-        };
+        let pos = whole.start();
+        let device = device_of(word.as_str());
         let line = HitLine {
             before: prev[..pos].to_owned(),
             after: prev[pos..].to_owned(),
             line_start: prev_start,
-            bound: line_end(data, prev_start),
+            bound: prev_end,
             bounded: false,
         };
         let before = line.before.clone();
@@ -362,6 +370,15 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Fo
         }
     }
     None
+}
+
+/// Length of the log prefix two lines share (`[rank2]: `), ending at a separator.
+fn shared_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !b.is_char_boundary(n) {
+        n -= 1;
+    }
+    b[..n].rfind([':', ' ', ']', ')']).map_or(0, |i| i + 1)
 }
 
 /// The caching allocator's message (native backend).
@@ -376,7 +393,7 @@ fn allocator(
     let complete = |t: &str| COMPLETE.is_match(t);
     let (msg, first_len) = gather(data, line, msg_start, &complete);
     let t = msg.text.as_str();
-    let mut obs = new_observation(Kind::Oom, input, before_msg, &msg);
+    let mut obs = oom_observation(input, before_msg, &msg);
     obs.device_kind = Some(device);
     obs.backend = Some(Backend::Native);
     obs.truncated = !complete(t);
@@ -457,10 +474,10 @@ pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let line = hit_line(data, hit, ANCHOR.len(), b"would exceed allowed memory");
     let lead = line.before.rfind("Allocation on device")?;
     let before = line.before[..lead].to_owned();
-    let complete = |t: &str| ASYNC_COMPLETE.is_match(t);
+    let complete = |t: &str| ASYNC_FRACTION.is_match(t);
     let (msg, first_len) = gather(data, line, lead, &complete);
     let t = msg.text.as_str();
-    let mut obs = new_observation(Kind::Oom, input, &before, &msg);
+    let mut obs = oom_observation(input, &before, &msg);
     obs.device_kind = Some(DeviceKind::Cuda);
     obs.backend = Some(Backend::CudaMallocAsync);
     obs.format_era = Some("cudaMallocAsync".to_owned());
@@ -524,11 +541,9 @@ fn non_allocator(
     input: &str,
 ) -> Found {
     let before = line.before.clone();
-    // The exception class sits before the lead ("RuntimeError: CUDA error: …").
-    let exc_end = text::exception_in(&before[..lead])
-        .filter(|&(_, _, end)| lead - end <= 2)
-        .map(|(_, start, _)| start);
-    let prefix_end = exc_end.unwrap_or(lead);
+    // The exception class sits right before the lead ("RuntimeError: CUDA error: …").
+    let exception = text::exception_in(&before[..lead]).filter(|&(_, _, end)| lead - end <= 2);
+    let prefix_end = exception.as_ref().map_or(lead, |&(_, start, _)| start);
     // MPS and host messages may wrap; the others are one line.
     let complete = |t: &str| match source {
         OomSource::Mps => t.contains("system failure)"),
@@ -538,17 +553,15 @@ fn non_allocator(
     let (msg, first_len) = gather(data, line, lead, &complete);
     let t = msg.text.as_str();
     let mut obs = Observation::new(Kind::NonAllocatorOom, input);
-    obs.exception = text::exception_in(&before[..lead])
-        .filter(|&(_, _, end)| lead - end <= 2)
-        .map(|(e, _, _)| e);
+    obs.exception = exception.map(|(e, _, _)| e);
     obs.rank = text::rank_in(&before[..prefix_end]);
     obs.source = Some(source);
     obs.device_kind = device;
     match source {
         OomSource::Mps => {
-            obs.allocated_bytes = mps_size(&MPS_ALLOCATED, t);
-            obs.allowed_bytes = mps_size(&MPS_ALLOWED, t);
-            obs.requested_bytes = mps_size(&MPS_REQUESTED, t);
+            obs.allocated_bytes = size(&MPS_ALLOCATED, t);
+            obs.allowed_bytes = size(&MPS_ALLOWED, t);
+            obs.requested_bytes = size(&MPS_REQUESTED, t);
             obs.truncated = !complete(t);
         }
         OomSource::Host => {
@@ -565,10 +578,4 @@ fn non_allocator(
         start: msg.start,
         end: msg.end,
     }
-}
-
-fn mps_size(re: &Regex, t: &str) -> Option<u64> {
-    let c = re.captures(t)?;
-    let v: f64 = c.get(1)?.as_str().parse().ok()?;
-    printed_size(v, c.get(2)?.as_str())
 }

@@ -10,6 +10,10 @@ use crate::units::unit_multiplier;
 
 /// A full 2.x summary is 45 lines; more than this many lines is not one table.
 const MAX_LINES: usize = 64;
+/// A summary written on one line with `\n` escapes is about 3.6 KiB.
+const ESCAPED_TABLE: usize = 4096;
+/// Longest physical line taken for a table line (77 characters and a prefix).
+const MAX_TABLE_LINE: usize = 1024;
 
 /// `memory_summary()` row label → `memory_stats()` stat name, and whether its
 /// cells are byte sizes; in the summary's order.
@@ -61,12 +65,15 @@ fn is_table_line(text: &str) -> bool {
 fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
     let ls = line_start(data, hit).max(floor);
     let le = line_end(data, hit);
-    let raw = &data[ls..le];
-    // One line holding the whole table with literal "\n" escapes (a repr or JSON string).
-    if memchr::memmem::find(raw, b"|\\n|").is_some() {
-        let text = clean(raw);
+    // One line holding the whole table with literal "\n" escapes (a repr or
+    // JSON string): a table is under 4 KiB, so only that much around the hit.
+    let near = &data[hit.saturating_sub(ESCAPED_TABLE).max(ls)..(hit + 2 * ESCAPED_TABLE).min(le)];
+    if memchr::memmem::find(near, b"|\\n|").is_some() {
+        let text = clean(near);
         return text
             .split("\\n")
+            .skip_while(|t| !is_table_line(t))
+            .take_while(|t| is_table_line(t))
             .map(|t| TableLine {
                 text: t.to_owned(),
                 start: ls,
@@ -74,10 +81,19 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
             })
             .collect();
     }
+    // A printed table line is 77 characters plus a log prefix.
+    if le - ls > MAX_TABLE_LINE {
+        return Vec::new();
+    }
     let line = |s: usize| {
         let e = line_end(data, s);
         TableLine {
-            text: clean(&data[s..e]),
+            // Too long to be a table line: left empty, so it ends the table.
+            text: if e - s > MAX_TABLE_LINE {
+                String::new()
+            } else {
+                clean(&data[s..e])
+            },
             start: s,
             end: e,
         }
@@ -243,10 +259,12 @@ pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Fou
                 Some(v) => {
                     if bytes {
                         let u = &cells[1..5];
+                        let unit = |c: &&str| c.trim().rsplit(' ').next().unwrap_or("").to_owned();
                         units_1x |= u
                             .iter()
-                            .any(|c| c.ends_with("KB") || c.ends_with("MB") || c.ends_with("GB"));
-                        units_2x |= u.iter().any(|c| c.contains("iB"));
+                            .map(unit)
+                            .any(|x| matches!(x.as_str(), "KB" | "MB" | "GB" | "TB" | "PB"));
+                        units_2x |= u.iter().map(unit).any(|x| x.ends_with("iB"));
                     }
                     metrics
                         .entry(stat.to_owned())
