@@ -131,6 +131,9 @@ impl SegSum {
     }
 }
 
+/// (private pool id, `None` for the default pools; segment type; stream).
+type PoolKey = (Option<(i64, i64)>, &'static str, u64);
+
 /// Per (pool, segment type, stream) totals.
 #[derive(Default)]
 struct PoolTotals {
@@ -153,16 +156,13 @@ fn detail(
     segs: &[&Segment],
     settings_note: Option<&str>,
 ) -> Result<J, ModelError> {
-    let mut pools: BTreeMap<(String, &'static str, u64), PoolTotals> = BTreeMap::new();
+    let mut pools: BTreeMap<PoolKey, PoolTotals> = BTreeMap::new();
     let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
     let mut classes: BTreeMap<(u8, &'static str), (u64, u64)> = BTreeMap::new();
     let mut expandable = 0u64;
     for s in segs {
-        let pool = match s.segment_pool_id {
-            Some(id) if s.is_private_pool() => format!("private({},{})", id.0, id.1),
-            _ => "default".to_string(),
-        };
+        let pool = s.segment_pool_id.filter(|_| s.is_private_pool());
         let t = pools
             .entry((pool, s.segment_type.as_str(), s.stream))
             .or_default();
@@ -198,6 +198,10 @@ fn detail(
     let pools_json: Vec<J> = pools
         .iter()
         .map(|((pool, kind, stream), t)| {
+            let pool = match pool {
+                Some((a, b)) => format!("private({a},{b})"),
+                None => "default".to_string(),
+            };
             json!({
                 "pool": pool, "segment_type": kind, "stream": stream,
                 "segments": t.segments, "blocks": t.blocks,
