@@ -1,0 +1,666 @@
+//! The snapshot model over the decoded pickle: segments, blocks and trace
+//! entries with typed fields; frames stay arena ids (never expanded per block).
+//!
+//! Accepts the dict written by `_dump_snapshot()` / `pickle.dump(_snapshot())`
+//! and the pickled list `memory_snapshot()` returns; old schemas (no frames,
+//! no `is_expandable`, legacy `history` on blocks) and new ones (extra keys are
+//! ignored) alike (allocator.md §9).
+
+use super::pickle::{Pickle, V};
+use std::ops::Range;
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{path}: {problem}")]
+pub struct ModelError {
+    pub path: String,
+    pub problem: String,
+}
+
+fn err(path: impl Into<String>, problem: impl Into<String>) -> ModelError {
+    ModelError {
+        path: path.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Which top-level shape the file had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `{"segments": ..., "device_traces": ...}` (`_snapshot()`).
+    Dict,
+    /// A bare list of segments (`memory_snapshot()`).
+    SegmentList,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PoolKind {
+    Large,
+    Small,
+}
+
+impl PoolKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolKind::Large => "large",
+            PoolKind::Small => "small",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    ActiveAllocated,
+    /// Freed by the user but still in use by a stream (`active_pending_free`;
+    /// the docstring's `active_awaiting_free` is accepted too).
+    ActivePendingFree,
+    Inactive,
+}
+
+/// The frames list of a block, segment or trace entry: its arena id
+/// ([`Frames::NONE`] when not recorded). Equal ids are the same recorded list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frames(pub u32);
+
+impl Frames {
+    pub const NONE: Frames = Frames(u32::MAX);
+
+    fn of(p: &Pickle, v: V) -> Frames {
+        match v.id() {
+            Some(id) if p.items(v).is_some() => Frames(id),
+            _ => Frames::NONE,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub device: u32,
+    pub address: u64,
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    /// Absent in the oldest schemas.
+    pub requested_size: Option<u64>,
+    pub stream: u64,
+    pub segment_type: PoolKind,
+    /// `(0, 0)` is the default pools; anything else a private pool (CUDA graphs, MemPool).
+    pub segment_pool_id: Option<(i64, i64)>,
+    pub is_expandable: Option<bool>,
+    pub frames: Frames,
+    /// Index range into [`Snapshot::blocks`].
+    pub blocks: Range<usize>,
+}
+
+impl Segment {
+    pub fn is_private_pool(&self) -> bool {
+        self.segment_pool_id.is_some_and(|p| p != (0, 0))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    /// What `_memory_viz._block_extra` takes as the allocated size: the
+    /// block's `requested_size`, or `history[0].real_size` in the legacy schema.
+    pub requested_size: u64,
+    pub state: BlockState,
+    pub frames: Frames,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    Annotate,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceEntry {
+    pub action: Action,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    /// `oom` entries: what cudaMemGetInfo reported free (0 for other actions).
+    pub device_free: u64,
+    /// µs since the epoch; 0 when not recorded (before about 2.2).
+    pub time_us: i64,
+    pub frames: Frames,
+}
+
+/// A decoded snapshot; borrows strings from the input bytes.
+#[derive(Debug, Clone)]
+pub struct Snapshot<'a> {
+    pub pickle: Pickle<'a>,
+    pub form: Form,
+    pub segments: Vec<Segment>,
+    pub blocks: Vec<Block>,
+    /// The trace list of each device allocator, index = device ordinal; its
+    /// entries are read on demand ([`Snapshot::trace`]), not kept twice.
+    device_traces: Vec<V>,
+    pub allocator_settings: Option<V>,
+    pub external_annotations: Option<usize>,
+}
+
+/// One frame as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frame<'s> {
+    pub filename: &'s str,
+    pub line: i64,
+    pub name: &'s str,
+}
+
+impl<'a> Snapshot<'a> {
+    /// Builds the model over a decoded pickle.
+    pub fn from_pickle(pickle: Pickle<'a>) -> Result<Snapshot<'a>, ModelError> {
+        let root = pickle.root;
+        let (form, segs_v, traces_v, settings, annotations) = if pickle.dict(root).is_some() {
+            let segs = pickle
+                .get(root, "segments")
+                .ok_or_else(|| err("snapshot", "no 'segments' key"))?;
+            let annotations = pickle
+                .get(root, "external_annotations")
+                .and_then(|v| pickle.items(v))
+                .map(<[V]>::len);
+            (
+                Form::Dict,
+                segs,
+                pickle.get(root, "device_traces"),
+                pickle.get(root, "allocator_settings"),
+                annotations,
+            )
+        } else if pickle.items(root).is_some() {
+            (Form::SegmentList, root, None, None, None)
+        } else {
+            return Err(err(
+                "snapshot",
+                "the pickle holds neither a snapshot dict nor a list of segments",
+            ));
+        };
+
+        let seg_items = pickle
+            .items(segs_v)
+            .ok_or_else(|| err("segments", "not a list"))?;
+        let mut reader = Reader::new();
+        let mut segments = Vec::with_capacity(seg_items.len());
+        let mut blocks = Vec::new();
+        for (i, &s) in seg_items.iter().enumerate() {
+            segments.push(reader.segment(&pickle, s, i, &mut blocks)?);
+        }
+
+        let mut device_traces = Vec::new();
+        if let Some(tv) = traces_v.filter(|v| *v != V::NONE) {
+            let per_device = pickle
+                .items(tv)
+                .ok_or_else(|| err("device_traces", "not a list"))?;
+            for (d, &list) in per_device.iter().enumerate() {
+                pickle
+                    .items(list)
+                    .ok_or_else(|| err(format!("device_traces[{d}]"), "not a list"))?;
+                device_traces.push(list);
+            }
+        }
+
+        Ok(Snapshot {
+            pickle,
+            form,
+            segments,
+            blocks,
+            device_traces,
+            allocator_settings: settings.filter(|v| *v != V::NONE),
+            external_annotations: annotations,
+        })
+    }
+
+    pub fn blocks_of(&self, seg: &Segment) -> &[Block] {
+        self.blocks.get(seg.blocks.clone()).unwrap_or_default()
+    }
+
+    /// Devices that have segments or trace entries, ascending.
+    pub fn devices(&self) -> Vec<u32> {
+        let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
+        for i in 0..self.device_traces.len() {
+            if self.trace_len(i as u32) > 0 {
+                d.push(u32::try_from(i).unwrap_or(u32::MAX));
+            }
+        }
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
+    /// How many `device_traces` lists the snapshot has (one per device allocator).
+    pub fn trace_lists(&self) -> usize {
+        self.device_traces.len()
+    }
+
+    /// Entries in a device's trace.
+    pub fn trace_len(&self, device: u32) -> usize {
+        self.trace_items(device).len()
+    }
+
+    fn trace_items(&self, device: u32) -> &[V] {
+        self.device_traces
+            .get(device as usize)
+            .and_then(|&l| self.pickle.items(l))
+            .unwrap_or_default()
+    }
+
+    /// A device's trace entries, read from the pickle as they are visited.
+    pub fn trace(&self, device: u32) -> impl Iterator<Item = Result<TraceEntry, ModelError>> + '_ {
+        let mut reader = Reader::new();
+        let p = &self.pickle;
+        self.trace_items(device)
+            .iter()
+            .enumerate()
+            .map(move |(j, &e)| reader.trace_entry(p, e, device as usize, j))
+    }
+
+    /// The frames of a list, skipping entries that are not frame dicts.
+    pub fn frames(&self, f: Frames) -> impl Iterator<Item = Frame<'_>> + '_ {
+        self.frame_entries(f).map(|(_, frame)| frame)
+    }
+
+    /// [`Snapshot::frames`] with each frame dict's arena id (torch shares
+    /// frame dicts between stacks, so per-frame work can be cached by id).
+    pub fn frame_entries(&self, f: Frames) -> impl Iterator<Item = (u32, Frame<'_>)> + '_ {
+        let p = &self.pickle;
+        let list = (f != Frames::NONE)
+            .then(|| p.items(V::object(f.0)))
+            .flatten();
+        list.unwrap_or_default().iter().filter_map(move |&fr| {
+            let mut frame = Frame {
+                filename: "",
+                line: 0,
+                name: "",
+            };
+            let mut named = false;
+            for (k, v) in p.dict(fr)?.iter() {
+                match p.str(k) {
+                    Some("filename") => frame.filename = p.str(v).unwrap_or(""),
+                    Some("line") => frame.line = p.i64(v).unwrap_or(0),
+                    Some("name") => {
+                        frame.name = p.str(v).unwrap_or("");
+                        named = true;
+                    }
+                    _ => {}
+                }
+            }
+            Some((fr.id()?, frame)).filter(|_| named)
+        })
+    }
+}
+
+/// Resolves dict keys to known fields. Keys are shared str objects, so each
+/// distinct key object is compared as text once and then by arena id.
+struct Keys<K: Copy + 'static> {
+    names: &'static [(&'static str, K)],
+    seen: Vec<(V, Option<K>)>,
+    /// The fields of the last key shape seen (most dicts share one).
+    shape: Option<(*const V, usize)>,
+    shape_fields: Vec<Option<K>>,
+}
+
+fn resolve<K: Copy>(
+    seen: &mut Vec<(V, Option<K>)>,
+    names: &[(&'static str, K)],
+    p: &Pickle,
+    k: V,
+) -> Option<K> {
+    if let Some(&(_, f)) = seen.iter().find(|(s, _)| *s == k) {
+        return f;
+    }
+    let f = p
+        .str(k)
+        .and_then(|s| names.iter().find(|(n, _)| *n == s).map(|(_, f)| *f));
+    // Keys are few; a hostile file with many distinct key objects only loses the cache.
+    if seen.len() < 64 {
+        seen.push((k, f));
+    }
+    f
+}
+
+impl<K: Copy + 'static> Keys<K> {
+    fn new(names: &'static [(&'static str, K)]) -> Self {
+        Keys {
+            names,
+            seen: Vec::new(),
+            shape: None,
+            shape_fields: Vec::new(),
+        }
+    }
+
+    fn field(&mut self, p: &Pickle, k: V) -> Option<K> {
+        resolve(&mut self.seen, self.names, p, k)
+    }
+
+    /// The known fields of dict `d` with their values; `path` names it in errors.
+    fn pairs<'p>(
+        &'p mut self,
+        p: &'p Pickle,
+        d: V,
+        path: &dyn Fn() -> String,
+    ) -> Result<impl Iterator<Item = (K, V)> + 'p, ModelError> {
+        let pairs = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
+        if let Some(keys) = pairs.shape() {
+            let id = (keys.as_ptr(), keys.len());
+            if self.shape != Some(id) {
+                self.shape_fields = keys.iter().map(|&k| self.field(p, k)).collect();
+                self.shape = Some(id);
+            }
+        } else {
+            self.shape = None;
+        }
+        let cached = self.shape.is_some();
+        let fields = &self.shape_fields;
+        let seen = &mut self.seen;
+        let names = self.names;
+        Ok(pairs.iter().enumerate().filter_map(move |(i, (k, v))| {
+            let f = if cached {
+                fields.get(i).copied().flatten()
+            } else {
+                resolve(seen, names, p, k)
+            };
+            Some((f?, v))
+        }))
+    }
+}
+
+fn need(v: Option<u64>, key: &str, path: &dyn Fn() -> String) -> Result<u64, ModelError> {
+    v.ok_or_else(|| err(path(), format!("missing '{key}' (a non-negative int)")))
+}
+
+/// A `cudaStream_t` as recorded: an int (pointer value), 0 for the default stream.
+fn stream_of(p: &Pickle, v: V) -> u64 {
+    p.u64(v).or_else(|| p.i64(v).map(|i| i as u64)).unwrap_or(0)
+}
+
+#[derive(Clone, Copy)]
+enum SegKey {
+    Address,
+    TotalSize,
+    Device,
+    AllocatedSize,
+    ActiveSize,
+    RequestedSize,
+    Stream,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Frames,
+    Blocks,
+}
+
+const SEG_KEYS: &[(&str, SegKey)] = &[
+    ("address", SegKey::Address),
+    ("total_size", SegKey::TotalSize),
+    ("device", SegKey::Device),
+    ("allocated_size", SegKey::AllocatedSize),
+    ("active_size", SegKey::ActiveSize),
+    ("requested_size", SegKey::RequestedSize),
+    ("stream", SegKey::Stream),
+    ("segment_type", SegKey::SegmentType),
+    ("segment_pool_id", SegKey::SegmentPoolId),
+    ("is_expandable", SegKey::IsExpandable),
+    ("frames", SegKey::Frames),
+    ("blocks", SegKey::Blocks),
+];
+
+#[derive(Clone, Copy)]
+enum BlockKey {
+    Size,
+    Address,
+    RequestedSize,
+    State,
+    Frames,
+    History,
+}
+
+const BLOCK_KEYS: &[(&str, BlockKey)] = &[
+    ("size", BlockKey::Size),
+    ("address", BlockKey::Address),
+    ("requested_size", BlockKey::RequestedSize),
+    ("state", BlockKey::State),
+    ("frames", BlockKey::Frames),
+    ("history", BlockKey::History),
+];
+
+const STATES: &[(&str, BlockState)] = &[
+    ("active_allocated", BlockState::ActiveAllocated),
+    ("active_pending_free", BlockState::ActivePendingFree),
+    // The docstring's spelling (allocator.md §9.2).
+    ("active_awaiting_free", BlockState::ActivePendingFree),
+    ("inactive", BlockState::Inactive),
+];
+
+#[derive(Clone, Copy)]
+enum TraceKey {
+    Action,
+    Addr,
+    Size,
+    Stream,
+    DeviceFree,
+    TimeUs,
+    Frames,
+}
+
+const TRACE_KEYS: &[(&str, TraceKey)] = &[
+    ("action", TraceKey::Action),
+    ("addr", TraceKey::Addr),
+    ("size", TraceKey::Size),
+    ("stream", TraceKey::Stream),
+    ("device_free", TraceKey::DeviceFree),
+    ("time_us", TraceKey::TimeUs),
+    ("frames", TraceKey::Frames),
+];
+
+const ACTIONS: &[(&str, Action)] = &[
+    ("alloc", Action::Alloc),
+    ("free_requested", Action::FreeRequested),
+    ("free_completed", Action::FreeCompleted),
+    ("segment_alloc", Action::SegmentAlloc),
+    ("segment_free", Action::SegmentFree),
+    ("segment_map", Action::SegmentMap),
+    ("segment_unmap", Action::SegmentUnmap),
+    ("snapshot", Action::Snapshot),
+    ("oom", Action::Oom),
+    ("annotate", Action::Annotate),
+];
+
+/// The key resolvers of one model build.
+struct Reader {
+    seg: Keys<SegKey>,
+    block: Keys<BlockKey>,
+    state: Keys<BlockState>,
+    trace: Keys<TraceKey>,
+    action: Keys<Action>,
+}
+
+impl Reader {
+    fn new() -> Self {
+        Reader {
+            seg: Keys::new(SEG_KEYS),
+            block: Keys::new(BLOCK_KEYS),
+            state: Keys::new(STATES),
+            trace: Keys::new(TRACE_KEYS),
+            action: Keys::new(ACTIONS),
+        }
+    }
+
+    fn segment(
+        &mut self,
+        p: &Pickle,
+        s: V,
+        i: usize,
+        blocks: &mut Vec<Block>,
+    ) -> Result<Segment, ModelError> {
+        let path = || format!("segments[{i}]");
+        let (mut address, mut total_size, mut device) = (None, None, 0u32);
+        let (mut allocated_size, mut active_size, mut requested_size) = (None, None, None);
+        let mut stream = 0;
+        let mut segment_type = PoolKind::Large;
+        let mut segment_pool_id = None;
+        let mut is_expandable = None;
+        let mut frames = Frames::NONE;
+        let mut blist = None;
+        for (k, v) in self.seg.pairs(p, s, &path)? {
+            match k {
+                SegKey::Address => address = p.u64(v),
+                SegKey::TotalSize => total_size = p.u64(v),
+                SegKey::Device => {
+                    device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0)
+                }
+                SegKey::AllocatedSize => allocated_size = p.u64(v),
+                SegKey::ActiveSize => active_size = p.u64(v),
+                SegKey::RequestedSize => requested_size = p.u64(v),
+                SegKey::Stream => stream = stream_of(p, v),
+                SegKey::SegmentType => {
+                    if p.str(v) == Some("small") {
+                        segment_type = PoolKind::Small;
+                    }
+                }
+                SegKey::SegmentPoolId => {
+                    segment_pool_id = p
+                        .items(v)
+                        .and_then(|t| Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?)))
+                }
+                SegKey::IsExpandable => is_expandable = p.bool(v),
+                SegKey::Frames => frames = Frames::of(p, v),
+                SegKey::Blocks => blist = p.items(v),
+            }
+        }
+        let address = need(address, "address", &path)?;
+        let total_size = need(total_size, "total_size", &path)?;
+        let blist = blist.ok_or_else(|| err(path(), "missing 'blocks' list"))?;
+        let start = blocks.len();
+        let mut offset = 0u64;
+        for (j, &b) in blist.iter().enumerate() {
+            let block = self.block(p, b, (i, j), address.saturating_add(offset))?;
+            offset = offset.saturating_add(block.size);
+            blocks.push(block);
+        }
+        let seg_blocks = blocks.get(start..).unwrap_or_default();
+        // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
+        let sum = |f: &dyn Fn(&Block) -> bool| {
+            seg_blocks
+                .iter()
+                .filter(|b| f(b))
+                .map(|b| b.size)
+                .fold(0, u64::saturating_add)
+        };
+        Ok(Segment {
+            device,
+            address,
+            total_size,
+            allocated_size: allocated_size
+                .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated)),
+            active_size: active_size.unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive)),
+            requested_size,
+            stream,
+            segment_type,
+            segment_pool_id,
+            is_expandable,
+            frames,
+            blocks: start..blocks.len(),
+        })
+    }
+
+    /// Block `j` of segment `i`; `at` is its address by position (old schemas
+    /// record none).
+    fn block(
+        &mut self,
+        p: &Pickle,
+        b: V,
+        (i, j): (usize, usize),
+        at: u64,
+    ) -> Result<Block, ModelError> {
+        let path = || format!("segments[{i}].blocks[{j}]");
+        let (mut size, mut state, mut address, mut requested) = (None, None, None, None);
+        let (mut frames, mut has_frames, mut history, mut state_v) =
+            (Frames::NONE, false, None, None);
+        for (k, v) in self.block.pairs(p, b, &path)? {
+            match k {
+                BlockKey::Size => size = p.u64(v),
+                BlockKey::Address => address = p.u64(v),
+                BlockKey::RequestedSize => requested = p.u64(v),
+                BlockKey::State => state_v = Some(v),
+                BlockKey::Frames => {
+                    has_frames = true;
+                    frames = Frames::of(p, v);
+                }
+                BlockKey::History => history = p.items(v).and_then(|h| h.first().copied()),
+            }
+        }
+        if let Some(v) = state_v {
+            state = Some(self.state.field(p, v).ok_or_else(|| {
+                err(
+                    path(),
+                    format!("unknown state '{}'", p.str(v).unwrap_or("?")),
+                )
+            })?);
+        }
+        let size = need(size, "size", &path)?;
+        let state = state.ok_or_else(|| err(path(), "missing 'state'"))?;
+        // _memory_viz._block_extra: frames and requested size, from history[0] in
+        // the legacy schema (no 'frames' key on blocks).
+        let requested_size = match history.filter(|_| !has_frames) {
+            Some(h) => {
+                frames = p
+                    .get(h, "frames")
+                    .map_or(Frames::NONE, |f| Frames::of(p, f));
+                p.get(h, "real_size").and_then(|v| p.u64(v)).unwrap_or(size)
+            }
+            None => requested.unwrap_or(size),
+        };
+        Ok(Block {
+            address: address.unwrap_or(at),
+            size,
+            requested_size,
+            state,
+            frames,
+        })
+    }
+
+    fn trace_entry(
+        &mut self,
+        p: &Pickle,
+        e: V,
+        d: usize,
+        j: usize,
+    ) -> Result<TraceEntry, ModelError> {
+        let path = || format!("device_traces[{d}][{j}]");
+        let mut t = TraceEntry {
+            action: Action::Other,
+            addr: 0,
+            size: 0,
+            stream: 0,
+            device_free: 0,
+            time_us: 0,
+            frames: Frames::NONE,
+        };
+        let mut action = None;
+        for (k, v) in self.trace.pairs(p, e, &path)? {
+            match k {
+                TraceKey::Action => action = Some(v),
+                TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
+                TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
+                TraceKey::Stream => t.stream = stream_of(p, v),
+                TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
+                TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
+                TraceKey::Frames => t.frames = Frames::of(p, v),
+            }
+        }
+        let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
+        t.action = self.action.field(p, action).unwrap_or(Action::Other);
+        Ok(t)
+    }
+}

@@ -1,0 +1,1606 @@
+//! A pickle decoder for data-only pickles (protocols 0–5) that never executes
+//! anything.
+//!
+//! Objects live in an arena ([`Pickle::objs`]) and values refer to them by
+//! index, so the memo keeps shared references shared (torch dedupes frame
+//! objects: the result must stay a DAG, not be expanded). Values are 8 bytes
+//! ([`V`]: small ints, None and bools inline, everything else an arena index);
+//! container items live in one pool, so a dict costs no allocation of its own;
+//! strings borrow from the input.
+//!
+//! Anything that would call code (GLOBAL, REDUCE, BUILD, …) makes the input
+//! invalid: the error names the opcode, its byte offset and the callable.
+//! The decoder is iterative (no recursion), checks every declared length
+//! against the remaining input before slicing, and never sizes an allocation
+//! from a length read from the input.
+
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// A compact value: the low 3 bits are a tag; ints in [-2^60, 2^60) are inline,
+/// other numbers and every object are arena indices.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct V(u64);
+
+const TAG_REF: u64 = 0;
+const TAG_INT: u64 = 1;
+const INLINE_INT: std::ops::Range<i64> = -(1 << 60)..(1 << 60);
+
+impl V {
+    pub const NONE: V = V(2);
+    pub const FALSE: V = V(3);
+    pub const TRUE: V = V(4);
+
+    /// The value of arena object `id`.
+    #[inline]
+    pub fn object(id: u32) -> V {
+        V(u64::from(id) << 3 | TAG_REF)
+    }
+    #[inline]
+    fn int(i: i64) -> Option<V> {
+        INLINE_INT
+            .contains(&i)
+            .then_some(V(((i << 3) as u64) | TAG_INT))
+    }
+    #[inline]
+    fn small(u: u32) -> V {
+        V((u64::from(u) << 3) | TAG_INT)
+    }
+    /// The arena index, for objects.
+    #[inline]
+    pub fn id(self) -> Option<u32> {
+        (self.0 & 7 == TAG_REF).then_some((self.0 >> 3) as u32)
+    }
+}
+
+impl std::fmt::Debug for V {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 & 7 {
+            TAG_REF => write!(f, "#{}", self.0 >> 3),
+            TAG_INT => write!(f, "{}", (self.0 as i64) >> 3),
+            _ => match *self {
+                V::NONE => f.write_str("None"),
+                V::TRUE => f.write_str("True"),
+                _ => f.write_str("False"),
+            },
+        }
+    }
+}
+
+/// A value as callers see it, numbers unboxed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int in [2^63, 2^64): torch writes `MAX_UINT64` this way (pytorch#115234).
+    UInt(u64),
+    Float(f64),
+    /// Any other object: an arena index.
+    Ref(u32),
+}
+
+/// Which Python container an object is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    List,
+    Tuple,
+    /// Items are flattened `key, value, key, value, …`.
+    Dict,
+    Set,
+    FrozenSet,
+}
+
+/// Where a container's items are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `len` items at `start` in [`Pickle::pool`].
+    Pool,
+    /// A vector of its own (`start` indexes [`Pickle::owned`]): it grew in
+    /// several batches while other objects were being built.
+    Owned,
+    /// A dict whose keys are shape `len` ([`Pickle::shapes`]); its values
+    /// are at `start` in the pool. Torch's dicts share a handful of key
+    /// sequences, so each stores only its values.
+    Shaped,
+}
+
+/// A container's kind and where its items are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Container {
+    pub kind: Kind,
+    layout: Layout,
+    len: u32,
+    start: u64,
+}
+
+/// A heap object in the arena.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Obj<'a> {
+    Str(&'a str),
+    OwnedStr(Box<str>),
+    Bytes(&'a [u8]),
+    /// An int outside [-2^60, 2^64): little-endian two's complement when
+    /// wider than 64 bits.
+    BigInt(Box<[u8]>),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Container(Container),
+}
+/// Why decoding stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    #[error(
+        "byte {offset}: opcode {opcode} would call {callable}; this file holds code, not data, and is refused (nothing was run)"
+    )]
+    Code {
+        offset: usize,
+        opcode: &'static str,
+        callable: String,
+    },
+    #[error("byte {offset}: input ends inside {what}")]
+    Truncated { offset: usize, what: &'static str },
+    #[error("byte {offset}: unknown opcode 0x{opcode:02x}")]
+    UnknownOpcode { offset: usize, opcode: u8 },
+    #[error("byte {offset}: unsupported pickle protocol {protocol} (0 to 5 are known)")]
+    Protocol { offset: usize, protocol: u8 },
+    #[error("byte {offset}: {opcode}: {problem}")]
+    Malformed {
+        offset: usize,
+        opcode: &'static str,
+        problem: String,
+    },
+    #[error("byte {offset}: {what} exceeds the decoder's limit of {limit}")]
+    Limit {
+        offset: usize,
+        what: &'static str,
+        limit: u64,
+    },
+}
+
+impl DecodeError {
+    /// The byte offset the error refers to.
+    pub fn offset(&self) -> usize {
+        match self {
+            DecodeError::Code { offset, .. }
+            | DecodeError::Truncated { offset, .. }
+            | DecodeError::UnknownOpcode { offset, .. }
+            | DecodeError::Protocol { offset, .. }
+            | DecodeError::Malformed { offset, .. }
+            | DecodeError::Limit { offset, .. } => *offset,
+        }
+    }
+}
+
+/// Bounds on what one input may make the decoder hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Open MARKs at once (the nesting depth of MARK-built containers).
+    pub max_marks: usize,
+    /// Values held in total (stack, memo and containers), 8 bytes each.
+    pub max_values: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        // Real snapshots nest about 6 deep and hold roughly one value per
+        // 3 input bytes; these bounds leave room for 100 GB inputs.
+        Limits {
+            max_marks: 1 << 16,
+            max_values: 1 << 34,
+        }
+    }
+}
+
+/// A decoded pickle: the arena, the item pool and the root value.
+#[derive(Debug, Clone)]
+pub struct Pickle<'a> {
+    pub objs: Vec<Obj<'a>>,
+    /// Items of containers that were built in one go.
+    pool: Vec<V>,
+    /// Items of containers that grew in several batches between other objects.
+    owned: Vec<Vec<V>>,
+    /// Key sequences shared by dicts (see [`Layout::Shaped`]).
+    shapes: Vec<Box<[V]>>,
+    pub root: V,
+    /// The protocol named by the PROTO opcode (0 when absent).
+    pub protocol: u8,
+}
+
+/// Decodes with the default [`Limits`].
+pub fn decode(data: &[u8]) -> Result<Pickle<'_>, DecodeError> {
+    decode_with(data, Limits::default())
+}
+
+/// Decodes `data` (one pickle; trailing bytes after STOP are ignored, as
+/// `pickle.loads` does).
+pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeError> {
+    // Reserve from the input's actual size (not a declared length): a torch
+    // snapshot holds about one pooled value per 10 bytes and one object per
+    // 50; only touched pages count, so an overestimate costs nothing.
+    let n = data.len();
+    let d = Decoder {
+        data,
+        pos: 0,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Vec::with_capacity(n / 48),
+        sparse_memo: HashMap::new(),
+        p: Pickle {
+            objs: Vec::with_capacity(n / 48),
+            pool: Vec::with_capacity(n / 8),
+            owned: Vec::new(),
+            shapes: Vec::new(),
+            root: V::NONE,
+            protocol: 0,
+        },
+        shape_ids: HashMap::new(),
+        recent_shapes: [u32::MAX; 4],
+        values: 0,
+        limits,
+    };
+    d.run()
+}
+
+struct Decoder<'a> {
+    data: &'a [u8],
+    pos: usize,
+    stack: Vec<V>,
+    marks: Vec<usize>,
+    /// Dense memo (MEMOIZE and in-order PUTs); out-of-order indices go to `sparse_memo`
+    /// so a huge declared index cannot size an allocation.
+    memo: Vec<V>,
+    sparse_memo: HashMap<u64, V>,
+    p: Pickle<'a>,
+    shape_ids: HashMap<Box<[V]>, u32>,
+    /// The shapes used last, checked before `shape_ids`.
+    recent_shapes: [u32; 4],
+    /// Values created so far (a running bound on memory).
+    values: u64,
+    limits: Limits,
+}
+
+/// Opcode names as `pickletools` spells them (used in errors).
+fn opcode_name(op: u8) -> &'static str {
+    match op {
+        b'(' => "MARK",
+        b'.' => "STOP",
+        b'0' => "POP",
+        b'1' => "POP_MARK",
+        b'2' => "DUP",
+        b'F' => "FLOAT",
+        b'I' => "INT",
+        b'J' => "BININT",
+        b'K' => "BININT1",
+        b'L' => "LONG",
+        b'M' => "BININT2",
+        b'N' => "NONE",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        b'R' => "REDUCE",
+        b'S' => "STRING",
+        b'T' => "BINSTRING",
+        b'U' => "SHORT_BINSTRING",
+        b'V' => "UNICODE",
+        b'X' => "BINUNICODE",
+        b'a' => "APPEND",
+        b'b' => "BUILD",
+        b'c' => "GLOBAL",
+        b'd' => "DICT",
+        b'}' => "EMPTY_DICT",
+        b'e' => "APPENDS",
+        b'g' => "GET",
+        b'h' => "BINGET",
+        b'i' => "INST",
+        b'j' => "LONG_BINGET",
+        b'l' => "LIST",
+        b']' => "EMPTY_LIST",
+        b'o' => "OBJ",
+        b'p' => "PUT",
+        b'q' => "BINPUT",
+        b'r' => "LONG_BINPUT",
+        b's' => "SETITEM",
+        b't' => "TUPLE",
+        b')' => "EMPTY_TUPLE",
+        b'u' => "SETITEMS",
+        b'G' => "BINFLOAT",
+        0x80 => "PROTO",
+        0x81 => "NEWOBJ",
+        0x82 => "EXT1",
+        0x83 => "EXT2",
+        0x84 => "EXT4",
+        0x85 => "TUPLE1",
+        0x86 => "TUPLE2",
+        0x87 => "TUPLE3",
+        0x88 => "NEWTRUE",
+        0x89 => "NEWFALSE",
+        0x8a => "LONG1",
+        0x8b => "LONG4",
+        b'B' => "BINBYTES",
+        b'C' => "SHORT_BINBYTES",
+        0x8c => "SHORT_BINUNICODE",
+        0x8d => "BINUNICODE8",
+        0x8e => "BINBYTES8",
+        0x8f => "EMPTY_SET",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        0x92 => "NEWOBJ_EX",
+        0x93 => "STACK_GLOBAL",
+        0x94 => "MEMOIZE",
+        0x95 => "FRAME",
+        0x96 => "BYTEARRAY8",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        _ => "unknown",
+    }
+}
+
+impl<'a> Decoder<'a> {
+    fn run(mut self) -> Result<Pickle<'a>, DecodeError> {
+        loop {
+            let at = self.pos;
+            let Some(&op) = self.data.get(at) else {
+                return Err(DecodeError::Truncated {
+                    offset: at,
+                    what: "the pickle (no STOP opcode)",
+                });
+            };
+            self.pos += 1;
+            match op {
+                // The hot opcodes of a snapshot first.
+                0x94 => {
+                    let v = self.top(at, op)?;
+                    let idx = self.memo.len() as u64;
+                    self.memo_put(idx, v, at)?;
+                }
+                b'h' => {
+                    let idx = self.take(1, at, op)?[0].into();
+                    self.get(idx, at, op)?;
+                }
+                b'j' => {
+                    let idx = self.le_u64(4, at, op)?;
+                    self.get(idx, at, op)?;
+                }
+                b'K' => {
+                    let v = self.take(1, at, op)?[0];
+                    self.push(V::small(v.into()), at)?;
+                }
+                b'J' => {
+                    let b = self.take(4, at, op)?;
+                    let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    let v = self.int(v.into(), at)?;
+                    self.push(v, at)?;
+                }
+                b'M' => {
+                    let b = self.take(2, at, op)?;
+                    let v = u16::from_le_bytes([b[0], b[1]]);
+                    self.push(V::small(v.into()), at)?;
+                }
+                0x8a => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let b = self.take(n, at, op)?;
+                    let v = self.long_le(b, at)?;
+                    self.push(v, at)?;
+                }
+                0x8c => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let b = self.take(n, at, op)?;
+                    self.push_utf8(b, at)?;
+                }
+                b'(' => {
+                    if self.marks.len() >= self.limits.max_marks {
+                        return Err(DecodeError::Limit {
+                            offset: at,
+                            what: "MARK nesting",
+                            limit: self.limits.max_marks as u64,
+                        });
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'}' => self.new_container(Kind::Dict, at)?,
+                b']' => self.new_container(Kind::List, at)?,
+                0x8f => self.new_container(Kind::Set, at)?,
+                b')' => self.new_container(Kind::Tuple, at)?,
+                b'u' => self.extend_marked(Kind::Dict, at, op)?,
+                b'e' => self.extend_marked(Kind::List, at, op)?,
+                0x90 => self.extend_marked(Kind::Set, at, op)?,
+                b's' => {
+                    let n = self.stack.len();
+                    if n < 3 || n - 2 <= self.floor() {
+                        return Err(self.empty(at, op));
+                    }
+                    let target = self.stack[n - 3];
+                    self.extend(target, Kind::Dict, n - 2, at, op)?;
+                }
+                b'a' => {
+                    let n = self.stack.len();
+                    if n < 2 || n - 1 <= self.floor() {
+                        return Err(self.empty(at, op));
+                    }
+                    let target = self.stack[n - 2];
+                    self.extend(target, Kind::List, n - 1, at, op)?;
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let from = self
+                        .stack
+                        .len()
+                        .checked_sub(n)
+                        .filter(|&f| f >= self.floor())
+                        .ok_or_else(|| self.empty(at, op))?;
+                    self.build(Kind::Tuple, from, at)?;
+                }
+                b't' => {
+                    let m = self.pop_mark(at, op)?;
+                    self.build(Kind::Tuple, m, at)?;
+                }
+                b'l' => {
+                    let m = self.pop_mark(at, op)?;
+                    self.build(Kind::List, m, at)?;
+                }
+                0x91 => {
+                    let m = self.pop_mark(at, op)?;
+                    self.build(Kind::FrozenSet, m, at)?;
+                }
+                b'd' => {
+                    let m = self.pop_mark(at, op)?;
+                    if !self.stack.len().saturating_sub(m).is_multiple_of(2) {
+                        return Err(self.malformed(at, op, "odd number of items"));
+                    }
+                    self.build(Kind::Dict, m, at)?;
+                }
+                0x88 => self.push(V::TRUE, at)?,
+                0x89 => self.push(V::FALSE, at)?,
+                b'N' => self.push(V::NONE, at)?,
+                0x80 => {
+                    let p = self.take(1, at, op)?[0];
+                    if p > 5 {
+                        return Err(DecodeError::Protocol {
+                            offset: at,
+                            protocol: p,
+                        });
+                    }
+                    self.p.protocol = p;
+                }
+                0x95 => {
+                    // FRAME: the input is contiguous, so only check the length fits.
+                    let len = self.le_u64(8, at, op)?;
+                    if len > self.remaining() as u64 {
+                        return Err(self.truncated(at, op));
+                    }
+                }
+                b'.' => {
+                    self.p.root = self.pop(at, op)?;
+                    return Ok(self.p);
+                }
+                b'0' => {
+                    self.pop(at, op)?;
+                }
+                b'1' => {
+                    let m = self.pop_mark(at, op)?;
+                    self.stack.truncate(m);
+                }
+                b'2' => {
+                    let v = self.top(at, op)?;
+                    self.push(v, at)?;
+                }
+                0x8b => {
+                    let n = self.len_i32(at, op)?;
+                    let b = self.take(n, at, op)?;
+                    let v = self.long_le(b, at)?;
+                    self.push(v, at)?;
+                }
+                b'G' => {
+                    let b = self.take(8, at, op)?;
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    let v = self.alloc(Obj::Float(f64::from_be_bytes(a)), at)?;
+                    self.push(v, at)?;
+                }
+                b'I' => {
+                    let line = self.line(at, op)?;
+                    let v = match line {
+                        b"01" => V::TRUE,
+                        b"00" => V::FALSE,
+                        _ => self.decimal(line, at, op)?,
+                    };
+                    self.push(v, at)?;
+                }
+                b'L' => {
+                    let line = self.line(at, op)?;
+                    let digits = line.strip_suffix(b"L").unwrap_or(line);
+                    let v = self.decimal(digits, at, op)?;
+                    self.push(v, at)?;
+                }
+                b'F' => {
+                    let line = self.line(at, op)?;
+                    let f = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<f64>().ok())
+                        .ok_or_else(|| self.malformed(at, op, "not a float"))?;
+                    let v = self.alloc(Obj::Float(f), at)?;
+                    self.push(v, at)?;
+                }
+                // Byte strings: Python 3 decodes protocol 0–2 `str` as ASCII by default.
+                b'T' => {
+                    let n = self.len_i32(at, op)?;
+                    let b = self.take(n, at, op)?;
+                    self.push_utf8(b, at)?;
+                }
+                b'U' => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let b = self.take(n, at, op)?;
+                    self.push_utf8(b, at)?;
+                }
+                b'S' => {
+                    let line = self.line(at, op)?;
+                    let s = unquote_string(line).ok_or_else(|| {
+                        self.malformed(at, op, "the STRING opcode argument must be quoted")
+                    })?;
+                    let v = self.alloc(Obj::OwnedStr(s.into_boxed_str()), at)?;
+                    self.push(v, at)?;
+                }
+                b'V' => {
+                    let line = self.line(at, op)?;
+                    let s = raw_unicode_unescape(line);
+                    let v = self.alloc(Obj::OwnedStr(s.into_boxed_str()), at)?;
+                    self.push(v, at)?;
+                }
+                b'X' => {
+                    let n = self.len_u32(at, op)?;
+                    let b = self.take(n, at, op)?;
+                    self.push_utf8(b, at)?;
+                }
+                0x8d => {
+                    let n = self.len_u64(at, op)?;
+                    let b = self.take(n, at, op)?;
+                    self.push_utf8(b, at)?;
+                }
+                b'B' => {
+                    let n = self.len_u32(at, op)?;
+                    let b = self.take(n, at, op)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
+                    self.push(v, at)?;
+                }
+                b'C' => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let b = self.take(n, at, op)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
+                    self.push(v, at)?;
+                }
+                0x8e | 0x96 => {
+                    let n = self.len_u64(at, op)?;
+                    let b = self.take(n, at, op)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
+                    self.push(v, at)?;
+                }
+                0x97 => {
+                    return Err(self.malformed(
+                        at,
+                        op,
+                        "out-of-band buffer referenced, but a file carries none",
+                    ));
+                }
+                0x98 => {
+                    // READONLY_BUFFER only changes the top object's mutability.
+                    self.top(at, op)?;
+                }
+                b'q' => {
+                    let idx = self.take(1, at, op)?[0].into();
+                    let v = self.top(at, op)?;
+                    self.memo_put(idx, v, at)?;
+                }
+                b'r' => {
+                    let idx = self.le_u64(4, at, op)?;
+                    let v = self.top(at, op)?;
+                    self.memo_put(idx, v, at)?;
+                }
+                b'p' => {
+                    let line = self.line(at, op)?;
+                    let idx =
+                        parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
+                    let v = self.top(at, op)?;
+                    self.memo_put(idx, v, at)?;
+                }
+                b'g' => {
+                    let line = self.line(at, op)?;
+                    let idx =
+                        parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
+                    self.get(idx, at, op)?;
+                }
+                // Everything below would run code: refuse, naming what it would call.
+                b'c' | b'i' => {
+                    let module = self.line(at, op)?;
+                    let name = self.line(at, op)?;
+                    return Err(DecodeError::Code {
+                        offset: at,
+                        opcode: opcode_name(op),
+                        callable: format!(
+                            "{} {}",
+                            String::from_utf8_lossy(module),
+                            String::from_utf8_lossy(name)
+                        ),
+                    });
+                }
+                0x93 => {
+                    let n = self.stack.len();
+                    let callable = match (
+                        n.checked_sub(2).and_then(|i| self.stack.get(i)),
+                        self.stack.last(),
+                    ) {
+                        (Some(m), Some(q)) => {
+                            format!("{} {}", self.describe(*m), self.describe(*q))
+                        }
+                        _ => "an object missing from the stack".into(),
+                    };
+                    return Err(DecodeError::Code {
+                        offset: at,
+                        opcode: opcode_name(op),
+                        callable,
+                    });
+                }
+                b'R' | 0x81 | 0x92 | b'b' | b'o' | b'Q' => {
+                    // The callable (or the object BUILD would update) sits below the
+                    // arguments; for OBJ it is the first item after the MARK.
+                    let slot = match op {
+                        b'o' => self.marks.last().copied(),
+                        0x92 => self.stack.len().checked_sub(3),
+                        b'Q' => self.stack.len().checked_sub(1),
+                        _ => self.stack.len().checked_sub(2),
+                    };
+                    let callable = slot
+                        .and_then(|i| self.stack.get(i))
+                        .map(|v| self.describe(*v))
+                        .unwrap_or_else(|| "an object missing from the stack".into());
+                    return Err(DecodeError::Code {
+                        offset: at,
+                        opcode: opcode_name(op),
+                        callable,
+                    });
+                }
+                b'P' => {
+                    let id = self.line(at, op)?;
+                    return Err(DecodeError::Code {
+                        offset: at,
+                        opcode: opcode_name(op),
+                        callable: format!("persistent_load({:?})", String::from_utf8_lossy(id)),
+                    });
+                }
+                0x82..=0x84 => {
+                    let n = match op {
+                        0x82 => 1,
+                        0x83 => 2,
+                        _ => 4,
+                    };
+                    let code = self.le_u64(n, at, op)?;
+                    return Err(DecodeError::Code {
+                        offset: at,
+                        opcode: opcode_name(op),
+                        callable: format!("the copyreg extension registered as code {code}"),
+                    });
+                }
+                _ => {
+                    return Err(DecodeError::UnknownOpcode {
+                        offset: at,
+                        opcode: op,
+                    });
+                }
+            }
+        }
+    }
+
+    fn remaining(&self) -> usize {
+        self.data.len().saturating_sub(self.pos)
+    }
+
+    /// The next `n` bytes; `n` comes from the input, so it is checked first.
+    #[inline]
+    fn take(&mut self, n: usize, at: usize, op: u8) -> Result<&'a [u8], DecodeError> {
+        let data: &'a [u8] = self.data;
+        match data.get(self.pos..).and_then(|rest| rest.get(..n)) {
+            Some(s) => {
+                self.pos += n;
+                Ok(s)
+            }
+            None => Err(self.truncated(at, op)),
+        }
+    }
+
+    fn le_u64(&mut self, n: usize, at: usize, op: u8) -> Result<u64, DecodeError> {
+        let b = self.take(n, at, op)?;
+        Ok(b.iter()
+            .rev()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+    }
+
+    fn len_u32(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+        let n = self.le_u64(4, at, op)?;
+        self.fits(n, at, op)
+    }
+
+    fn len_u64(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+        let n = self.le_u64(8, at, op)?;
+        self.fits(n, at, op)
+    }
+
+    fn len_i32(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+        let b = self.take(4, at, op)?;
+        let n = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if n < 0 {
+            return Err(self.malformed(at, op, "negative length"));
+        }
+        self.fits(n as u64, at, op)
+    }
+
+    /// A declared length must fit in what is left of the input.
+    fn fits(&self, n: u64, at: usize, op: u8) -> Result<usize, DecodeError> {
+        if n > self.remaining() as u64 {
+            return Err(self.truncated(at, op));
+        }
+        Ok(n as usize)
+    }
+
+    /// A newline-terminated argument (protocol 0), without the newline.
+    fn line(&mut self, at: usize, op: u8) -> Result<&'a [u8], DecodeError> {
+        let data: &'a [u8] = self.data;
+        let rest = data.get(self.pos..).unwrap_or_default();
+        let n = memchr::memchr(b'\n', rest).ok_or_else(|| self.truncated(at, op))?;
+        self.pos += n + 1;
+        Ok(&rest[..n])
+    }
+
+    #[cold]
+    fn truncated(&self, at: usize, op: u8) -> DecodeError {
+        DecodeError::Truncated {
+            offset: at,
+            what: opcode_name(op),
+        }
+    }
+
+    #[cold]
+    fn malformed(&self, at: usize, op: u8, problem: &str) -> DecodeError {
+        DecodeError::Malformed {
+            offset: at,
+            opcode: opcode_name(op),
+            problem: problem.into(),
+        }
+    }
+
+    #[cold]
+    fn empty(&self, at: usize, op: u8) -> DecodeError {
+        self.malformed(at, op, "stack underflow")
+    }
+
+    #[inline]
+    fn count(&mut self, n: u64, at: usize) -> Result<(), DecodeError> {
+        self.values += n;
+        if self.values > self.limits.max_values {
+            return Err(DecodeError::Limit {
+                offset: at,
+                what: "number of values",
+                limit: self.limits.max_values,
+            });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn push(&mut self, v: V, at: usize) -> Result<(), DecodeError> {
+        self.count(1, at)?;
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// The stack index below which the innermost MARK protects the stack.
+    #[inline]
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    /// The top of the stack, above the innermost MARK (CPython refuses to
+    /// reach below it too).
+    #[inline]
+    fn top(&self, at: usize, op: u8) -> Result<V, DecodeError> {
+        match self.stack.last() {
+            Some(&v) if self.stack.len() > self.floor() => Ok(v),
+            _ => Err(self.empty(at, op)),
+        }
+    }
+
+    fn pop(&mut self, at: usize, op: u8) -> Result<V, DecodeError> {
+        let v = self.top(at, op)?;
+        self.stack.pop();
+        Ok(v)
+    }
+
+    fn pop_mark(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+        self.marks
+            .pop()
+            .ok_or_else(|| self.malformed(at, op, "no MARK open"))
+    }
+
+    fn alloc(&mut self, obj: Obj<'a>, at: usize) -> Result<V, DecodeError> {
+        let id = u32::try_from(self.p.objs.len())
+            .ok()
+            .filter(|&id| id < 1 << 29)
+            .ok_or(DecodeError::Limit {
+                offset: at,
+                what: "number of objects",
+                limit: 1 << 29,
+            })?;
+        self.count(2, at)?;
+        self.p.objs.push(obj);
+        Ok(V::object(id))
+    }
+
+    /// An int: inline when small, else boxed.
+    fn int(&mut self, i: i64, at: usize) -> Result<V, DecodeError> {
+        match V::int(i) {
+            Some(v) => Ok(v),
+            None => self.alloc(Obj::Int(i), at),
+        }
+    }
+
+    fn new_container(&mut self, kind: Kind, at: usize) -> Result<(), DecodeError> {
+        let start = self.p.pool.len() as u64;
+        let v = self.alloc(
+            Obj::Container(Container {
+                kind,
+                layout: Layout::Pool,
+                len: 0,
+                start,
+            }),
+            at,
+        )?;
+        self.push(v, at)
+    }
+
+    /// A container of `stack[from..]` (TUPLE, LIST, DICT, FROZENSET, TUPLE1-3).
+    fn build(&mut self, kind: Kind, from: usize, at: usize) -> Result<(), DecodeError> {
+        let start = self.p.pool.len() as u64;
+        let len = self.checked_len(self.stack.len().saturating_sub(from) as u64, at)?;
+        self.p.pool.extend(self.stack.drain(from..));
+        let v = self.alloc(
+            Obj::Container(Container {
+                kind,
+                layout: Layout::Pool,
+                len,
+                start,
+            }),
+            at,
+        )?;
+        self.push(v, at)
+    }
+
+    /// APPENDS / SETITEMS / ADDITEMS: the items above the MARK go into the
+    /// container just below it.
+    fn extend_marked(&mut self, kind: Kind, at: usize, op: u8) -> Result<(), DecodeError> {
+        let m = self.pop_mark(at, op)?;
+        let target = m
+            .checked_sub(1)
+            .filter(|&i| i >= self.floor())
+            .and_then(|i| self.stack.get(i).copied())
+            .ok_or_else(|| self.empty(at, op))?;
+        if kind == Kind::Dict && !self.stack.len().saturating_sub(m).is_multiple_of(2) {
+            return Err(self.malformed(at, op, "odd number of items"));
+        }
+        self.extend(target, kind, m, at, op)
+    }
+
+    /// Moves `stack[from..]` into the container `target` of kind `kind`.
+    fn extend(
+        &mut self,
+        target: V,
+        kind: Kind,
+        from: usize,
+        at: usize,
+        op: u8,
+    ) -> Result<(), DecodeError> {
+        let wrong = || match kind {
+            Kind::Dict => "target is not a dict",
+            Kind::Set => "target is not a set",
+            _ => "target is not a list",
+        };
+        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get(id as usize))
+        else {
+            return Err(self.malformed(at, op, wrong()));
+        };
+        if c.kind != kind {
+            return Err(self.malformed(at, op, wrong()));
+        }
+        let c = *c;
+        let id = target.id().unwrap_or(u32::MAX) as usize;
+        let n = self.stack.len().saturating_sub(from);
+        let pool_end = self.p.pool.len() as u64;
+        match c.layout {
+            Layout::Owned => {
+                if let Some(items) = self.p.owned.get_mut(c.start as usize) {
+                    items.extend(self.stack.drain(from..));
+                }
+            }
+            Layout::Pool if c.len == 0 && kind == Kind::Dict && n > 0 => {
+                // A dict's first items: store its values under a shared key shape.
+                let start = pool_end;
+                let slot = match self.shape_of(from) {
+                    Some(shape) => {
+                        let values = self.stack.get(from + 1..).unwrap_or_default();
+                        self.p.pool.extend(values.iter().step_by(2));
+                        self.stack.truncate(from);
+                        Container {
+                            kind,
+                            layout: Layout::Shaped,
+                            len: shape,
+                            start,
+                        }
+                    }
+                    None => {
+                        let len = self.checked_len(n as u64, at)?;
+                        self.p.pool.extend(self.stack.drain(from..));
+                        Container {
+                            kind,
+                            layout: Layout::Pool,
+                            len,
+                            start,
+                        }
+                    }
+                };
+                self.p.objs[id] = Obj::Container(slot);
+            }
+            Layout::Pool if c.len == 0 || c.start + u64::from(c.len) == pool_end => {
+                // The container's items end the pool: grow in place.
+                let len = self.checked_len(u64::from(c.len) + n as u64, at)?;
+                let start = if c.len == 0 { pool_end } else { c.start };
+                self.p.pool.extend(self.stack.drain(from..));
+                self.p.objs[id] = Obj::Container(Container { len, start, ..c });
+            }
+            Layout::Pool | Layout::Shaped => {
+                // Other objects were built since: give it a vector of its own.
+                let mut items = match self.p.dict_of(&c) {
+                    Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+                    None => self.p.items_of(&c).to_vec(),
+                };
+                items.extend(self.stack.drain(from..));
+                let start = self.p.owned.len() as u64;
+                self.p.owned.push(items);
+                self.p.objs[id] = Obj::Container(Container {
+                    kind,
+                    layout: Layout::Owned,
+                    len: 0,
+                    start,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn checked_len(&self, n: u64, at: usize) -> Result<u32, DecodeError> {
+        u32::try_from(n).map_err(|_| DecodeError::Limit {
+            offset: at,
+            what: "container length",
+            limit: u64::from(u32::MAX),
+        })
+    }
+
+    /// The shape id of the keys at `stack[from..]` (every other item), when
+    /// they are all objects (str keys); new shapes are added up to a bound.
+    fn shape_of(&mut self, from: usize) -> Option<u32> {
+        const MAX_SHAPES: usize = 1 << 12;
+        let items = self.stack.get(from..)?;
+        if !items.len().is_multiple_of(2) || items.len() > 64 {
+            return None;
+        }
+        let keys = || items.iter().step_by(2).copied();
+        if keys().any(|k| k.id().is_none()) {
+            return None;
+        }
+        for &id in &self.recent_shapes {
+            if let Some(shape) = self.p.shapes.get(id as usize)
+                && shape.iter().copied().eq(keys())
+            {
+                return Some(id);
+            }
+        }
+        let key: Box<[V]> = keys().collect();
+        let id = match self.shape_ids.get(&key) {
+            Some(&id) => id,
+            None if self.p.shapes.len() < MAX_SHAPES => {
+                let id = self.p.shapes.len() as u32;
+                self.p.shapes.push(key.clone());
+                self.shape_ids.insert(key, id);
+                id
+            }
+            None => return None,
+        };
+        self.recent_shapes.rotate_right(1);
+        self.recent_shapes[0] = id;
+        Some(id)
+    }
+
+    fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Result<(), DecodeError> {
+        self.count(1, at)?;
+        let len = self.memo.len() as u64;
+        if idx < len {
+            self.memo[idx as usize] = v;
+        } else if idx == len {
+            self.memo.push(v);
+        } else {
+            self.sparse_memo.insert(idx, v);
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn get(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
+        let v = match usize::try_from(idx).ok().and_then(|i| self.memo.get(i)) {
+            Some(&v) => v,
+            None => *self.sparse_memo.get(&idx).ok_or_else(|| {
+                self.malformed(at, op, &format!("memo key {idx} was never stored"))
+            })?,
+        };
+        self.push(v, at)
+    }
+
+    fn push_utf8(&mut self, b: &'a [u8], at: usize) -> Result<(), DecodeError> {
+        // Python writes lone surrogates with "surrogatepass": keep what decodes.
+        let obj = match std::str::from_utf8(b) {
+            Ok(s) => Obj::Str(s),
+            Err(_) => Obj::OwnedStr(String::from_utf8_lossy(b).into()),
+        };
+        let v = self.alloc(obj, at)?;
+        self.push(v, at)
+    }
+
+    /// LONG1/LONG4 payload: little-endian two's complement of any length.
+    fn long_le(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
+        // The common case (addresses, sizes): up to 8 bytes, sign-extended.
+        if let Some(&last) = b.last()
+            && b.len() <= 8
+        {
+            let mut a = if last & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
+            a[..b.len()].copy_from_slice(b);
+            return self.int(i64::from_le_bytes(a), at);
+        }
+        match long_from_le(b) {
+            Some(Value::Int(i)) => self.int(i, at),
+            Some(Value::UInt(u)) => self.alloc(Obj::UInt(u), at),
+            _ => self.alloc(Obj::BigInt(b.into()), at),
+        }
+    }
+
+    /// A protocol 0 decimal int (INT or LONG); too big for u64 becomes a BigInt.
+    fn decimal(&mut self, digits: &[u8], at: usize, op: u8) -> Result<V, DecodeError> {
+        let s = std::str::from_utf8(digits)
+            .map_err(|_| self.malformed(at, op, "not a number"))?
+            .trim();
+        if let Ok(v) = s.parse::<i64>() {
+            return self.int(v, at);
+        }
+        if let Ok(v) = s.parse::<u64>() {
+            return self.alloc(Obj::UInt(v), at);
+        }
+        let le = decimal_to_le(s).ok_or_else(|| self.malformed(at, op, "not a number"))?;
+        self.alloc(Obj::BigInt(le.into_boxed_slice()), at)
+    }
+
+    /// A short description of a stack value for refusal messages.
+    fn describe(&self, v: V) -> String {
+        match self.p.value(v) {
+            Value::Ref(_) => match self.p.obj(v) {
+                Some(Obj::Str(s)) => s.chars().take(80).collect(),
+                Some(Obj::OwnedStr(s)) => s.chars().take(80).collect(),
+                Some(Obj::Container(c)) => format!("a {:?}", c.kind).to_lowercase(),
+                _ => "an object".into(),
+            },
+            Value::None => "None".into(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+/// Little-endian two's complement to an inline value, when it fits in i64 or u64.
+pub fn long_from_le(b: &[u8]) -> Option<Value> {
+    let negative = b.last().is_some_and(|&x| x & 0x80 != 0);
+    // Strip redundant sign-extension bytes so 9-byte encodings of u64 values fit.
+    let mut n = b.len();
+    let fill = if negative { 0xff } else { 0 };
+    while n > 0 && b[n - 1] == fill {
+        n -= 1;
+    }
+    if n > 8 {
+        return None;
+    }
+    let mut a = [fill; 8];
+    a[..n].copy_from_slice(&b[..n]);
+    let u = u64::from_le_bytes(a);
+    if negative {
+        // The top kept byte must still carry the sign (e.g. ff 7f is not negative in 8 bytes).
+        let v = u as i64;
+        (v < 0).then_some(Value::Int(v))
+    } else if u > i64::MAX as u64 {
+        Some(Value::UInt(u))
+    } else {
+        Some(Value::Int(u as i64))
+    }
+}
+
+fn decimal_to_le(s: &str) -> Option<Vec<u8>> {
+    let (neg, digits) = match s.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    // Magnitude, little-endian base 256.
+    let mut mag: Vec<u8> = vec![0];
+    for d in digits.bytes() {
+        let mut carry = u32::from(d - b'0');
+        for byte in mag.iter_mut() {
+            let x = u32::from(*byte) * 10 + carry;
+            *byte = (x & 0xff) as u8;
+            carry = x >> 8;
+        }
+        while carry > 0 {
+            mag.push((carry & 0xff) as u8);
+            carry >>= 8;
+        }
+    }
+    mag.push(0); // room for the sign bit
+    if neg {
+        let mut carry = 1u16;
+        for byte in mag.iter_mut() {
+            let x = u16::from(!*byte) + carry;
+            *byte = (x & 0xff) as u8;
+            carry = x >> 8;
+        }
+    }
+    Some(mag)
+}
+
+fn parse_index(line: &[u8]) -> Option<u64> {
+    std::str::from_utf8(line).ok()?.trim().parse().ok()
+}
+
+/// The argument of protocol 0 STRING: a quoted Python literal with escapes.
+fn unquote_string(line: &[u8]) -> Option<String> {
+    let q = *line.first()?;
+    if !(q == b'\'' || q == b'"') || line.len() < 2 || line.last() != Some(&q) {
+        return None;
+    }
+    let body = &line[1..line.len() - 1];
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while let Some(&c) = body.get(i) {
+        i += 1;
+        if c != b'\\' {
+            out.push(c);
+            continue;
+        }
+        let Some(&e) = body.get(i) else {
+            out.push(b'\\');
+            break;
+        };
+        i += 1;
+        match e {
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'r' => out.push(b'\r'),
+            b'a' => out.push(7),
+            b'b' => out.push(8),
+            b'f' => out.push(12),
+            b'v' => out.push(11),
+            b'x' => {
+                let h = body.get(i..i + 2).and_then(|h| std::str::from_utf8(h).ok());
+                match h.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.extend_from_slice(b"\\x"),
+                }
+            }
+            b'0'..=b'7' => {
+                let mut v = u32::from(e - b'0');
+                for _ in 0..2 {
+                    match body.get(i) {
+                        Some(&d @ b'0'..=b'7') => {
+                            v = v * 8 + u32::from(d - b'0');
+                            i += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                out.push((v & 0xff) as u8);
+            }
+            b'\n' => {}
+            other => out.push(other),
+        }
+    }
+    // Python 3 decodes it as ASCII; bytes beyond ASCII are read as Latin-1 here
+    // rather than failing the whole file.
+    Some(out.into_iter().map(char::from).collect())
+}
+
+/// The argument of protocol 0 UNICODE (`raw-unicode-escape`): Latin-1 with
+/// `\uXXXX` and `\UXXXXXXXX` escapes.
+fn raw_unicode_unescape(line: &[u8]) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while let Some(&c) = line.get(i) {
+        if c == b'\\' {
+            let width = match line.get(i + 1) {
+                Some(b'u') => 4,
+                Some(b'U') => 8,
+                _ => 0,
+            };
+            if width > 0 {
+                let code = line
+                    .get(i + 2..i + 2 + width)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u32::from_str_radix(h, 16).ok());
+                if let Some(code) = code {
+                    out.push(char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER));
+                    i += 2 + width;
+                    continue;
+                }
+            }
+        }
+        out.push(char::from(c));
+        i += 1;
+    }
+    out
+}
+
+impl<'a> Pickle<'a> {
+    pub fn obj(&self, v: V) -> Option<&Obj<'a>> {
+        self.objs.get(v.id()? as usize)
+    }
+
+    /// The value with numbers unboxed.
+    pub fn value(&self, v: V) -> Value {
+        match v.0 & 7 {
+            TAG_INT => Value::Int((v.0 as i64) >> 3),
+            TAG_REF => match self.obj(v) {
+                Some(Obj::Int(i)) => Value::Int(*i),
+                Some(Obj::UInt(u)) => Value::UInt(*u),
+                Some(Obj::Float(f)) => Value::Float(*f),
+                _ => Value::Ref((v.0 >> 3) as u32),
+            },
+            _ => match v {
+                V::TRUE => Value::Bool(true),
+                V::FALSE => Value::Bool(false),
+                _ => Value::None,
+            },
+        }
+    }
+
+    pub fn str(&self, v: V) -> Option<&str> {
+        match self.obj(v)? {
+            Obj::Str(s) => Some(s),
+            Obj::OwnedStr(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The items of a non-dict container (the values, for a shaped dict).
+    fn items_of(&self, c: &Container) -> &[V] {
+        let items = match c.layout {
+            Layout::Owned => self.owned.get(c.start as usize).map(Vec::as_slice),
+            Layout::Pool | Layout::Shaped => {
+                let len = match c.layout {
+                    Layout::Shaped => self.shapes.get(c.len as usize).map_or(0, |k| k.len()),
+                    _ => c.len as usize,
+                };
+                usize::try_from(c.start)
+                    .ok()
+                    .and_then(|start| self.pool.get(start..start.checked_add(len)?))
+            }
+        };
+        items.unwrap_or_default()
+    }
+
+    /// A dict container's (key, value) pairs.
+    fn dict_of(&self, c: &Container) -> Option<Pairs<'_>> {
+        if c.kind != Kind::Dict {
+            return None;
+        }
+        let values = self.items_of(c);
+        Some(match c.layout {
+            Layout::Shaped => Pairs {
+                keys: self.shapes.get(c.len as usize).map_or(&[], |k| k),
+                values,
+                stride: 1,
+            },
+            _ => Pairs {
+                keys: values,
+                values: values.get(1..).unwrap_or_default(),
+                stride: 2,
+            },
+        })
+    }
+
+    fn container_of(&self, v: V) -> Option<&Container> {
+        match self.obj(v)? {
+            Obj::Container(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Which container `v` is, if it is one.
+    pub fn kind(&self, v: V) -> Option<Kind> {
+        self.container_of(v).map(|c| c.kind)
+    }
+
+    /// Items of a list or tuple.
+    pub fn items(&self, v: V) -> Option<&[V]> {
+        let c = self.container_of(v)?;
+        matches!(c.kind, Kind::List | Kind::Tuple).then(|| self.items_of(c))
+    }
+
+    /// Items of a set or frozenset.
+    pub fn set_items(&self, v: V) -> Option<&[V]> {
+        let c = self.container_of(v)?;
+        matches!(c.kind, Kind::Set | Kind::FrozenSet).then(|| self.items_of(c))
+    }
+
+    /// A dict's (key, value) pairs in insertion order.
+    pub fn dict(&self, v: V) -> Option<Pairs<'_>> {
+        self.dict_of(self.container_of(v)?)
+    }
+
+    /// `d[key]` for a str key (the last assignment wins, as in Python).
+    pub fn get(&self, d: V, key: &str) -> Option<V> {
+        self.dict(d)?
+            .iter()
+            .rev()
+            .find(|(k, _)| self.str(*k) == Some(key))
+            .map(|(_, v)| v)
+    }
+
+    pub fn u64(&self, v: V) -> Option<u64> {
+        match self.value(v) {
+            Value::Int(i) => u64::try_from(i).ok(),
+            Value::UInt(u) => Some(u),
+            Value::Bool(b) => Some(u64::from(b)),
+            _ => None,
+        }
+    }
+
+    pub fn i64(&self, v: V) -> Option<i64> {
+        match self.value(v) {
+            Value::Int(i) => Some(i),
+            Value::Bool(b) => Some(i64::from(b)),
+            _ => None,
+        }
+    }
+
+    pub fn f64(&self, v: V) -> Option<f64> {
+        match self.value(v) {
+            Value::Float(f) => Some(f),
+            Value::Int(i) => Some(i as f64),
+            Value::UInt(u) => Some(u as f64),
+            _ => None,
+        }
+    }
+
+    pub fn bool(&self, v: V) -> Option<bool> {
+        match v {
+            V::TRUE => Some(true),
+            V::FALSE => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Distinct objects reachable from the root (each shared object counted
+    /// once, so a memo bomb stays linear); iterative, for any nesting depth.
+    pub fn reachable_objects(&self) -> usize {
+        let mut seen = vec![false; self.objs.len()];
+        let mut todo = vec![self.root];
+        let mut n = 0;
+        while let Some(v) = todo.pop() {
+            let Some(id) = v.id() else { continue };
+            match seen.get_mut(id as usize) {
+                Some(s) if !*s => *s = true,
+                _ => continue,
+            }
+            n += 1;
+            match self.dict(v) {
+                Some(pairs) => todo.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
+                None => {
+                    if let Some(c) = self.container_of(v) {
+                        todo.extend_from_slice(self.items_of(c));
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// The value as JSON, for small recorded dicts (`allocator_settings`).
+    /// Containers nested deeper than `max_depth` become `null`; iterative.
+    pub fn to_json(&self, v: V, max_depth: usize) -> serde_json::Value {
+        use serde_json::Value as J;
+        let mut frames: Vec<JsonFrame> = Vec::new();
+        let mut result = J::Null;
+        let mut next = Some(v);
+        loop {
+            if let Some(v) = next.take() {
+                let leaf = match (self.value(v), self.obj(v)) {
+                    (Value::None, _) => Some(J::Null),
+                    (Value::Bool(b), _) => Some(J::Bool(b)),
+                    (Value::Int(i), _) => Some(J::from(i)),
+                    (Value::UInt(u), _) => Some(J::from(u)),
+                    (Value::Float(f), _) => {
+                        Some(serde_json::Number::from_f64(f).map_or(J::Null, J::Number))
+                    }
+                    (_, Some(Obj::Str(s))) => Some(J::String((*s).to_string())),
+                    (_, Some(Obj::OwnedStr(s))) => Some(J::String(s.to_string())),
+                    (_, Some(Obj::Bytes(b))) => Some(J::String(String::from_utf8_lossy(b).into())),
+                    (_, Some(Obj::Container(c))) if frames.len() < max_depth => {
+                        let dict = c.kind == Kind::Dict;
+                        let items: Vec<V> = match self.dict_of(c) {
+                            Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+                            None => self.items_of(c).to_vec(),
+                        };
+                        frames.push(JsonFrame {
+                            out: if dict {
+                                J::Object(serde_json::Map::new())
+                            } else {
+                                J::Array(Vec::new())
+                            },
+                            dict,
+                            key: None,
+                            items: items.into_iter(),
+                        });
+                        None
+                    }
+                    _ => Some(J::Null),
+                };
+                if let Some(j) = leaf {
+                    place(&mut frames, &mut result, j);
+                }
+            }
+            // Hand out the innermost container's next child, or close it.
+            let Some(top) = frames.last_mut() else { break };
+            match top.items.next() {
+                Some(child) if top.dict && top.key.is_none() => {
+                    top.key = Some(self.key_text(child));
+                    // The value follows.
+                    next = top.items.next();
+                    if next.is_none() {
+                        top.key = None;
+                    }
+                }
+                Some(child) => next = Some(child),
+                None => {
+                    if let Some(done) = frames.pop() {
+                        place(&mut frames, &mut result, done.out);
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    /// A dict key as text (torch stringifies keys; ints are written in decimal).
+    fn key_text(&self, k: V) -> String {
+        match self.value(k) {
+            Value::Int(i) => i.to_string(),
+            Value::UInt(u) => u.to_string(),
+            Value::Bool(b) => if b { "True" } else { "False" }.into(),
+            Value::None => "None".into(),
+            Value::Float(f) => f.to_string(),
+            Value::Ref(_) => self.str(k).unwrap_or("?").to_string(),
+        }
+    }
+}
+
+/// A JSON container being filled: whether it is a dict, the key waiting for
+/// its value, and the items still to visit.
+struct JsonFrame {
+    out: serde_json::Value,
+    dict: bool,
+    key: Option<String>,
+    items: std::vec::IntoIter<V>,
+}
+
+/// Puts a finished JSON value into the innermost open container (under its
+/// pending key for a dict), or makes it the result.
+fn place(frames: &mut [JsonFrame], result: &mut serde_json::Value, val: serde_json::Value) {
+    match frames.last_mut() {
+        Some(f) => match &mut f.out {
+            serde_json::Value::Object(m) => {
+                m.insert(f.key.take().unwrap_or_default(), val);
+            }
+            serde_json::Value::Array(a) => a.push(val),
+            _ => {}
+        },
+        None => *result = val,
+    }
+}
+
+/// A dict's (key, value) pairs: flattened `k, v, k, v` items, or a shared key
+/// shape beside the values.
+#[derive(Debug, Clone, Copy)]
+pub struct Pairs<'p> {
+    keys: &'p [V],
+    values: &'p [V],
+    stride: usize,
+}
+
+impl<'p> Pairs<'p> {
+    pub fn len(&self) -> usize {
+        if self.stride == 2 {
+            self.keys.len() / 2
+        } else {
+            self.keys.len().min(self.values.len())
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: usize) -> Option<(V, V)> {
+        let j = i.checked_mul(self.stride)?;
+        Some((*self.keys.get(j)?, *self.values.get(j)?))
+    }
+
+    /// The keys alone (the shared shape, for shaped dicts): equal slices mean
+    /// equal key sequences, so callers can cache per shape.
+    pub fn shape(&self) -> Option<&'p [V]> {
+        (self.stride == 1).then_some(self.keys)
+    }
+
+    pub fn iter(self) -> impl DoubleEndedIterator<Item = (V, V)> + 'p {
+        (0..self.len()).filter_map(move |i| self.get(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dicts_share_shapes_and_stay_dicts_when_they_grow() {
+        // [{a: 1, b: 2}, {a: 3, b: 4} then c: 5 set on it], keys memoized as torch does.
+        let data = b"\x80\x04](}(\x8c\x01a\x94K\x01\x8c\x01b\x94K\x02u}(h\x00K\x03h\x01K\x04u\x8c\x01cK\x05se.";
+        let p = decode(data).unwrap();
+        let items = p.items(p.root).unwrap();
+        assert_eq!(items.len(), 2);
+        let (d0, d1) = (items[0], items[1]);
+        assert_eq!(p.dict(d0).unwrap().shape().map(<[V]>::len), Some(2));
+        assert_eq!(
+            p.shapes.len(),
+            1,
+            "both dicts were built with the one key shape"
+        );
+        let get = |d, k| p.get(d, k).and_then(|v| p.i64(v));
+        assert_eq!(
+            (get(d0, "a"), get(d0, "b"), get(d0, "c")),
+            (Some(1), Some(2), None)
+        );
+        // The SETITEM after SETITEMS moved d1 out of its shape; all three keys remain.
+        assert_eq!(
+            (get(d1, "a"), get(d1, "b"), get(d1, "c")),
+            (Some(3), Some(4), Some(5))
+        );
+        assert_eq!(p.dict(d1).unwrap().len(), 3);
+        assert_eq!(p.dict(d1).unwrap().shape(), None);
+    }
+
+    #[test]
+    fn a_list_appended_between_other_objects_keeps_its_order() {
+        // l = []; APPENDS [1, 2]; then a dict is built; APPENDS [3] to l.
+        let data = b"\x80\x04]\x94(K\x01K\x02e}(\x8c\x01k\x94K\x09u0h\x00(K\x03e.";
+        let p = decode(data).unwrap();
+        let items: Vec<i64> = p
+            .items(p.root)
+            .unwrap()
+            .iter()
+            .filter_map(|&v| p.i64(v))
+            .collect();
+        assert_eq!(items, vec![1, 2, 3]);
+    }
+}
