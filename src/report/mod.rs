@@ -8,3 +8,4 @@ pub mod html;
 pub mod parse;
 pub mod recommend;
 pub mod replay;
+pub mod svg;
