@@ -165,6 +165,41 @@ pub struct TableRow {
     pub flag: Option<String>,
 }
 
+impl Table {
+    /// The table for the terminal (`--format text`), flags in a last column.
+    pub fn to_text(&self) -> String {
+        let flagged = self.rows.iter().any(|r| r.flag.is_some());
+        let mut t = comfy_table::Table::new();
+        t.load_style(comfy_table::presets::UTF8_HORIZONTAL_ONLY);
+        let mut headers = self.headers.clone();
+        if flagged {
+            headers.push("flag".into());
+        }
+        t.set_header(headers);
+        for r in &self.rows {
+            let mut cells = r.cells.clone();
+            if flagged {
+                cells.push(r.flag.clone().unwrap_or_default());
+            }
+            t.add_row(cells);
+        }
+        let first = self.rows.first().map(|r| r.cells.as_slice()).unwrap_or(&[]);
+        for (i, c) in first.iter().enumerate() {
+            if numeric(c)
+                && let Some(col) = t.column_mut(i)
+            {
+                col.set_cell_alignment(comfy_table::CellAlignment::Right);
+            }
+        }
+        let mut s = format!("{}\n{t}\n", self.title);
+        if let Some(note) = &self.note {
+            s.push_str(note);
+            s.push('\n');
+        }
+        s
+    }
+}
+
 /// Escapes text for HTML element content and quoted attributes.
 pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
