@@ -115,7 +115,7 @@ fn median(mut values: Vec<u64>) -> Option<f64> {
     values.sort_unstable();
     let n = values.len();
     let mid = values.get(n / 2).copied()? as f64;
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         Some((values.get(n / 2 - 1).copied()? as f64 + mid) / 2.0)
     } else {
         Some(mid)
