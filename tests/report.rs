@@ -373,3 +373,74 @@ print(len(segs), sum(s["total_size"] for s in segs), sum(s["allocated_size"] for
     // Memoized keys and actions keep each trace entry small.
     assert!(bytes.len() < 3001 * 40, "{} bytes", bytes.len());
 }
+
+#[test]
+fn snapshot_round_trips_through_our_decoder() {
+    let written = snapshot_fixture();
+    let bytes = writer::to_bytes(&written);
+    let snap = allocdoc::snapshot::load("snap.pickle", &bytes).unwrap();
+    assert_eq!(snap.segments.len(), 2);
+    assert_eq!(snap.blocks.len(), 4);
+    let total: u64 = snap.segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 = snap.segments.iter().map(|s| s.allocated_size).sum();
+    let active: u64 = snap.segments.iter().map(|s| s.active_size).sum();
+    assert_eq!((total, allocated, active), (22 * MIB, 2 * MIB, 14 * MIB));
+    assert_eq!(snap.segments[1].segment_pool_id, Some((1, 2)));
+    assert_eq!(snap.segments[1].is_expandable, Some(true));
+    assert_eq!(snap.segments[1].stream, 94_000_000_000);
+    let trace = snap.trace(0);
+    assert_eq!(trace.len(), 3001);
+    assert_eq!(
+        trace.iter().map(|e| e.size).sum::<u64>(),
+        3000 * 512 + 40 * GIB
+    );
+    let oom = trace.last().unwrap();
+    assert_eq!((oom.device_free, oom.size), (Some(3 * GIB), 40 * GIB));
+    // And what `parse` reports for it.
+    let obs = allocdoc::snapshot::observations("snap.pickle", &bytes).unwrap();
+    assert_eq!(obs.len(), 1);
+    assert_eq!(obs[0].reserved_bytes, Some(22 * MIB));
+    assert_eq!(obs[0].allocated_bytes, Some(2 * MIB));
+    assert_eq!(obs[0].trace_events, Some(3001));
+}
+
+#[test]
+fn replayed_allocator_state_exports_as_a_snapshot() {
+    use allocdoc::allocator::CachingAllocator;
+    use allocdoc::conf::Settings;
+    use allocdoc::device::sim::SimDevice;
+    let mut alloc = CachingAllocator::new(Settings::default(), SimDevice::new(GIB));
+    alloc.record_history();
+    // 8 × 16 MiB then free every other one, then a 1 KiB small-pool block.
+    let ptrs: Vec<u64> = (0..8).map(|_| alloc.malloc(16 * MIB, 0).unwrap()).collect();
+    for p in ptrs.iter().step_by(2) {
+        alloc.free(*p).unwrap();
+    }
+    alloc.malloc(1024, 0).unwrap();
+    assert!(alloc.malloc(2 * GIB, 0).is_err());
+    let segments = alloc.segments();
+    let trace = alloc.take_trace();
+    let snap = Snapshot::from_allocator(&segments, &trace, Some("max_split_size_mb:64".into()));
+    let bytes = writer::to_bytes(&snap);
+    let decoded = allocdoc::snapshot::load("replay.pickle", &bytes).unwrap();
+    assert_eq!(decoded.segments.len(), segments.len());
+    for (d, s) in decoded.segments.iter().zip(&segments) {
+        assert_eq!(
+            (d.address, d.total_size, d.allocated_size, d.active_size),
+            (s.address, s.total_size, s.allocated_size, s.active_size)
+        );
+    }
+    let reserved: u64 = segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 = segments.iter().map(|s| s.allocated_size).sum();
+    // 16 MiB (≥ 10 MiB) gets a segment of its own size; the failed 2 GiB
+    // request released the 4 cached ones before giving up; the 1 KiB block
+    // lives in a 2 MiB small segment.
+    assert_eq!(allocated, 4 * 16 * MIB + 1024);
+    assert_eq!(reserved, 4 * 16 * MIB + 2 * MIB);
+    let actions: Vec<_> = decoded.trace(0).iter().map(|e| e.action).collect();
+    use allocdoc::snapshot::model::Action as A;
+    assert_eq!(actions.iter().filter(|a| **a == A::Alloc).count(), 9);
+    assert_eq!(actions.iter().filter(|a| **a == A::SegmentAlloc).count(), 9);
+    assert_eq!(actions.iter().filter(|a| **a == A::SegmentFree).count(), 4);
+    assert_eq!(actions.last(), Some(&A::Oom));
+}
