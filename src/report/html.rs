@@ -101,6 +101,122 @@ impl MapSegment {
     }
 }
 
+impl MapSegment {
+    /// A segment of the bundled allocator as the map draws it. A free block
+    /// is "inactive split" when its segment holds other blocks (PyTorch's
+    /// `inactive_split`: it cannot be released), else a free segment.
+    pub fn from_allocator(s: &crate::allocator::SegmentInfo) -> Self {
+        use crate::allocator::BlockState as A;
+        let split = s.blocks.len() > 1;
+        MapSegment {
+            address: s.address,
+            stream: s.stream,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|b| MapBlock {
+                    size: b.size,
+                    state: match b.state {
+                        A::ActiveAllocated => BlockState::Allocated,
+                        A::ActivePendingFree => BlockState::PendingFree,
+                        A::Inactive if split => BlockState::InactiveSplit,
+                        A::Inactive => BlockState::Free,
+                    },
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Records one replay run for the report as it happens: the timeline, and
+/// the segment map at the peak of reserved memory (or at the OOM).
+///
+/// Taking the map costs a walk over every block, so at a new peak it is
+/// taken at most once per [`RunRecorder::MAP_INTERVAL`] events; [`finish`]
+/// retakes it when the run ends at its peak. The map shown is therefore at
+/// the peak or at most that many events before it.
+///
+/// [`finish`]: RunRecorder::finish
+#[derive(Debug, Clone)]
+pub struct RunRecorder {
+    timeline: Timeline,
+    peak_reserved: u64,
+    map: Option<SegmentMap>,
+    map_reserved: u64,
+    map_event: Option<u64>,
+    last_event: u64,
+}
+
+impl RunRecorder {
+    pub const MAP_INTERVAL: u64 = 512;
+
+    pub fn new(name: impl Into<String>) -> Self {
+        RunRecorder {
+            timeline: Timeline::new(name),
+            peak_reserved: 0,
+            map: None,
+            map_reserved: 0,
+            map_event: None,
+            last_event: 0,
+        }
+    }
+
+    /// After event `index`; `segments` is called only when a map is taken.
+    pub fn event(
+        &mut self,
+        index: u64,
+        allocated: u64,
+        reserved: u64,
+        segments: impl FnOnce() -> Vec<MapSegment>,
+    ) {
+        self.timeline.push(index, allocated, reserved);
+        self.last_event = index;
+        if reserved > self.peak_reserved {
+            self.peak_reserved = reserved;
+            let due = self
+                .map_event
+                .is_none_or(|last| index >= last + Self::MAP_INTERVAL);
+            if due {
+                self.take_map(index, reserved, segments(), "at the peak");
+            }
+        }
+    }
+
+    fn take_map(&mut self, index: u64, reserved: u64, segments: Vec<MapSegment>, when: &str) {
+        self.map = Some(SegmentMap {
+            at: format!("{when} (event {index})"),
+            segments,
+        });
+        self.map_reserved = reserved;
+        self.map_event = Some(index);
+    }
+
+    /// The run ran out of memory at event `index`: the map shows the state
+    /// PyTorch was left in (after it released what it could).
+    pub fn oom(&mut self, index: u64, segments: Vec<MapSegment>) {
+        let reserved = segments.iter().map(MapSegment::total_size).sum();
+        self.timeline.oom_at = Some(index);
+        self.take_map(index, reserved, segments, "at the OOM");
+    }
+
+    /// Ends the run; `segments` (the final state) is taken when the run ends
+    /// at a peak the last map missed.
+    pub fn finish(
+        mut self,
+        reserved: u64,
+        segments: impl FnOnce() -> Vec<MapSegment>,
+    ) -> (Timeline, Option<SegmentMap>) {
+        if self.timeline.oom_at.is_none()
+            && reserved == self.peak_reserved
+            && reserved > self.map_reserved
+        {
+            let last = self.last_event;
+            self.take_map(last, reserved, segments(), "at the peak");
+        }
+        (self.timeline, self.map)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapBlock {
     pub size: u64,
@@ -511,6 +627,52 @@ mod tests {
         assert_eq!(
             escape(r#"<a href="x">'&'</a>"#),
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    fn seg(size: u64) -> Vec<MapSegment> {
+        vec![MapSegment {
+            address: 0,
+            stream: 0,
+            blocks: vec![MapBlock {
+                size,
+                state: BlockState::Allocated,
+            }],
+        }]
+    }
+
+    #[test]
+    fn recorder_maps_the_peak_and_the_oom() {
+        let mut r = RunRecorder::new("default");
+        let mut taken = Vec::new();
+        for i in 0..2000u64 {
+            // Reserved grows every event until 1500, then falls back.
+            let reserved = if i < 1500 { i + 1 } else { 10 };
+            r.event(i, reserved / 2, reserved, || {
+                taken.push(i);
+                seg(reserved)
+            });
+        }
+        // Throttled: at 0, 512 and 1024 only.
+        assert_eq!(taken, vec![0, 512, 1024]);
+        let (t, map) = r.finish(10, || seg(10));
+        assert_eq!(t.reserved.peak(), 1500);
+        assert_eq!(map.unwrap().at, "at the peak (event 1024)");
+
+        let mut r = RunRecorder::new("default");
+        r.event(0, 5, 8, || seg(8));
+        r.event(1, 6, 9, || seg(9));
+        let (t, map) = r.finish(9, || seg(9));
+        assert_eq!(map.unwrap().at, "at the peak (event 1)");
+        assert_eq!(t.oom_at, None);
+
+        let mut r = RunRecorder::new("default");
+        r.event(0, 5, 8, || seg(8));
+        r.oom(1, seg(7));
+        let (t, map) = r.finish(7, || unreachable!("the OOM map stays"));
+        assert_eq!(
+            (t.oom_at, map.unwrap().at.as_str()),
+            (Some(1), "at the OOM (event 1)")
         );
     }
 
