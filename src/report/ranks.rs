@@ -6,29 +6,45 @@
 use super::html::{Table, TableRow};
 use crate::evidence::{Evidence, Kind, Observation};
 use crate::units::human;
+use serde::Serialize;
 
 /// A rank whose reserved or allocated bytes differ from the median by more
 /// than this fraction is flagged.
 pub const DEVIATION: f64 = 0.10;
 
 /// One rank's memory at its failure (or, without an OOM, at its last table).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Serialised with the contract's `_bytes` names, for `diagnose --format json`'s `ranks`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RankRow {
     /// `None` when the rows are told apart by input file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     pub input: String,
     pub oom: bool,
+    #[serde(rename = "requested_bytes", skip_serializing_if = "Option::is_none")]
     pub requested: Option<u64>,
+    #[serde(rename = "allocated_bytes", skip_serializing_if = "Option::is_none")]
     pub allocated: Option<u64>,
+    #[serde(rename = "reserved_bytes", skip_serializing_if = "Option::is_none")]
     pub reserved: Option<u64>,
+    #[serde(
+        rename = "reserved_unallocated_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reserved_unallocated: Option<u64>,
+    #[serde(rename = "free_bytes", skip_serializing_if = "Option::is_none")]
     pub free: Option<u64>,
+    #[serde(
+        rename = "total_capacity_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub capacity: Option<u64>,
     /// Why this rank stands out, empty when it does not.
     pub flags: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
 pub struct RankTable {
     pub rows: Vec<RankRow>,
 }
@@ -271,6 +287,9 @@ mod tests {
             vec!["reserved 15 % below the median (70.50 GiB)"]
         );
         assert_eq!(t.rows[0].reserved_unallocated, Some(11 * GIB));
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json[3]["reserved_bytes"], 60 * GIB);
+        assert_eq!(json[3]["rank"], 3);
         let text = t.table().to_text();
         assert!(
             text.contains("reserved 11 % above the median (70.50 GiB)"),
