@@ -444,3 +444,55 @@ fn replayed_allocator_state_exports_as_a_snapshot() {
     assert_eq!(actions.iter().filter(|a| **a == A::SegmentFree).count(), 4);
     assert_eq!(actions.last(), Some(&A::Oom));
 }
+
+fn allocdoc(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_allocdoc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn diagnose_flags_the_odd_rank_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let html_path = dir.path().join("diagnose.html");
+    let md = allocdoc(&[
+        "diagnose",
+        "fixtures/report/ranks.log",
+        "--format",
+        "markdown",
+        "--report",
+        html_path.to_str().unwrap(),
+    ]);
+    assert!(
+        md.status.success(),
+        "{}",
+        String::from_utf8_lossy(&md.stderr)
+    );
+    let md = String::from_utf8(md.stdout).unwrap();
+    // Rank 2 holds 18.42 GiB reserved-but-unallocated against a median of 7.31 GiB.
+    assert!(
+        md.contains("| 2 | yes | 2.00 GiB | 58.96 GiB | 77.38 GiB | 18.42 GiB | 1.10 GiB | 79.15 GiB | **allocated 16 % below the median (69.99 GiB); reserved − allocated 152 % above the median (7.31 GiB)** |"),
+        "{md}"
+    );
+    assert!(md.contains(
+        "| 0 | yes | 2.00 GiB | 70.12 GiB | 77.43 GiB | 7.31 GiB | 1.05 GiB | 79.15 GiB |  |"
+    ));
+
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    check_balanced(&html);
+    assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert_eq!(html.matches("<tr class=\"flag\">").count(), 1);
+    assert!(html.contains("7.31 GiB (7849052733 bytes)"));
+
+    let json = allocdoc(&["diagnose", "fixtures/report/ranks.log", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 4);
+    assert_eq!(ranks[2]["rank"], 2);
+    // round(18.42 × 2³⁰), as the contract converts printed sizes.
+    assert_eq!(ranks[2]["reserved_unallocated_bytes"], 19778324398u64);
+    assert_eq!(ranks[2]["flags"].as_array().unwrap().len(), 2);
+    assert!(ranks[0]["flags"].as_array().unwrap().is_empty());
+}

@@ -350,6 +350,7 @@ mod tests {
         o.format_era = Some("2.2-2.3".into());
         let ev = Evidence {
             observations: vec![o],
+            ..Default::default()
         };
         let f = facts(&ev, &Context::default());
         assert_eq!(f.values.get("reserved"), Some(&Fact::Num(21689584845.0)));

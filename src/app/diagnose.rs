@@ -26,11 +26,6 @@ pub struct DiagnoseOptions {
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
-    if opts.report.is_some() {
-        return Err(Error::Usage(
-            "--report is not available for `diagnose` yet; use --format markdown".into(),
-        ));
-    }
     let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
     let mut ctx = Context::default();
     if let Some(v) = &opts.torch_version {
@@ -46,6 +41,11 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     }
     let evidence = read_inputs(&opts.inputs, &mut ctx)?;
     let d = advise::diagnose(evidence, &ctx, &rules);
+    if let Some(path) = &opts.report {
+        std::fs::write(path, crate::report::diagnose::html(&d)).map_err(|e| {
+            Error::Usage(format!("{}: cannot write the report: {e}", path.display()))
+        })?;
+    }
     Ok(Outcome::ok(render(&d, opts.format, opts.verbose)))
 }
 

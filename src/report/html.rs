@@ -286,7 +286,11 @@ impl Table {
     pub fn to_text(&self) -> String {
         let flagged = self.rows.iter().any(|r| r.flag.is_some());
         let mut t = comfy_table::Table::new();
-        t.load_style(comfy_table::presets::UTF8_HORIZONTAL_ONLY);
+        // Fixed width, so the output is the same on every terminal.
+        t.load_style(comfy_table::presets::UTF8_FULL_CONDENSED)
+            .force_no_tty()
+            .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+            .set_width(110);
         let mut headers = self.headers.clone();
         if flagged {
             headers.push("flag".into());
@@ -368,7 +372,7 @@ svg{width:100%;height:auto;display:block}
 table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
 th,td{text-align:left;padding:5px 10px;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{background:var(--bg);font-weight:600}
-td.n,th.n{text-align:right}
+td.n,th.n{text-align:right;white-space:nowrap}
 tr.flag td{background:#fff8c5}
 .note{color:var(--muted);font-size:13px;margin:6px 0 0}
 .finding{border:1px solid var(--line);border-left:4px solid var(--muted);border-radius:6px;padding:8px 12px;margin:8px 0}
