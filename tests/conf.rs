@@ -477,7 +477,7 @@ fn cuda_malloc_async_warning_per_version() {
     assert_eq!(
         w("backend:cudaMallocAsync,max_split_size_mb:100", "2.0"),
         [
-            "backend:cudaMallocAsync ignores max_split_size_mb,roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
+            "backend:cudaMallocAsync ignores max_split_size_mb, roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
         ]
     );
     assert_eq!(
@@ -553,6 +553,17 @@ fn unmodelled_keys_are_reported() {
         ok("per_process_memory_fraction:0.8", "2.10").per_process_memory_fraction,
         Some(0.8)
     );
+}
+
+#[test]
+fn parsed_render_keeps_unmodelled_keys() {
+    let value = "pinned_use_cuda_host_register: True ,max_split_size_mb:64,expandable_segments_reserve_by_class:[a:1,b:2],pinned_num_register_threads:8";
+    let p = parse(value, v("2.15")).unwrap();
+    assert_eq!(
+        p.render(),
+        "max_split_size_mb:64,pinned_use_cuda_host_register:True,expandable_segments_reserve_by_class:[a:1,b:2],pinned_num_register_threads:8"
+    );
+    assert_eq!(parse(&p.render(), v("2.15")).unwrap(), p);
 }
 
 #[test]

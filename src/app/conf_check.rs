@@ -59,7 +59,8 @@ pub struct ConfCheck {
     /// allocation; no settings take effect).
     #[serde(serialize_with = "serialize_optional_rows")]
     pub settings: Option<Vec<SettingRow>>,
-    /// The same settings as the shortest value in PyTorch's syntax.
+    /// The accepted value, normalised: modelled keys in a fixed order and
+    /// shortest form, then the unmodelled ones as given.
     pub canonical: Option<String>,
     pub unmodelled: Vec<Unmodelled>,
     /// Empty when invalid or under cudaMallocAsync (which does not round so).
@@ -114,6 +115,7 @@ pub fn check(value: &str, version: TorchVersion) -> ConfCheck {
     let env_notes = conf::env_var_notes(version);
     match conf::parse(value, version) {
         Ok(parsed) => {
+            let canonical = parsed.render();
             let s = parsed.settings;
             warnings.extend(parsed.warnings);
             let rounding = if s.backend == Backend::CudaMallocAsync {
@@ -129,7 +131,7 @@ pub fn check(value: &str, version: TorchVersion) -> ConfCheck {
                 error: None,
                 warnings,
                 settings: Some(describe(&s)),
-                canonical: Some(conf::render(&s)),
+                canonical: Some(canonical),
                 unmodelled: parsed.unmodelled,
                 rounding,
                 env_notes,

@@ -167,6 +167,24 @@ pub struct ParsedConf {
     pub unmodelled: Vec<Unmodelled>,
 }
 
+impl ParsedConf {
+    /// The canonical value of everything that was accepted: [`render`] of the
+    /// settings, then the unmodelled keys as given (so an export line built
+    /// from a user's value keeps their pinned-memory options).
+    pub fn render(&self) -> String {
+        let mut out = render(&self.settings);
+        for u in &self.unmodelled {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&u.key);
+            out.push(':');
+            out.push_str(&u.value);
+        }
+        out
+    }
+}
+
 /// What the environment variables do in `version` (which name is read, in
 /// which priority, deprecation warnings), for users setting them.
 pub fn env_var_notes(version: TorchVersion) -> Vec<String> {

@@ -764,8 +764,9 @@ impl Parser<'_> {
     /// on the result.
     fn finish(&mut self) {
         if self.used_async && self.used_native_specific {
+            // 2.0 source: a space after the first comma, none after the second.
             let ignored = if self.version == TorchVersion::new(2, 0) {
-                "max_split_size_mb,roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
+                "max_split_size_mb, roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
             } else {
                 "max_split_size_mb,roundup_power2_divisions, and garbage_collect_threshold."
             };
