@@ -137,6 +137,7 @@ fn fixture(events: u64) -> ReportData {
             Site { site: "optim/adam.py:88:step".into(), bytes: 9 * GIB, count: 96 },
             Site { site: "<non-python>".into(), bytes: GIB / 2, count: 7 },
         ],
+        sites_title: None,
         tables: vec![Table {
             title: "Ranks".into(),
             headers: vec!["rank".into(), "reserved".into()],
@@ -495,4 +496,74 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
     assert_eq!(ranks[2]["reserved_unallocated_bytes"], 19778324398u64);
     assert_eq!(ranks[2]["flags"].as_array().unwrap().len(), 2);
     assert!(ranks[0]["flags"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn report_of_real_replays_overlays_both_configs() {
+    use allocdoc::conf::Settings;
+    use allocdoc::device::sim::SimDevice;
+    use allocdoc::report::html::SegmentMap;
+    use allocdoc::workload::{ReplayOptions, Trace, replay_with};
+    // Five 20 MiB segments each split into 8 + 8 + 4 MiB; freeing the first
+    // 8 MiB of each leaves 60 MiB free in pieces no 10 MiB request fits.
+    let mut csv = String::from("action,id,size,stream\n");
+    for i in 0..5 {
+        csv.push_str(&format!(
+            "alloc,a{i},{},0\nalloc,b{i},{},0\n",
+            8 * MIB,
+            8 * MIB
+        ));
+    }
+    for i in 0..5 {
+        csv.push_str(&format!("free,a{i},,0\n"));
+    }
+    csv.push_str(&format!("alloc,c,{},0\n", 10 * MIB));
+    let trace = Trace::parse("frag.csv", csv.as_bytes()).unwrap();
+    let options = ReplayOptions {
+        timeline: true,
+        stop_after: None,
+    };
+    let default = Settings::default();
+    let expandable = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    let current = replay_with(&trace, &default, SimDevice::new(100 * MIB), options);
+    let fixed = replay_with(&trace, &expandable, SimDevice::new(100 * MIB), options);
+    assert_eq!(current.oom.as_ref().map(|o| o.event_index), Some(15));
+    assert!(fixed.oom.is_none());
+
+    let map = SegmentMap::from_allocator("at the OOM (event 15)", &current.segments);
+    let sites = map.live_by_size(5);
+    assert_eq!(sites.len(), 1);
+    assert_eq!(
+        (sites[0].site.as_str(), sites[0].bytes, sites[0].count),
+        ("blocks of 8.00 MiB", 40 * MIB, 5)
+    );
+    let data = ReportData {
+        title: "frag.csv".into(),
+        timelines: vec![
+            Timeline::from_run("current (default)", &current),
+            Timeline::from_run("expandable_segments:True", &fixed),
+        ],
+        capacity: Some(100 * MIB),
+        segment_map: Some(map),
+        top_sites: sites,
+        sites_title: Some("Live at the OOM, by block size".into()),
+        ..ReportData::default()
+    };
+    assert_eq!(data.timelines[0].oom_at, Some(15));
+    assert_eq!(data.timelines[0].reserved.peak(), 100 * MIB);
+    let html = render(&data);
+    check_balanced(&html);
+    assert!(
+        html.contains("current (default) (peak reserved 100 MiB)"),
+        "{html}"
+    );
+    assert!(html.contains("OOM (current (default)) at 15"));
+    // Five segments, each with its two free pieces drawn as inactive split.
+    assert_eq!(html.matches("<g class=\"seg\">").count(), 5);
+    assert_eq!(html.matches("<rect class=\"inactive\"").count(), 10);
+    assert!(html.contains("inactive split (free, not releasable): 60.00 MiB"));
+    assert!(html.contains("Live at the OOM, by block size"));
 }

@@ -28,6 +28,8 @@ pub struct ReportData {
     pub segment_map: Option<SegmentMap>,
     pub findings: Vec<Finding>,
     pub top_sites: Vec<Site>,
+    /// Heading of the sites table (default "Top allocation sites").
+    pub sites_title: Option<String>,
     pub tables: Vec<Table>,
 }
 
@@ -77,6 +79,17 @@ impl Timeline {
         self.allocated.push(x, allocated);
         self.reserved.push(x, reserved);
     }
+
+    /// The timeline of one replay (`ReplayOptions::timeline`), one point per
+    /// event, with the OOM marked at the failing event.
+    pub fn from_run(name: impl Into<String>, run: &crate::workload::RunResult) -> Self {
+        let mut t = Timeline::new(name);
+        for (x, p) in (0u64..).zip(&run.timeline) {
+            t.push(x, p.allocated, p.reserved);
+        }
+        t.oom_at = run.oom.as_ref().map(|o| o.event_index);
+        t
+    }
 }
 
 /// The allocator's segments at one moment (the peak or the OOM).
@@ -98,6 +111,41 @@ pub struct MapSegment {
 impl MapSegment {
     pub fn total_size(&self) -> u64 {
         self.blocks.iter().map(|b| b.size).sum()
+    }
+}
+
+impl SegmentMap {
+    /// The bundled allocator's segments (`CachingAllocator::segments`).
+    pub fn from_allocator(
+        at: impl Into<String>,
+        segments: &[crate::allocator::SegmentInfo],
+    ) -> Self {
+        SegmentMap {
+            at: at.into(),
+            segments: segments.iter().map(MapSegment::from_allocator).collect(),
+        }
+    }
+
+    /// The allocated blocks grouped by size, largest total first: what fills
+    /// the memory at this moment when a trace carries no stack frames.
+    pub fn live_by_size(&self, top: usize) -> Vec<Site> {
+        let mut by_size: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        for b in self.segments.iter().flat_map(|s| &s.blocks) {
+            if b.state == BlockState::Allocated {
+                *by_size.entry(b.size).or_default() += 1;
+            }
+        }
+        let mut sites: Vec<Site> = by_size
+            .into_iter()
+            .map(|(size, count)| Site {
+                site: format!("blocks of {}", human(size)),
+                bytes: size * count,
+                count,
+            })
+            .collect();
+        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+        sites.truncate(top);
+        sites
     }
 }
 
@@ -125,95 +173,6 @@ impl MapSegment {
                 })
                 .collect(),
         }
-    }
-}
-
-/// Records one replay run for the report as it happens: the timeline, and
-/// the segment map at the peak of reserved memory (or at the OOM).
-///
-/// Taking the map costs a walk over every block, so at a new peak it is
-/// taken at most once per [`RunRecorder::MAP_INTERVAL`] events; [`finish`]
-/// retakes it when the run ends at its peak. The map shown is therefore at
-/// the peak or at most that many events before it.
-///
-/// [`finish`]: RunRecorder::finish
-#[derive(Debug, Clone)]
-pub struct RunRecorder {
-    timeline: Timeline,
-    peak_reserved: u64,
-    map: Option<SegmentMap>,
-    map_reserved: u64,
-    map_event: Option<u64>,
-    last_event: u64,
-}
-
-impl RunRecorder {
-    pub const MAP_INTERVAL: u64 = 512;
-
-    pub fn new(name: impl Into<String>) -> Self {
-        RunRecorder {
-            timeline: Timeline::new(name),
-            peak_reserved: 0,
-            map: None,
-            map_reserved: 0,
-            map_event: None,
-            last_event: 0,
-        }
-    }
-
-    /// After event `index`; `segments` is called only when a map is taken.
-    pub fn event(
-        &mut self,
-        index: u64,
-        allocated: u64,
-        reserved: u64,
-        segments: impl FnOnce() -> Vec<MapSegment>,
-    ) {
-        self.timeline.push(index, allocated, reserved);
-        self.last_event = index;
-        if reserved > self.peak_reserved {
-            self.peak_reserved = reserved;
-            let due = self
-                .map_event
-                .is_none_or(|last| index >= last + Self::MAP_INTERVAL);
-            if due {
-                self.take_map(index, reserved, segments(), "at the peak");
-            }
-        }
-    }
-
-    fn take_map(&mut self, index: u64, reserved: u64, segments: Vec<MapSegment>, when: &str) {
-        self.map = Some(SegmentMap {
-            at: format!("{when} (event {index})"),
-            segments,
-        });
-        self.map_reserved = reserved;
-        self.map_event = Some(index);
-    }
-
-    /// The run ran out of memory at event `index`: the map shows the state
-    /// PyTorch was left in (after it released what it could).
-    pub fn oom(&mut self, index: u64, segments: Vec<MapSegment>) {
-        let reserved = segments.iter().map(MapSegment::total_size).sum();
-        self.timeline.oom_at = Some(index);
-        self.take_map(index, reserved, segments, "at the OOM");
-    }
-
-    /// Ends the run; `segments` (the final state) is taken when the run ends
-    /// at a peak the last map missed.
-    pub fn finish(
-        mut self,
-        reserved: u64,
-        segments: impl FnOnce() -> Vec<MapSegment>,
-    ) -> (Timeline, Option<SegmentMap>) {
-        if self.timeline.oom_at.is_none()
-            && reserved == self.peak_reserved
-            && reserved > self.map_reserved
-        {
-            let last = self.last_event;
-            self.take_map(last, reserved, segments(), "at the peak");
-        }
-        (self.timeline, self.map)
     }
 }
 
@@ -431,7 +390,13 @@ pub fn render(data: &ReportData) -> String {
         segment_section(&mut h, map);
     }
     findings_section(&mut h, &data.findings);
-    sites_section(&mut h, &data.top_sites);
+    sites_section(
+        &mut h,
+        data.sites_title
+            .as_deref()
+            .unwrap_or("Top allocation sites"),
+        &data.top_sites,
+    );
     for t in &data.tables {
         table_section(&mut h, t);
     }
@@ -556,12 +521,16 @@ fn findings_section(h: &mut String, findings: &[Finding]) {
     h.push_str("</section>");
 }
 
-fn sites_section(h: &mut String, sites: &[Site]) {
+fn sites_section(h: &mut String, title: &str, sites: &[Site]) {
     if sites.is_empty() {
         return;
     }
     let top = sites.iter().map(|s| s.bytes).max().unwrap_or(0).max(1);
-    h.push_str("<section id=\"sites\"><h2>Top allocation sites</h2><table><thead><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">allocations</th><th style=\"width:30%\"></th></tr></thead><tbody>");
+    let _ = write!(
+        h,
+        "<section id=\"sites\"><h2>{}</h2><table><thead><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">allocations</th><th style=\"width:30%\"></th></tr></thead><tbody>",
+        escape(title)
+    );
     for s in sites {
         let pct = s.bytes as f64 / top as f64 * 100.0;
         let _ = write!(
@@ -631,52 +600,6 @@ mod tests {
         assert_eq!(
             escape(r#"<a href="x">'&'</a>"#),
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
-        );
-    }
-
-    fn seg(size: u64) -> Vec<MapSegment> {
-        vec![MapSegment {
-            address: 0,
-            stream: 0,
-            blocks: vec![MapBlock {
-                size,
-                state: BlockState::Allocated,
-            }],
-        }]
-    }
-
-    #[test]
-    fn recorder_maps_the_peak_and_the_oom() {
-        let mut r = RunRecorder::new("default");
-        let mut taken = Vec::new();
-        for i in 0..2000u64 {
-            // Reserved grows every event until 1500, then falls back.
-            let reserved = if i < 1500 { i + 1 } else { 10 };
-            r.event(i, reserved / 2, reserved, || {
-                taken.push(i);
-                seg(reserved)
-            });
-        }
-        // Throttled: at 0, 512 and 1024 only.
-        assert_eq!(taken, vec![0, 512, 1024]);
-        let (t, map) = r.finish(10, || seg(10));
-        assert_eq!(t.reserved.peak(), 1500);
-        assert_eq!(map.unwrap().at, "at the peak (event 1024)");
-
-        let mut r = RunRecorder::new("default");
-        r.event(0, 5, 8, || seg(8));
-        r.event(1, 6, 9, || seg(9));
-        let (t, map) = r.finish(9, || seg(9));
-        assert_eq!(map.unwrap().at, "at the peak (event 1)");
-        assert_eq!(t.oom_at, None);
-
-        let mut r = RunRecorder::new("default");
-        r.event(0, 5, 8, || seg(8));
-        r.oom(1, seg(7));
-        let (t, map) = r.finish(7, || unreachable!("the OOM map stays"));
-        assert_eq!(
-            (t.oom_at, map.unwrap().at.as_str()),
-            (Some(1), "at the OOM (event 1)")
         );
     }
 
