@@ -54,6 +54,9 @@ pub struct RunResult {
     /// The event after which allocated memory first reached its peak.
     #[serde(skip)]
     pub peak_event_index: Option<u64>,
+    /// Allocated bytes when reserved memory first reached its peak.
+    #[serde(skip)]
+    pub allocated_at_peak_reserved: u64,
     /// Per event, when [`ReplayOptions::timeline`] asked for it.
     #[serde(skip)]
     pub timeline: Vec<TimelinePoint>,
@@ -84,6 +87,8 @@ pub fn replay_with<D: Device>(
     let mut oom = None;
     let mut peak_allocated = 0i64;
     let mut peak_event_index = None;
+    let mut peak_reserved = 0i64;
+    let mut allocated_at_peak_reserved = 0i64;
     let limit = options.stop_after.unwrap_or(u64::MAX);
     for (index, event) in trace.events().iter().enumerate() {
         if index as u64 >= limit {
@@ -118,14 +123,19 @@ pub fn replay_with<D: Device>(
             Event::EmptyCache => allocator.empty_cache(),
         }
         let allocated = allocator.stats().allocated_bytes.all().current;
+        let reserved = allocator.stats().reserved_bytes.all().current;
         if allocated > peak_allocated {
             peak_allocated = allocated;
             peak_event_index = Some(index as u64);
         }
+        if reserved > peak_reserved {
+            peak_reserved = reserved;
+            allocated_at_peak_reserved = allocated;
+        }
         if options.timeline {
             timeline.push(TimelinePoint {
                 allocated: allocated as u64,
-                reserved: allocator.stats().reserved_bytes.all().current as u64,
+                reserved: reserved as u64,
             });
         }
     }
@@ -142,6 +152,7 @@ pub fn replay_with<D: Device>(
         stats: allocator.memory_stats(),
         counters: allocator.device().counters(),
         peak_event_index,
+        allocated_at_peak_reserved: allocated_at_peak_reserved as u64,
         timeline,
         segments: allocator.segments(),
     }
