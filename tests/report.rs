@@ -199,7 +199,7 @@ fn report_is_well_formed_and_shows_the_figures() {
     assert_eq!(counts.get("polyline"), Some(&4));
     assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
     assert!(html.contains("79.15 GiB"));
-    assert!(html.contains("OOM (current (default)) at 90k"));
+    assert!(html.contains("OOM: current (default) at event 90k"));
     assert!(html.contains("capacity 79.15 GiB"));
     assert!(html.contains("class=\"verdict good\""));
     // Nothing reaches out of the file.
@@ -521,7 +521,7 @@ fn report_of_real_replays_overlays_both_configs() {
     let trace = Trace::parse("frag.csv", csv.as_bytes()).unwrap();
     let options = ReplayOptions {
         timeline: true,
-        stop_after: None,
+        ..ReplayOptions::default()
     };
     let default = Settings::default();
     let expandable = Settings {
@@ -560,10 +560,127 @@ fn report_of_real_replays_overlays_both_configs() {
         html.contains("current (default) (peak reserved 100 MiB)"),
         "{html}"
     );
-    assert!(html.contains("OOM (current (default)) at 15"));
+    assert!(html.contains("OOM: current (default) at event 15"));
     // Five segments, each with its two free pieces drawn as inactive split.
     assert_eq!(html.matches("<g class=\"seg\">").count(), 5);
     assert_eq!(html.matches("<rect class=\"inactive\"").count(), 10);
     assert!(html.contains("inactive split (free, not releasable): 60.00 MiB"));
     assert!(html.contains("Live at the OOM, by block size"));
+}
+
+/// The fragmentation trace of `report_of_real_replays_overlays_both_configs`, as a file.
+fn frag_csv(dir: &Path) -> std::path::PathBuf {
+    let mut csv = String::from("action,id,size,stream\n");
+    for i in 0..5 {
+        csv.push_str(&format!(
+            "alloc,a{i},{},0\nalloc,b{i},{},0\n",
+            8 * MIB,
+            8 * MIB
+        ));
+    }
+    for i in 0..5 {
+        csv.push_str(&format!("free,a{i},,0\n"));
+    }
+    csv.push_str(&format!("alloc,c,{},0\n", 10 * MIB));
+    let path = dir.join("frag.csv");
+    std::fs::write(&path, csv).unwrap();
+    path
+}
+
+#[test]
+fn replay_writes_the_report_and_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = frag_csv(dir.path());
+    let html_path = dir.path().join("r.html");
+    let pickle_path = dir.path().join("s.pickle");
+    let out = allocdoc(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--conf",
+        "",
+        "--conf",
+        "expandable_segments:True",
+        "--capacity",
+        "104857600",
+        "--report",
+        html_path.to_str().unwrap(),
+        "--emit-snapshot",
+        pickle_path.to_str().unwrap(),
+    ]);
+    // The last config (expandable segments) runs the whole trace.
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    check_balanced(&html);
+    assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert!(html.contains("(defaults) runs out of memory at event 15"));
+    assert!(html.contains("Segments of (defaults) at its OOM (event 15)"));
+    assert_eq!(html.matches("<polyline").count(), 4);
+
+    // The snapshot is the expandable-segments run at its end: our decoder and
+    // the contract's snapshot observation agree with the replay's figures.
+    let bytes = std::fs::read(&pickle_path).unwrap();
+    let snap = allocdoc::snapshot::load("s.pickle", &bytes).unwrap();
+    let allocated: u64 = snap.segments.iter().map(|s| s.allocated_size).sum();
+    let reserved: u64 = snap.segments.iter().map(|s| s.total_size).sum();
+    // b0..b4 (8 MiB each) and c (10 MiB) are live; ES maps 20 MiB pages.
+    assert_eq!(allocated, 5 * 8 * MIB + 10 * MIB);
+    assert_eq!(reserved, 100 * MIB);
+    assert!(snap.segments.iter().all(|s| s.is_expandable == Some(true)));
+    let trace = snap.trace(0);
+    use allocdoc::snapshot::model::Action as A;
+    assert_eq!(trace.iter().filter(|e| e.action == A::Alloc).count(), 11);
+    assert_eq!(
+        trace
+            .iter()
+            .filter(|e| e.action == A::FreeCompleted)
+            .count(),
+        5
+    );
+    assert_eq!(
+        trace.iter().filter(|e| e.action == A::SegmentMap).count(),
+        5
+    );
+}
+
+#[test]
+fn screenshot_in_headless_chromium() {
+    if Command::new("chromium").arg("--version").output().is_err() {
+        println!("skipped: chromium not installed (apt-get install -y chromium)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("report.png");
+    let html = dir.path().join("report.html");
+    let out = Command::new("bash")
+        .arg("scripts/screenshot.sh")
+        .args([
+            "--png",
+            png.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+        ])
+        .env("ALLOCDOC", env!("CARGO_BIN_EXE_allocdoc"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let image = std::fs::read(&png).unwrap();
+    assert_eq!(&image[..8], b"\x89PNG\r\n\x1a\n");
+    // IHDR: width and height, big-endian, right after the chunk header.
+    let width = u32::from_be_bytes(image[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(image[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1400, 1800));
+    // A blank page compresses to a few KiB; the chart and the map do not.
+    assert!(image.len() > 50_000, "{} bytes", image.len());
+    let html = std::fs::read_to_string(&html).unwrap();
+    assert!(html.contains("(defaults) runs out of memory at event 1085"));
 }

@@ -97,8 +97,6 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
     for (flag, given) in [
         ("--fidelity", opts.fidelity),
         ("--compare-with", opts.compare_with.is_some()),
-        ("--emit-snapshot", opts.emit_snapshot.is_some()),
-        ("--report", opts.report.is_some()),
     ] {
         if given {
             return Err(Error::Usage(format!(
@@ -132,28 +130,99 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         .capacity
         .or(trace.capacity_hint())
         .unwrap_or(DEFAULT_CAPACITY);
-    let runs = confs
+    let last = confs.len().saturating_sub(1);
+    let runs: Vec<Run> = confs
         .into_iter()
         .zip(&settings)
-        .map(|(conf, settings)| run_one(&trace, conf, settings, capacity, opts.summary))
+        .enumerate()
+        .map(|(i, (conf, settings))| {
+            let options = RunOptions {
+                // Per-event points only for the report; history only for the snapshot of the last run.
+                timeline: opts.report.is_some(),
+                history: opts.emit_snapshot.is_some() && i == last,
+                ..RunOptions::default()
+            };
+            run_one(&trace, conf, settings, capacity, opts.summary, options)
+        })
         .collect();
-    Ok(Replay {
+    let replay = Replay {
         input: name,
         events: trace.len() as u64,
         capacity_bytes: capacity,
         capacity_defaulted: opts.capacity.is_none() && trace.capacity_hint().is_none(),
         torch_version: version,
         runs,
-    })
+    };
+    if let Some(path) = &opts.report {
+        let map = segment_map(&trace, &replay, &settings);
+        write_output(path, crate::report::replay::html(&replay, map).as_bytes())?;
+    }
+    if let (Some(path), Some(run)) = (&opts.emit_snapshot, replay.runs.last()) {
+        let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
+            &run.result.segments,
+            &run.result.history,
+            Some(run.conf.clone()),
+        );
+        write_output(path, &crate::snapshot::writer::to_bytes(&snapshot))?;
+    }
+    Ok(replay)
 }
 
-fn run_one(trace: &Trace, conf: String, settings: &Settings, capacity: u64, summary: bool) -> Run {
-    let result = replay_with(
+/// The segment map worth looking at: the first run that ran out, at its OOM;
+/// else the last run at its allocated peak (replayed again up to there).
+fn segment_map(
+    trace: &Trace,
+    replay: &Replay,
+    settings: &[Settings],
+) -> Option<crate::report::html::SegmentMap> {
+    use crate::report::html::SegmentMap;
+    if let Some(run) = replay.runs.iter().find(|r| r.result.oom.is_some()) {
+        let index = run.result.oom.as_ref().map_or(0, |o| o.event_index);
+        return Some(SegmentMap::from_allocator(
+            format!("of {} at its OOM (event {index})", conf_name(&run.conf)),
+            &run.result.segments,
+        ));
+    }
+    let (run, settings) = replay.runs.iter().zip(settings).next_back()?;
+    let index = run.result.peak_event_index?;
+    let options = RunOptions {
+        stop_after: Some(index + 1),
+        ..RunOptions::default()
+    };
+    let prefix = replay_with(
         trace,
         settings,
-        SimDevice::new(capacity),
-        RunOptions::default(),
+        SimDevice::new(replay.capacity_bytes),
+        options,
     );
+    Some(SegmentMap::from_allocator(
+        format!(
+            "of {} at its allocated peak (event {index})",
+            conf_name(&run.conf)
+        ),
+        &prefix.segments,
+    ))
+}
+
+/// A config as shown in reports: `(defaults)` for the empty one.
+pub fn conf_name(conf: &str) -> &str {
+    if conf.is_empty() { "(defaults)" } else { conf }
+}
+
+fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
+    std::fs::write(path, bytes)
+        .map_err(|e| Error::Usage(format!("{}: cannot write: {e}", path.display())))
+}
+
+fn run_one(
+    trace: &Trace,
+    conf: String,
+    settings: &Settings,
+    capacity: u64,
+    summary: bool,
+    options: RunOptions,
+) -> Run {
+    let result = replay_with(trace, settings, SimDevice::new(capacity), options);
     let render = |stats: &std::collections::BTreeMap<String, i64>| {
         memory_summary(stats, 0, false, settings.version)
     };

@@ -551,19 +551,31 @@ fn numeric(cell: &str) -> bool {
 
 fn table_section(h: &mut String, t: &Table) {
     let flagged = t.rows.iter().any(|r| r.flag.is_some());
+    // A column is right-aligned (header and cells) when most of its cells are numbers.
+    let numeric_col: Vec<bool> = (0..t.headers.len())
+        .map(|i| {
+            let n = t
+                .rows
+                .iter()
+                .filter(|r| r.cells.get(i).is_some_and(|c| numeric(c)))
+                .count();
+            2 * n > t.rows.len()
+        })
+        .collect();
+    let class = |i: usize| {
+        if numeric_col.get(i).copied().unwrap_or(false) {
+            " class=\"n\""
+        } else {
+            ""
+        }
+    };
     let _ = write!(
         h,
         "<section><h2>{}</h2><table><thead><tr>",
         escape(&t.title)
     );
-    let first_row = t.rows.first().map(|r| r.cells.as_slice()).unwrap_or(&[]);
     for (i, head) in t.headers.iter().enumerate() {
-        let class = if first_row.get(i).is_some_and(|c| numeric(c)) {
-            " class=\"n\""
-        } else {
-            ""
-        };
-        let _ = write!(h, "<th{class}>{}</th>", escape(head));
+        let _ = write!(h, "<th{}>{}</th>", class(i), escape(head));
     }
     if flagged {
         h.push_str("<th>flag</th>");
@@ -575,9 +587,8 @@ fn table_section(h: &mut String, t: &Table) {
         } else {
             "<tr>"
         });
-        for c in &r.cells {
-            let class = if numeric(c) { " class=\"n\"" } else { "" };
-            let _ = write!(h, "<td{class}>{}</td>", escape(c));
+        for (i, c) in r.cells.iter().enumerate() {
+            let _ = write!(h, "<td{}>{}</td>", class(i), escape(c));
         }
         if flagged {
             let _ = write!(h, "<td>{}</td>", escape(r.flag.as_deref().unwrap_or("")));

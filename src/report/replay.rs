@@ -18,11 +18,7 @@ fn fragmentation_at_peak(run: &Run) -> f64 {
 }
 
 fn conf_label(conf: &str) -> String {
-    if conf.is_empty() {
-        "(defaults)".to_string()
-    } else {
-        conf.to_string()
-    }
+    crate::app::replay::conf_name(conf).to_string()
 }
 
 /// The comparison rows: a label and one cell per run.
@@ -214,4 +210,101 @@ pub fn json(replay: &Replay) -> String {
     let mut out = serde_json::to_string_pretty(&json!({ "runs": runs })).unwrap_or_default();
     out.push('\n');
     out
+}
+
+/// `replay --report`: every run's timeline overlaid, the segment map the app
+/// picked (first OOM, else the last run at its peak), what is live there by
+/// block size, and the comparison table.
+pub fn html(replay: &Replay, map: Option<super::html::SegmentMap>) -> String {
+    use super::html::{Figure, ReportData, Table, TableRow, Timeline, Tone, Verdict};
+    let last = replay.runs.last();
+    let (headline, tone) = match last {
+        Some(run) => match &run.result.oom {
+            None => {
+                let mut headline = format!(
+                    "{} runs the whole trace: peak reserved {}",
+                    conf_label(&run.conf),
+                    human(run.result.peak_reserved_bytes)
+                );
+                for other in replay.runs.iter().filter(|r| r.result.oom.is_some()) {
+                    let at = other.result.oom.as_ref().map_or(0, |o| o.event_index);
+                    let _ = write!(
+                        headline,
+                        "; {} runs out of memory at event {at}",
+                        conf_label(&other.conf)
+                    );
+                }
+                (headline, Tone::Good)
+            }
+            Some(oom) => (
+                format!(
+                    "{} runs out of memory at event {}: {}",
+                    conf_label(&run.conf),
+                    oom.event_index,
+                    oom.message.lines().next().unwrap_or_default()
+                ),
+                Tone::Bad,
+            ),
+        },
+        None => (String::from("no runs"), Tone::Neutral),
+    };
+    let export_line = last
+        .filter(|r| r.result.oom.is_none() && !r.conf.is_empty())
+        .map(|r| format!("export PYTORCH_CUDA_ALLOC_CONF={}", r.conf));
+    let mut figures = vec![
+        Figure {
+            label: "capacity".into(),
+            value: human(replay.capacity_bytes),
+        },
+        Figure {
+            label: "events".into(),
+            value: replay.events.to_string(),
+        },
+    ];
+    for run in &replay.runs {
+        figures.push(Figure {
+            label: format!("peak reserved, {}", conf_label(&run.conf)),
+            value: human(run.result.peak_reserved_bytes),
+        });
+    }
+    let names: Vec<String> = replay.runs.iter().map(|r| conf_label(&r.conf)).collect();
+    let mut headers = vec![String::new()];
+    headers.extend(names.iter().cloned());
+    let table = Table {
+        title: "Runs".into(),
+        headers,
+        rows: rows(replay)
+            .into_iter()
+            .map(|(label, cells)| {
+                let mut all = vec![label.to_string()];
+                all.extend(cells);
+                TableRow {
+                    cells: all,
+                    flag: None,
+                }
+            })
+            .collect(),
+        note: None,
+    };
+    let top_sites = map.as_ref().map(|m| m.live_by_size(10)).unwrap_or_default();
+    super::html::render(&ReportData {
+        title: format!("allocdoc replay: {}", replay.input),
+        subtitle: Some(heading(replay)),
+        verdict: Verdict { headline, tone },
+        export_line,
+        figures,
+        timelines: replay
+            .runs
+            .iter()
+            .zip(&names)
+            .map(|(r, name)| Timeline::from_run(name.as_str(), &r.result))
+            .collect(),
+        x_label: "event".into(),
+        capacity: Some(replay.capacity_bytes),
+        segment_map: map,
+        findings: Vec::new(),
+        top_sites,
+        sites_title: Some("Live blocks in the segment map, by size".into()),
+        tables: vec![table],
+    })
 }

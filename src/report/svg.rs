@@ -317,7 +317,7 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
             let px = sx(at as f64);
             let _ = write!(
                 s,
-                r#"<line class="oom" stroke="{colour}" x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="oom-label" fill="{colour}" x="{:.1}" y="{:.1}">OOM ({name}) at {}</text>"#,
+                r#"<line class="oom" stroke="{colour}" x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="oom-label" style="fill:{colour}" x="{:.1}" y="{:.1}">OOM: {name} at event {}</text>"#,
                 PAD_T + plot_h,
                 px - 4.0,
                 PAD_T + 14.0 + 16.0 * i as f64,
