@@ -195,8 +195,10 @@ fn report_is_well_formed_and_shows_the_figures() {
     let html = render(&fixture(100_000));
     let counts = check_balanced(&html);
     assert_eq!(counts.get("svg"), Some(&2), "timeline and segment map");
-    // Two configs × (reserved, allocated).
-    assert_eq!(counts.get("polyline"), Some(&4));
+    // Two configs: reserved as a line, allocated (100 000 events, downsampled)
+    // as a min–max band.
+    assert_eq!(counts.get("polyline"), Some(&2));
+    assert_eq!(counts.get("polygon"), Some(&2));
     assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
     assert!(html.contains("79.15 GiB"));
     assert!(html.contains("OOM: current (default) at event 90k"));
@@ -239,14 +241,19 @@ fn million_event_timeline_stays_small() {
     assert!(html.len() < 5_000_000, "{} bytes", html.len());
     // In fact far smaller: the page is bounded by the bucket count, not the events.
     assert!(html.len() < 400_000, "{} bytes", html.len());
-    for poly in html.split("<polyline").skip(1) {
+    let shapes = html
+        .split("<polyline")
+        .skip(1)
+        .chain(html.split("<polygon").skip(1));
+    assert_eq!(shapes.clone().count(), 4);
+    for poly in shapes {
         let points = poly
             .split("points=\"")
             .nth(1)
             .and_then(|p| p.split('"').next())
             .expect("points attribute");
         let n = points.split(' ').count();
-        assert!((500..=2000).contains(&n), "{n} points in one polyline");
+        assert!((500..=2000).contains(&n), "{n} points in one shape");
     }
 }
 

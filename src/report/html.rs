@@ -316,6 +316,8 @@ svg{width:100%;height:auto;display:block}
 .chart .axis-label{text-anchor:middle;font-size:12px}
 .chart polyline{fill:none;stroke-linejoin:round}
 .chart .reserved{stroke-width:2}.chart .allocated{stroke-width:1.3;stroke-dasharray:5 3;opacity:.85}
+.chart .allocated-band{stroke:none;fill-opacity:.28}
+.sw.band{height:10px;border-top:0;background:#59636e;opacity:.35}
 .chart .capacity{stroke:#cf222e;stroke-width:1.2;stroke-dasharray:2 3}.chart .capacity-label{fill:#cf222e;text-anchor:end}
 .chart .oom{stroke-width:1.5;stroke-dasharray:6 3}.chart .oom-label{text-anchor:end;font-weight:600}
 .legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:6px 0 0 78px;font-size:13px}
@@ -434,6 +436,9 @@ fn timeline_section(h: &mut String, data: &ReportData) {
         );
     }
     h.push_str("<span><i class=\"sw\" style=\"border-color:#59636e\"></i>reserved</span><span><i class=\"sw dash\" style=\"border-color:#59636e\"></i>allocated</span>");
+    if data.timelines.iter().any(|t| t.allocated.is_downsampled()) {
+        h.push_str("<span><i class=\"sw band\"></i>allocated, min–max per bucket of events</span>");
+    }
     if data.capacity.is_some() {
         h.push_str("<span><i class=\"sw dash\" style=\"border-color:#cf222e\"></i>capacity</span>");
     }
@@ -454,9 +459,10 @@ fn segment_section(h: &mut String, map: &SegmentMap) {
     }
     let _ = write!(
         h,
-        "<section id=\"segments\"><h2>Segments {}</h2><p class=\"note\">{} segments, {} reserved. Largest first; one scale for all; hover a segment for its address.</p>",
+        "<section id=\"segments\"><h2>Segments {}</h2><p class=\"note\">{} segment{}, {} reserved. Largest first; one scale for all; hover a segment for its address.</p>",
         escape(&map.at),
         map.segments.len(),
+        if map.segments.len() == 1 { "" } else { "s" },
         escape(&human(reserved))
     );
     let (svg, hidden) = svg::segment_map(map);

@@ -127,6 +127,20 @@ impl Envelope {
         self.buckets.is_empty() && self.pending.is_none()
     }
 
+    /// True once a bucket holds more than one point.
+    pub fn is_downsampled(&self) -> bool {
+        self.width > 1
+    }
+
+    /// Per bucket: its first x, lowest and highest y (for drawing a band).
+    pub fn band(&self) -> Vec<(u64, u64, u64)> {
+        self.buckets
+            .iter()
+            .chain(self.pending.iter())
+            .map(|b| (b.min.0.min(b.max.0), b.min.1, b.max.1))
+            .collect()
+    }
+
     /// The points to draw, in x order: each bucket's extremes in the order they occurred.
     pub fn points(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::with_capacity(2 * (self.buckets.len() + 1));
@@ -298,6 +312,29 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
             (&t.allocated, "allocated", "allocated"),
         ] {
             if env.is_empty() {
+                continue;
+            }
+            // A downsampled allocated series swings within each bucket: a shaded
+            // min–max band reads better than a zigzag line.
+            if class == "allocated" && env.is_downsampled() {
+                let band = env.band();
+                let _ = write!(
+                    s,
+                    r#"<polygon class="allocated-band" fill="{colour}" points=""#
+                );
+                let upper = band.iter().map(|&(x, _, hi)| (x, hi));
+                let lower = band.iter().rev().map(|&(x, lo, _)| (x, lo));
+                for (k, (px, py)) in upper.chain(lower).enumerate() {
+                    if k > 0 {
+                        s.push(' ');
+                    }
+                    let _ = write!(s, "{:.1},{:.1}", sx(px as f64), sy(py as f64));
+                }
+                let _ = write!(
+                    s,
+                    r#""><title>{name}: {what} (min–max per bucket), peak {}</title></polygon>"#,
+                    escape(&human(env.peak()))
+                );
                 continue;
             }
             let _ = write!(s, r#"<polyline class="{class}" stroke="{colour}" points=""#);
@@ -489,6 +526,17 @@ mod tests {
         assert!(pts.windows(2).all(|w| w[0].0 <= w[1].0));
         assert_eq!(env.peak(), 1 << 40);
         assert_eq!(env.last_x(), 999_999);
+        assert!(env.is_downsampled());
+        let band = env.band();
+        assert!(band.len() <= MAX_BUCKETS);
+        assert!(band.iter().any(|&(_, _, hi)| hi == 1 << 40));
+        // Each full bucket spans 1024 points of the period-1000 sawtooth, so
+        // it holds 0 and 999 (the last, partial bucket need not).
+        let full = &band[..band.len() - 1];
+        assert!(
+            full.iter()
+                .all(|&(_, lo, hi)| lo == 0 && (hi == 999 || hi == 1 << 40))
+        );
     }
 
     #[test]
@@ -498,6 +546,7 @@ mod tests {
             env.push(x, y);
         }
         assert_eq!(env.points(), vec![(0, 5), (1, 9), (2, 3)]);
+        assert!(!env.is_downsampled());
     }
 
     #[test]
