@@ -235,6 +235,46 @@ fn test_out_of_memory_retry_and_exact_message() {
     a.check_invariants().unwrap();
 }
 
+/// test_set_per_process_memory_fraction: with 0.5, `int(total*0.499) - max_memory_reserved()`
+/// bytes fit, `int(total*0.5)` does not ("out of memory", with the allowed amount): its
+/// segment is rounded up to 2 MiB, past the cap, on a card whose total (an H100's
+/// 85029158912 bytes) is not a multiple of 4 MiB.
+#[test]
+fn test_set_per_process_memory_fraction() {
+    let total = 85_029_158_912;
+    let mut a = allocator(Settings::default(), total);
+    a.set_memory_fraction(0.5);
+    let tmp = a.malloc(2 * MIB, 0).unwrap();
+    a.free(tmp).unwrap();
+    let max_reserved = a.stats().reserved_bytes.all().peak as u64;
+    let fits = (total as f64 * 0.499) as u64 - max_reserved;
+    let p = a.malloc(fits, 0).unwrap();
+    a.free(p).unwrap();
+    let err = a.malloc((total as f64 * 0.5) as u64, 0).unwrap_err();
+    assert!(err.message.contains("out of memory"));
+    assert!(
+        err.message.contains("39.59 GiB allowed; "),
+        "{}",
+        err.message
+    );
+}
+
+/// test_memory_allocation / test_cachingAllocator_raw_alloc.
+#[test]
+fn test_small_allocation_and_raw_alloc_accounting() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let p = a.malloc(1, 0).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all().current, 512);
+    a.free(p).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all().current, 0);
+    let before = a.stats().requested_bytes.all().allocated;
+    a.malloc(MIB, 0).unwrap();
+    assert_eq!(
+        a.stats().requested_bytes.all().allocated - before,
+        MIB as i64
+    );
+}
+
 /// test_memory_stats: peaks, empty_cache counters, zero-size allocations.
 #[test]
 fn test_memory_stats_invariants() {
@@ -334,6 +374,67 @@ fn test_garbage_collect_expandable() {
     assert_eq!(a.stats().num_sync_all_streams, 0);
     assert_eq!(a.stats().num_device_free, 1);
     a.check_invariants().unwrap();
+}
+
+/// garbage_collect_cached_blocks: ages count get_free_block calls on the pool since a
+/// block was cached; each pass frees every unsplit block at or above the average age,
+/// until the target is reclaimed.
+#[test]
+fn garbage_collection_frees_the_oldest_blocks_first() {
+    let total = 80 * GIB;
+    let settings = Settings {
+        garbage_collection_threshold: 0.5,
+        per_process_memory_fraction: Some((100 * MIB) as f64 / total as f64),
+        ..Settings::default()
+    };
+    let mut a = allocator(settings, total);
+    a.record_history();
+    let old = a.malloc(30 * MIB, 0).unwrap(); // get_free_block call 1
+    let young = a.malloc(30 * MIB, 0).unwrap(); // call 2
+    a.free(old).unwrap(); // cached at count 2
+    let third = a.malloc(35 * MIB, 0).unwrap(); // call 3: a new 35 MiB segment
+    a.free(third).unwrap(); // cached at count 3
+    a.free(young).unwrap(); // cached at count 3
+    // call 4: ages old=2, young=1, third=1. 95 MiB > 50 MiB: reclaim 45 MiB. The
+    // first pass (average 4/3) frees `old` only; the second (average 1) the rest.
+    a.malloc(40 * MIB, 0).unwrap();
+    let freed: Vec<u64> = a
+        .take_trace()
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentFree)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(freed, vec![old, young, third]);
+    assert_eq!(reserved(&a), 40 * MIB);
+    assert_eq!(a.stats().num_sync_all_streams, 0);
+    a.check_invariants().unwrap();
+}
+
+/// release_available_cached_blocks: with max_split_size set, the largest cached oversize
+/// blocks of the stream are freed until the request fits, without a synchronisation.
+#[test]
+fn release_available_cached_blocks_frees_largest_oversize_first() {
+    let settings = Settings {
+        max_split_size: 50 * MIB,
+        ..Settings::default()
+    };
+    let mut a = allocator(settings, 200 * MIB);
+    a.record_history();
+    let small = a.malloc(60 * MIB, 0).unwrap();
+    let large = a.malloc(70 * MIB, 0).unwrap();
+    a.free(small).unwrap();
+    a.free(large).unwrap();
+    a.malloc(100 * MIB, 0).unwrap();
+    let freed: Vec<u64> = a
+        .take_trace()
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentFree)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(freed, vec![large, small]);
+    assert_eq!(a.stats().num_sync_all_streams, 0);
+    assert_eq!(a.stats().num_alloc_retries, 0);
+    assert_eq!(reserved(&a), 100 * MIB);
 }
 
 /// test_caching_allocator_record_stream_oom: frees deferred by record_stream must
@@ -514,4 +615,131 @@ proptest! {
         prop_assert_eq!(free, total);
         a.check_invariants().unwrap();
     }
+}
+
+// ---- the `replay` command ------------------------------------------------------------
+
+fn allocdoc() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("allocdoc").expect("the allocdoc binary")
+}
+
+const DEVLOG: &str = "fixtures/allocator/devlog_16_then_32.csv";
+
+#[test]
+fn replay_text_runs_side_by_side() {
+    let out = allocdoc()
+        .args(["replay", DEVLOG, "--capacity", "200MiB"])
+        .args(["--conf", "", "--conf", "expandable_segments:True"])
+        .assert()
+        .code(0);
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn replay_json_follows_the_contract() {
+    let out = allocdoc()
+        .args(["replay", DEVLOG, "--capacity", "200MiB", "--format", "json"])
+        .args(["--conf", "expandable_segments:True", "--conf", ""])
+        .assert()
+        .code(0);
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["conf"], "expandable_segments:True");
+    assert_eq!(runs[0]["peak_reserved_bytes"], 140 * MIB);
+    assert_eq!(runs[0]["device_allocs"], 7);
+    assert_eq!(runs[1]["conf"], "");
+    assert_eq!(runs[1]["capacity_bytes"], 200 * MIB);
+    assert_eq!(runs[1]["events"], 20);
+    assert!(runs[1]["oom"].is_null());
+    // 8 × 16 MiB segments, then the 32 MiB requests force a release of all of them.
+    assert_eq!(runs[1]["peak_reserved_bytes"], 192 * MIB);
+    assert_eq!(runs[1]["device_frees"], 8);
+    assert_eq!(runs[1]["alloc_retries"], 1);
+    assert_eq!(runs[1]["stats"]["reserved_bytes.all.current"], 128 * MIB);
+    assert_eq!(runs[1]["stats"].as_object().unwrap().len(), 122);
+}
+
+#[test]
+fn replay_exit_codes() {
+    // The last config runs out of memory: exit 1, with PyTorch's message. Every
+    // other 16 MiB block of the 32 MiB segments stays live, so a 32 MiB request
+    // needs a new segment that a 150 MiB card cannot give.
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::from("action,id,size,stream\n");
+    for i in 0..4 {
+        csv += &format!("alloc,big{i},33554432,0\n");
+    }
+    for i in 0..4 {
+        csv += &format!("free,big{i},,\n");
+    }
+    for i in 0..8 {
+        csv += &format!("alloc,half{i},16777216,0\n");
+    }
+    for i in (0..8).step_by(2) {
+        csv += &format!("free,half{i},,\n");
+    }
+    csv += "alloc,last,33554432,0\n";
+    let fragmented = dir.path().join("fragmented.csv");
+    std::fs::write(&fragmented, csv).unwrap();
+    let out = allocdoc()
+        .args(["replay", "--capacity", "150MiB", "--format", "json"])
+        .arg(&fragmented)
+        .args(["--conf", "max_split_size_mb:21", "--conf", ""])
+        .assert()
+        .code(1);
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert!(v["runs"][0]["oom"].is_null());
+    // Oversize 32 MiB blocks are never split for 16 MiB requests: released instead.
+    assert_eq!(v["runs"][0]["peak_reserved_bytes"], 144 * MIB);
+    let oom = &v["runs"][1]["oom"];
+    assert_eq!(oom["event_index"], 20);
+    assert_eq!(oom["requested_bytes"], 32 * MIB);
+    assert_eq!(
+        oom["message"].as_str().unwrap(),
+        "CUDA out of memory. Tried to allocate 32.00 MiB. GPU 0 has a total capacity of 150.00 MiB \
+         of which 22.00 MiB is free. Of the allocated memory 64.00 MiB is allocated by PyTorch, and \
+         64.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is \
+         large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid \
+         fragmentation.  See documentation for Memory Management  \
+         (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    );
+    // Bad input: exit 2, naming the file and line.
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "action,id,size,stream\nalloc,a,12,0\nfree,b,,0\n").unwrap();
+    let out = allocdoc().args(["replay"]).arg(&bad).assert().code(2);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains("bad.csv:3: expected the id of a live allocation"),
+        "{stderr}"
+    );
+    allocdoc()
+        .args(["replay", DEVLOG, "--conf", "max_split_size_mb:2"])
+        .assert()
+        .code(2);
+    // No GPU for --device cuda: exit 3.
+    allocdoc()
+        .args(["replay", DEVLOG, "--device", "cuda"])
+        .assert()
+        .code(3);
+}
+
+#[test]
+fn replay_summary_prints_pytorch_tables() {
+    let out = allocdoc()
+        .args(["replay", DEVLOG, "--capacity", "200MiB", "--summary"])
+        .assert()
+        .code(0);
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert_eq!(
+        stdout
+            .matches("PyTorch CUDA memory summary, device ID 0")
+            .count(),
+        2
+    );
+    assert!(
+        stdout.contains("|        cudaMalloc retries: 1         |"),
+        "{stdout}"
+    );
 }

@@ -110,11 +110,212 @@ pub type SizeKey = (u64, u64, u64);
 /// Key of the unmapped set: `BlockComparatorAddress` = (stream, address).
 pub type AddressKey = (u64, u64);
 
+/// Size buckets per stream: 32 exact classes of 512 bytes, then 16 per octave.
+const BUCKETS: usize = 32 + 50 * 16;
+const BITMAP_WORDS: usize = BUCKETS.div_ceil(64);
+
+/// The bucket of `size`; monotone in `size`, so bucket order is size order.
+#[inline]
+fn bucket(size: u64) -> usize {
+    let units = size >> 9;
+    if units < 32 {
+        return units as usize;
+    }
+    let octave = 63 - units.leading_zeros() as usize;
+    let sub = ((units >> (octave - 4)) & 15) as usize;
+    32 + (octave - 5) * 16 + sub
+}
+
+/// One stream's free blocks: per bucket, (size, address, block) kept sorted,
+/// and a bitmap of the non-empty buckets.
+#[derive(Debug, Clone)]
+struct StreamFree {
+    stream: u64,
+    buckets: Vec<Vec<(u64, u64, BlockId)>>,
+    nonempty: [u64; BITMAP_WORDS],
+}
+
+impl StreamFree {
+    fn new(stream: u64) -> Self {
+        StreamFree {
+            stream,
+            buckets: vec![Vec::new(); BUCKETS],
+            nonempty: [0; BITMAP_WORDS],
+        }
+    }
+    /// The first non-empty bucket at or after `from`.
+    fn next_bucket(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        if word >= BITMAP_WORDS {
+            return None;
+        }
+        let mut bits = self.nonempty[word] & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word >= BITMAP_WORDS {
+                return None;
+            }
+            bits = self.nonempty[word];
+        }
+    }
+    /// The last non-empty bucket strictly before `before`.
+    fn prev_bucket(&self, before: usize) -> Option<usize> {
+        if before == 0 {
+            return None;
+        }
+        let last = before - 1;
+        let mut word = last / 64;
+        let mut bits = self.nonempty[word] & (u64::MAX >> (63 - last % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + 63 - bits.leading_zeros() as usize);
+            }
+            if word == 0 {
+                return None;
+            }
+            word -= 1;
+            bits = self.nonempty[word];
+        }
+    }
+    /// Position of the first entry not below (size, addr).
+    fn lower_bound(&self, size: u64, addr: u64) -> (usize, usize) {
+        let b = bucket(size);
+        let i = self.buckets[b].partition_point(|&(s, a, _)| (s, a) < (size, addr));
+        (b, i)
+    }
+    /// The entry at or after position (b, i), and its position.
+    fn at_or_after(&self, b: usize, i: usize) -> Option<(usize, usize)> {
+        if self.buckets.get(b).is_some_and(|v| i < v.len()) {
+            return Some((b, i));
+        }
+        self.next_bucket(b + 1).map(|b| (b, 0))
+    }
+    fn is_empty(&self) -> bool {
+        self.nonempty.iter().all(|&w| w == 0)
+    }
+}
+
+/// The ordered free set of a pool (`BlockPool::blocks`): what a
+/// `std::set<Block*, BlockComparatorSize>` gives PyTorch — lower_bound on
+/// (stream, size, address), in-order and reverse walks — with sorted buckets
+/// per stream instead of a tree, for speed.
+#[derive(Debug, Clone, Default)]
+pub struct FreeSet {
+    streams: Vec<StreamFree>,
+    len: usize,
+}
+
+impl FreeSet {
+    fn stream(&self, stream: u64) -> Option<&StreamFree> {
+        self.streams.iter().find(|s| s.stream == stream)
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn insert(&mut self, (stream, size, addr): SizeKey, id: BlockId) {
+        let index = match self.streams.iter().position(|s| s.stream == stream) {
+            Some(i) => i,
+            None => {
+                let at = self.streams.partition_point(|s| s.stream < stream);
+                self.streams.insert(at, StreamFree::new(stream));
+                at
+            }
+        };
+        let sf = &mut self.streams[index];
+        let (b, i) = sf.lower_bound(size, addr);
+        let v = &mut sf.buckets[b];
+        if v.get(i).is_some_and(|&(s, a, _)| (s, a) == (size, addr)) {
+            v[i].2 = id;
+            return;
+        }
+        v.insert(i, (size, addr, id));
+        sf.nonempty[b / 64] |= 1 << (b % 64);
+        self.len += 1;
+    }
+    pub fn remove(&mut self, &(stream, size, addr): &SizeKey) -> bool {
+        let Some(index) = self.streams.iter().position(|s| s.stream == stream) else {
+            return false;
+        };
+        let sf = &mut self.streams[index];
+        let (b, i) = sf.lower_bound(size, addr);
+        let v = &mut sf.buckets[b];
+        if v.get(i).is_none_or(|&(s, a, _)| (s, a) != (size, addr)) {
+            return false;
+        }
+        v.remove(i);
+        if v.is_empty() {
+            sf.nonempty[b / 64] &= !(1 << (b % 64));
+            if sf.is_empty() {
+                self.streams.remove(index);
+            }
+        }
+        self.len -= 1;
+        true
+    }
+    /// The blocks of `stream` from the first with size >= `size` upwards
+    /// (`lower_bound({stream, size})` and the iterator walking on).
+    pub fn range_from(&self, stream: u64, size: u64) -> impl Iterator<Item = (SizeKey, BlockId)> {
+        let sf = self.stream(stream);
+        let mut pos = sf.and_then(|sf| {
+            let (b, i) = sf.lower_bound(size, 0);
+            sf.at_or_after(b, i)
+        });
+        std::iter::from_fn(move || {
+            let sf = sf?;
+            let (b, i) = pos?;
+            let (s, a, id) = sf.buckets[b][i];
+            pos = sf.at_or_after(b, i + 1);
+            Some(((sf.stream, s, a), id))
+        })
+    }
+    /// The blocks of `stream` with size < `size`, largest first (walking back
+    /// from `lower_bound({stream, size})`).
+    pub fn range_below(&self, stream: u64, size: u64) -> impl Iterator<Item = (SizeKey, BlockId)> {
+        let sf = self.stream(stream);
+        let step_back = |sf: &StreamFree, b: usize, i: usize| -> Option<(usize, usize)> {
+            if i > 0 {
+                return Some((b, i - 1));
+            }
+            sf.prev_bucket(b).map(|b| (b, sf.buckets[b].len() - 1))
+        };
+        let mut pos = sf.and_then(|sf| {
+            let (b, i) = sf.lower_bound(size, 0);
+            step_back(sf, b, i)
+        });
+        std::iter::from_fn(move || {
+            let sf = sf?;
+            let (b, i) = pos?;
+            let (s, a, id) = sf.buckets[b][i];
+            pos = step_back(sf, b, i);
+            Some(((sf.stream, s, a), id))
+        })
+    }
+    /// Every block in (stream, size, address) order.
+    pub fn iter(&self) -> impl Iterator<Item = (SizeKey, BlockId)> + '_ {
+        self.streams.iter().flat_map(|sf| {
+            sf.buckets
+                .iter()
+                .flatten()
+                .map(move |&(s, a, id)| ((sf.stream, s, a), id))
+        })
+    }
+    /// Every block id in order.
+    pub fn values(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.iter().map(|(_, id)| id)
+    }
+}
+
 /// `BlockPool`: the free (mapped) blocks ordered by (stream, size, address),
 /// the unmapped expandable ranges ordered by (stream, address), and the GC clock.
 #[derive(Debug, Clone, Default)]
 pub struct BlockPool {
-    pub blocks: BTreeMap<SizeKey, BlockId>,
+    pub blocks: FreeSet,
     pub unmapped: BTreeMap<AddressKey, BlockId>,
     /// `get_free_blocks_call_count`.
     pub get_free_blocks_call_count: u64,
@@ -130,7 +331,7 @@ impl BlockPool {
     }
     #[inline]
     pub fn erase_block(&mut self, b: &Block) -> bool {
-        self.blocks.remove(&(b.stream, b.size, b.addr)).is_some()
+        self.blocks.remove(&(b.stream, b.size, b.addr))
     }
     #[inline]
     pub fn insert_unmapped(&mut self, b: &Block, id: BlockId) {
@@ -172,3 +373,60 @@ impl Hasher for AddrHasher {
 
 /// Address → block map.
 pub type AddrMap = HashMap<u64, BlockId, BuildHasherDefault<AddrHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn buckets_are_monotone_in_size() {
+        let mut last = 0;
+        for size in (512..(1u64 << 34)).step_by(1 << 23).chain([u64::MAX]) {
+            let b = bucket(size);
+            assert!(b >= last && b < BUCKETS);
+            last = b;
+        }
+    }
+
+    proptest! {
+        /// The free set answers like the `std::set` it replaces (a BTreeMap here).
+        #[test]
+        fn free_set_matches_an_ordered_map(
+            ops in prop::collection::vec((0u64..3, prop_oneof![1u64..40, 1u64..(1 << 24)], 0u64..8, any::<bool>()), 1..300),
+            probes in prop::collection::vec((0u64..3, prop_oneof![1u64..40, 1u64..(1 << 24)]), 1..20),
+        ) {
+            let mut set = FreeSet::default();
+            let mut model: BTreeMap<SizeKey, BlockId> = BTreeMap::new();
+            for (i, (stream, units, addr, insert)) in ops.into_iter().enumerate() {
+                let key = (stream, units * 512, addr << 30);
+                if insert {
+                    set.insert(key, i as BlockId);
+                    model.insert(key, i as BlockId);
+                } else {
+                    prop_assert_eq!(set.remove(&key), model.remove(&key).is_some());
+                }
+            }
+            prop_assert_eq!(set.len(), model.len());
+            let all: Vec<_> = model.iter().map(|(k, &v)| (*k, v)).collect();
+            prop_assert_eq!(set.iter().collect::<Vec<_>>(), all);
+            for (stream, units) in probes {
+                let size = units * 512;
+                let up: Vec<_> = model
+                    .range((stream, size, 0)..)
+                    .take_while(|(k, _)| k.0 == stream)
+                    .map(|(k, &v)| (*k, v))
+                    .collect();
+                prop_assert_eq!(set.range_from(stream, size).collect::<Vec<_>>(), up);
+                let down: Vec<_> = model
+                    .range(..(stream, size, 0))
+                    .rev()
+                    .take_while(|(k, _)| k.0 == stream)
+                    .map(|(k, &v)| (*k, v))
+                    .collect();
+                prop_assert_eq!(set.range_below(stream, size).collect::<Vec<_>>(), down);
+            }
+        }
+    }
+}

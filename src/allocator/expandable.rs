@@ -80,7 +80,7 @@ impl<D: Device> CachingAllocator<D> {
                 return Some(candidate);
             }
         }
-        let page = expandable_page_size(p.small);
+        let page = expandable_page_size(p.small, &self.settings);
         let total = self.device.total_memory();
         let pages = (total + total / 8).div_ceil(page);
         let segment = ExpandableSegment {

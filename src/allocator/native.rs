@@ -275,8 +275,8 @@ impl<D: Device> CachingAllocator<D> {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut candidates = pool.blocks.range((p.stream, p.size, 0)..);
-        let (mut key, mut id) = candidates.next().map(|(k, &id)| (*k, id))?;
+        let mut candidates = pool.blocks.range_from(p.stream, p.size);
+        let (mut key, mut id) = candidates.next()?;
         if key.0 != p.stream {
             return None;
         }
@@ -294,12 +294,12 @@ impl<D: Device> CachingAllocator<D> {
                 };
                 while arena.get(id).is_expandable() {
                     match candidates.next() {
-                        Some((k, &next))
+                        Some((k, next))
                             if k.0 == p.stream
                                 && expandable_size(arena.get(next))
                                     < expandable_size(arena.get(id)) =>
                         {
-                            key = *k;
+                            key = k;
                             id = next;
                         }
                         _ => break,
@@ -308,12 +308,12 @@ impl<D: Device> CachingAllocator<D> {
             } else {
                 // Expandable segments were turned off: only non-expandable blocks.
                 loop {
-                    let (k, &next) = candidates.next()?;
+                    let (k, next) = candidates.next()?;
                     if k.0 != p.stream {
                         return None;
                     }
                     if !arena.get(next).is_expandable() {
-                        key = *k;
+                        key = k;
                         id = next;
                         break;
                     }
@@ -329,6 +329,7 @@ impl<D: Device> CachingAllocator<D> {
         if p.size >= max_split && found >= p.size.saturating_add(tolerance) {
             return None;
         }
+        drop(candidates);
         pool.blocks.remove(&key);
         Some(id)
     }
@@ -675,9 +676,9 @@ impl<D: Device> CachingAllocator<D> {
         };
         let first = pool
             .blocks
-            .range((p.stream, key_size, 0)..)
+            .range_from(p.stream, key_size)
             .next()
-            .map(|(k, &id)| (k.0, id));
+            .map(|(k, id)| (k.0, id));
         if let Some((stream, id)) = first
             && stream == p.stream
             && !arena.get(id).is_expandable()
@@ -688,7 +689,7 @@ impl<D: Device> CachingAllocator<D> {
         // No single block is large enough: free oversize blocks from the largest down.
         let mut released = 0u64;
         let mut to_release = Vec::new();
-        for (&(stream, size, _), &id) in pool.blocks.range(..(p.stream, key_size, 0)).rev() {
+        for ((stream, size, _), id) in pool.blocks.range_below(p.stream, key_size) {
             if released >= key_size || size < max_split || stream != p.stream {
                 break;
             }
@@ -727,7 +728,7 @@ impl<D: Device> CachingAllocator<D> {
         };
         let mut to_release = Vec::new();
         let mut to_unmap = Vec::new();
-        for &id in pool.blocks.values() {
+        for id in pool.blocks.values() {
             let b = arena.get(id);
             if b.is_expandable() {
                 to_unmap.push(id);
@@ -759,7 +760,7 @@ impl<D: Device> CachingAllocator<D> {
         let mut reclaimed = 0u64;
         let mut total_age = 0u64;
         let mut freeable: u64 = 0;
-        for &id in self.large_blocks.blocks.values() {
+        for id in self.large_blocks.blocks.values() {
             let b = self.arena.get(id);
             if !b.is_split() {
                 total_age += self.large_blocks.gc_count(b);
@@ -775,7 +776,7 @@ impl<D: Device> CachingAllocator<D> {
             let age_threshold = total_age as f64 / freeable as f64;
             block_freed = false;
             victims.clear();
-            for &id in self.large_blocks.blocks.values() {
+            for id in self.large_blocks.blocks.values() {
                 let b = self.arena.get(id);
                 let age = self.large_blocks.gc_count(b);
                 if !b.is_split() && !b.is_expandable() && age as f64 >= age_threshold {

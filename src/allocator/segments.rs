@@ -172,7 +172,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let actual_free: BTreeSet<_> = [(true, &self.small_blocks), (false, &self.large_blocks)]
             .iter()
-            .flat_map(|(small, pool)| pool.blocks.iter().map(move |(k, &id)| (*small, *k, id)))
+            .flat_map(|(small, pool)| pool.blocks.iter().map(move |(k, id)| (*small, k, id)))
             .collect();
         if actual_free != expected_free {
             return Err(format!(

@@ -90,9 +90,12 @@ fn divisions_apply(divisions: u64) -> bool {
     divisions > 1
 }
 
-/// The segment size for 1–10 MiB requests. UNVERIFIED (2.11+): how
-/// `large_segment_size_mb` replaces `kLargeBuffer`; it is taken to set this size
-/// only (not the expandable page size nor the oversize tolerance).
+/// The segment size for 1–10 MiB requests and the large pool's expandable page.
+/// UNVERIFIED (2.11+): how `large_segment_size_mb` replaces `kLargeBuffer`. Taken
+/// to set these two sizes (as third-party code built against the 2.11+
+/// `AcceleratorAllocatorConfig::large_segment_size()` describes it: "2 MiB small
+/// pool, large_segment_size() -- 20 MiB default -- large pool"), not the oversize
+/// tolerance (`max_non_split_rounding_mb` is its own key).
 pub fn large_segment_size(settings: &Settings) -> u64 {
     if settings.version >= TorchVersion::new(2, 11) {
         settings.large_segment_size
@@ -124,8 +127,12 @@ pub fn max_non_split_rounding_size(settings: &Settings) -> u64 {
 }
 
 /// Page size of an expandable segment (`kSmallBuffer` / `kLargeBuffer`).
-pub fn expandable_page_size(small: bool) -> u64 {
-    if small { SMALL_BUFFER } else { LARGE_BUFFER }
+pub fn expandable_page_size(small: bool, settings: &Settings) -> u64 {
+    if small {
+        SMALL_BUFFER
+    } else {
+        large_segment_size(settings)
+    }
 }
 
 #[cfg(test)]
