@@ -1,6 +1,8 @@
 //! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
 
 pub mod replay;
+pub mod rmm;
+pub mod snapshot_trace;
 pub mod trace;
 
 pub use replay::{OomEvent, ReplayOptions, RunResult, TimelinePoint, replay, replay_with};
