@@ -86,14 +86,14 @@ pub fn parse_bytes(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, Er
     parse_input(input_name, data).map(|ev| ev.observations)
 }
 
-/// More than 1 in 8 of the first 4 KiB being control bytes (not tab/CR/LF/ESC).
+/// More than 1 in 16 of the first 4 KiB being control bytes (not tab/CR/LF/ESC).
 fn looks_binary(data: &[u8]) -> bool {
     let head = &data[..data.len().min(4096)];
     let ctrl = head
         .iter()
         .filter(|&&b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r' | 0x1b))
         .count();
-    !head.is_empty() && ctrl * 8 > head.len()
+    !head.is_empty() && ctrl * 16 > head.len()
 }
 
 /// An input's bytes: a memory map for files, a buffer for standard input.

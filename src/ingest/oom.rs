@@ -23,11 +23,12 @@ const MAX_TEXT: usize = 8192;
 /// Length of the `message` field.
 const MESSAGE_CHARS: usize = 200;
 
-/// Compiles a message pattern: a space matches any run of whitespace (a hard
-/// wrap may have eaten it), `SIZE` is a figure as `format_size` prints it.
+/// Compiles a message pattern: a space matches any run of whitespace or of
+/// literal `\n` escapes (a hard wrap may have eaten it; a repr or JSON string
+/// escapes newlines), `SIZE` is a figure as `format_size` prints it.
 fn pattern(p: &str) -> Regex {
     let p = p
-        .replace(' ', r"\s*")
+        .replace(' ', r"(?:\s|\\[nrt])*")
         .replace("SIZE", r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB)");
     Regex::new(&p).expect("built-in OOM pattern")
 }
@@ -58,14 +59,14 @@ patterns! {
     OTHER_PROCESS = r"Process (\d+) has SIZE";
     // cudaMallocAsync backend (c10/cuda/CUDAMallocAsyncAllocator.cpp, mallocAsync).
     ASYNC_DEVICE = "Allocation on device (\\d+) would exceed";
-    ASYNC_ALLOCATED = "Currently allocated :SIZE";
-    ASYNC_REQUESTED = "Requested :SIZE";
-    ASYNC_LIMIT = "Device limit :SIZE";
-    ASYNC_FREE = r"Free \(according to CUDA\) :SIZE";
-    ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) :SIZE";
+    ASYNC_ALLOCATED = "Currently allocated : SIZE";
+    ASYNC_REQUESTED = "Requested : SIZE";
+    ASYNC_LIMIT = "Device limit : SIZE";
+    ASYNC_FREE = r"Free \(according to CUDA\) : SIZE";
+    ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // The end of each era's message: its absence means the text was cut.
     COMPLETE = r"cached \)|reserved in total by PyTorch \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
-    ASYNC_COMPLETE = r"PyTorch limit \(set by user-supplied memory fraction\) :SIZE";
+    ASYNC_COMPLETE = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
@@ -107,9 +108,12 @@ struct Message {
 }
 
 impl Message {
+    /// The message's first line, also ending at a literal `\n` escape.
     fn first_line(&self, first_len: usize) -> String {
         let cut = text::ceil_boundary(&self.text, first_len.min(self.text.len()));
-        text::head(self.text[..cut].trim_end(), MESSAGE_CHARS)
+        let first = &self.text[..cut];
+        let first = first.find("\\n").map_or(first, |i| &first[..i]);
+        text::head(first.trim_end(), MESSAGE_CHARS)
     }
 }
 
@@ -193,8 +197,9 @@ fn starts_other_record(line: &str, so_far: &str) -> bool {
         "File \"",
         "|",
     ];
+    static HAS_HEAD: LazyLock<Regex> = LazyLock::new(|| pattern("out of memory"));
     OTHER.iter().any(|p| line.starts_with(p))
-        || line.contains("out of memory")
+        || (line.contains("out of memory") && HAS_HEAD.is_match(so_far))
         || line.contains("memory summary")
         || (line.contains("Tried to allocate") && so_far.contains("Tried to allocate"))
 }
@@ -290,9 +295,7 @@ fn nccl_start(before: &str, lead: usize) -> usize {
 /// A hit on "Tried to allocate" that no "out of memory" hit consumed: a wrap
 /// split "CUDA out of memory." over the lines above, or the head is lost.
 pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> {
-    static HEAD: LazyLock<Regex> =
-        LazyLock::new(|| pattern(r"^(?:CUDA|HIP|XPU) out of memory \.? $"));
-    if let Some(found) = wrapped_head(data, hit, input, &HEAD) {
+    if let Some(found) = wrapped_head(data, hit, input) {
         return Some(found);
     }
     // The head is lost: read what is there, marked truncated.
@@ -307,9 +310,11 @@ pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> 
     Some(found)
 }
 
-/// Looks on the two lines above `hit` for the "CUDA"/"HIP"/"XPU" that starts a
-/// message whose text, joined across the wrap up to the hit, matches `head`.
-fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Found> {
+/// Looks on the two lines above `hit` for a "CUDA out of memory." that a wrap
+/// split (anywhere, even inside "CUDA"), joining the pieces the way
+/// [`continue_lines`] will.
+fn wrapped_head(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    static HEAD: LazyLock<Regex> = LazyLock::new(|| pattern(r"(CUDA|HIP|XPU) out of memory \.? $"));
     let ls = line_start(data, hit);
     let mut prev_start = ls;
     for _ in 0..2 {
@@ -317,33 +322,27 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Fo
             return None;
         }
         prev_start = line_start(data, prev_start - 1);
-        let prev = clean(&data[prev_start..line_end(data, prev_start)]);
-        let Some(pos) = ["CUDA", "HIP", "XPU"]
-            .iter()
-            .filter_map(|w| prev.rfind(w))
-            .max()
-        else {
-            continue;
-        };
-        // Join the wrapped pieces the way `continue_lines` will.
-        let log_prefix = exception_before(&prev[..pos]).map_or(&prev[..pos], |(_, at)| &prev[..at]);
-        let log_prefix = log_prefix.trim_end();
-        let mut joined = prev[pos..].trim().to_owned();
-        let mut p = line_end(data, prev_start) + 1;
+        let prev_end = line_end(data, prev_start);
+        let prev = clean(&data[prev_start..prev_end]);
+        let mut joined = prev.trim_end().to_owned();
+        let first_len = joined.len();
+        let mut p = prev_end + 1;
         while p <= ls {
             let le = line_end(data, p).min(hit);
             let piece = clean(&data[p..le]);
-            let piece = piece
-                .strip_prefix(log_prefix)
-                .filter(|_| !log_prefix.is_empty())
-                .unwrap_or(&piece);
-            joined.push_str(piece.trim());
+            joined.push_str(piece[shared_prefix(&prev, &piece)..].trim());
             p = le + 1;
         }
-        if !head.is_match(&joined) {
+        let Some(c) = HEAD.captures(&joined) else {
+            continue;
+        };
+        let (whole, word) = (c.get(0)?, c.get(1)?);
+        // It must start on `prev`, or a nearer line is the message's first.
+        if whole.start() >= first_len {
             continue;
         }
-        let device = match &prev[pos..pos + 3] {
+        let pos = whole.start();
+        let device = match word.as_str() {
             "HIP" => DeviceKind::Hip,
             "XPU" => DeviceKind::Xpu,
             _ => DeviceKind::Cuda,
@@ -352,7 +351,7 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Fo
             before: prev[..pos].to_owned(),
             after: prev[pos..].to_owned(),
             line_start: prev_start,
-            bound: line_end(data, prev_start),
+            bound: prev_end,
             bounded: false,
         };
         let before = line.before.clone();
@@ -362,6 +361,15 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Fo
         }
     }
     None
+}
+
+/// Length of the log prefix two lines share (`[rank2]: `), ending at a separator.
+fn shared_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !b.is_char_boundary(n) {
+        n -= 1;
+    }
+    b[..n].rfind([':', ' ', ']', ')']).map_or(0, |i| i + 1)
 }
 
 /// The caching allocator's message (native backend).

@@ -158,17 +158,26 @@ pub fn scan(data: &[u8], input: &str) -> Vec<Observation> {
 
 /// Python prints a chained exception's message again under "During handling
 /// of the above exception" / "The above exception was the direct cause": the
-/// same message (every figure equal) separated only by such a line is one OOM.
-/// Identical messages without it (ranks, retries, iterations) all count.
+/// same message (every figure equal; a wrapper may re-raise it under another
+/// class, and a wrap may cut its first line elsewhere) with such a line
+/// between is one OOM. Identical messages without it
+/// (ranks, retries, iterations) all count.
 fn is_chained_repeat(data: &[u8], prev: &Observation, prev_end: usize, next: &Found) -> bool {
     let same = Observation {
         line: prev.line,
+        exception: prev.exception.clone(),
+        message: prev.message.clone(),
         ..next.obs.clone()
     } == *prev;
-    if !same || next.start < prev_end {
+    // A chained traceback is a few dozen lines; a hard wrap may split the phrase.
+    if !same || next.start < prev_end || next.start - prev_end > 64 * 1024 {
         return false;
     }
-    let gap = &data[prev_end..next.start];
-    memchr::memmem::find(gap, b"During handling of the above exception").is_some()
-        || memchr::memmem::find(gap, b"The above exception was the direct cause").is_some()
+    let gap: Vec<u8> = data[prev_end..next.start]
+        .iter()
+        .copied()
+        .filter(|&b| b != b'\n' && b != b'\r')
+        .collect();
+    memchr::memmem::find(&gap, b"During handling of the above exception").is_some()
+        || memchr::memmem::find(&gap, b"The above exception was the direct cause").is_some()
 }

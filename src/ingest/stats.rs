@@ -115,7 +115,9 @@ fn next_pair_start(d: &[u8], mut i: usize) -> (usize, bool) {
     while let Some(&b) = d.get(i) {
         match b {
             b'\'' | b'"' => return (i, false),
-            b'}' | b']' => return (i, true),
+            b'}' => return (i, true),
+            // `])` closes an OrderedDict; after a newline `]` may be a log prefix's (`[rank1]:`).
+            b']' if !newline => return (i, true),
             b',' | b'(' | b')' | b' ' | b'\t' | b'\r' => i += 1,
             b'\n' => {
                 newline = true;
@@ -132,12 +134,13 @@ fn next_pair_start(d: &[u8], mut i: usize) -> (usize, bool) {
 pub fn stats(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let d = &data[..data.len().min(hit + MAX_DUMP)];
     // The opening `{` / `OrderedDict([` / `[(` right before the first key.
-    let head = &data[hit.saturating_sub(32)..hit];
-    let opened = head
+    let head_start = hit.saturating_sub(32);
+    let open_at = data[head_start..hit]
         .iter()
-        .rev()
-        .find(|b| !matches!(b, b' ' | b'\n' | b'\r' | b'\t' | b'('))
-        .is_some_and(|&b| b == b'{' || b == b'[');
+        .rposition(|b| !matches!(b, b' ' | b'\n' | b'\r' | b'\t' | b'('))
+        .map(|i| head_start + i)
+        .filter(|&i| data[i] == b'{' || data[i] == b'[');
+    let opened = open_at.is_some();
     let mut obs = Observation::new(Kind::MemoryStats, input);
     let ls = line_start(data, hit);
     obs.rank = rank_in(&clean(&data[ls..hit]));
@@ -189,7 +192,7 @@ pub fn stats(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     obs.metrics = Some(metrics);
     Some(Found {
         obs,
-        start: hit,
+        start: open_at.unwrap_or(hit),
         end: end.max(hit + 1),
     })
 }

@@ -243,10 +243,12 @@ pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Fou
                 Some(v) => {
                     if bytes {
                         let u = &cells[1..5];
+                        let unit = |c: &&str| c.trim().rsplit(' ').next().unwrap_or("").to_owned();
                         units_1x |= u
                             .iter()
-                            .any(|c| c.ends_with("KB") || c.ends_with("MB") || c.ends_with("GB"));
-                        units_2x |= u.iter().any(|c| c.contains("iB"));
+                            .map(unit)
+                            .any(|x| matches!(x.as_str(), "KB" | "MB" | "GB" | "TB" | "PB"));
+                        units_2x |= u.iter().map(unit).any(|x| x.ends_with("iB"));
                     }
                     metrics
                         .entry(stat.to_owned())

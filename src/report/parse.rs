@@ -24,7 +24,9 @@ pub fn render(ev: &Evidence, inputs: &[String], format: Format) -> String {
             observations: &ev.observations,
         }),
         Format::Text => {
-            let mut s = grids(ev)
+            let mut s =
+                single_input(ev).map_or_else(String::new, |i| format!("Evidence in {i}\n\n"));
+            s += &grids(ev)
                 .iter()
                 .map(Grid::to_text)
                 .collect::<Vec<_>>()
@@ -38,7 +40,10 @@ pub fn render(ev: &Evidence, inputs: &[String], format: Format) -> String {
             s
         }
         Format::Markdown => {
-            let mut s = String::from("## Evidence\n\n");
+            let mut s = match single_input(ev) {
+                Some(i) => format!("## Evidence in {}\n\n", super::common::markdown_escape(i)),
+                None => String::from("## Evidence\n\n"),
+            };
             for g in grids(ev) {
                 s.push_str(&g.to_markdown());
                 s.push('\n');
@@ -62,11 +67,23 @@ fn names(inputs: &[String]) -> String {
     }
 }
 
-fn place(o: &Observation) -> String {
-    match o.line {
-        Some(l) => format!("{}:{l}", o.input),
-        None => o.input.clone(),
+/// Where an observation is: `file:line`, or just the line when every
+/// observation comes from one input (named once, above the tables).
+fn place(o: &Observation, single: bool) -> String {
+    match (o.line, single) {
+        (Some(l), true) => format!("line {l}"),
+        (Some(l), false) => format!("{}:{l}", o.input),
+        (None, _) => o.input.clone(),
     }
+}
+
+/// The one input every observation comes from, if there is only one.
+fn single_input(ev: &Evidence) -> Option<&str> {
+    let first = ev.observations.first()?;
+    ev.observations
+        .iter()
+        .all(|o| o.input == first.input)
+        .then_some(first.input.as_str())
 }
 
 fn device(o: &Observation) -> String {
@@ -118,6 +135,8 @@ fn extras(o: &Observation) -> String {
 }
 
 fn grids(ev: &Evidence) -> Vec<Grid> {
+    let single = single_input(ev).is_some();
+    let place = |o: &Observation| place(o, single);
     let mut out = Vec::new();
     let of = |k: Kind| ev.observations.iter().filter(move |o| o.kind == k);
 
@@ -182,7 +201,7 @@ fn grids(ev: &Evidence) -> Vec<Grid> {
         .iter()
         .filter(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats))
     {
-        out.push(stats_grid(o));
+        out.push(stats_grid(o, &place(o)));
     }
 
     let mut snaps = Grid::new(
@@ -221,7 +240,7 @@ fn grids(ev: &Evidence) -> Vec<Grid> {
 
 /// One `memory_summary()` or `memory_stats()` observation as a table in the
 /// summary's row order.
-fn stats_grid(o: &Observation) -> Grid {
+fn stats_grid(o: &Observation, place: &str) -> Grid {
     let what = if o.kind == Kind::MemorySummary {
         "memory_summary()"
     } else {
@@ -247,9 +266,9 @@ fn stats_grid(o: &Observation) -> Grid {
         head.push("cut off".to_owned());
     }
     let title = if head.is_empty() {
-        format!("{what} at {}", place(o))
+        format!("{what} at {place}")
     } else {
-        format!("{what} at {}: {}", place(o), head.join(", "))
+        format!("{what} at {place}: {}", head.join(", "))
     };
     let mut g = Grid::new(
         title,
