@@ -120,39 +120,20 @@ fn already_set(cur: &Settings, key: &str, value: &str) -> bool {
     }
 }
 
-/// §6.1: 2.9 warns that PYTORCH_CUDA_ALLOC_CONF is deprecated but its CUDA
-/// allocator still reads only that name (pytorch#183387: PYTORCH_ALLOC_CONF was
-/// ignored for expandable_segments in 2.9.1); 2.10+ reads PYTORCH_CUDA_ALLOC_CONF
-/// first and PYTORCH_ALLOC_CONF only when it is unset.
+/// What the conf module says about PYTORCH_ALLOC_CONF for the newest version
+/// the evidence allows (§6.1: 2.9 warns but reads only PYTORCH_CUDA_ALLOC_CONF;
+/// 2.10+ reads PYTORCH_ALLOC_CONF last), so the user does not switch names.
 pub fn env_note(torch: VersionRange) -> Option<String> {
-    let may_be_new = torch.hi.is_none_or(|hi| hi >= TorchVersion::new(2, 9));
-    may_be_new.then(|| {
-        "PyTorch 2.9+ also knows PYTORCH_ALLOC_CONF (and warns that PYTORCH_CUDA_ALLOC_CONF is deprecated), \
-         but 2.9's CUDA allocator reads only PYTORCH_CUDA_ALLOC_CONF and 2.10+ reads it first, so it works everywhere; \
-         do not set both to different values."
-            .to_string()
-    })
+    let newest = torch.hi.unwrap_or(TorchVersion::LATEST_KNOWN);
+    let notes: Vec<String> = crate::conf::env_var_notes(newest)
+        .into_iter()
+        .filter(|n| n.contains("PYTORCH_ALLOC_CONF"))
+        .collect();
+    (!notes.is_empty()).then(|| notes.join(" "))
 }
 
-/// The settings a config value sets, for knowing what is already in effect.
-pub fn settings_of(value: &str) -> Option<Settings> {
-    let mut s = Settings::default();
-    for item in value.split(',') {
-        let (k, v) = item.split_once(':')?;
-        match k.trim() {
-            "expandable_segments" => s.expandable_segments = v.trim() == "True",
-            "max_split_size_mb" => {
-                s.max_split_size = v
-                    .trim()
-                    .parse::<u64>()
-                    .ok()?
-                    .saturating_mul(crate::conf::MIB)
-            }
-            "backend" if v.trim() == "cudaMallocAsync" => {
-                s.backend = crate::evidence::Backend::CudaMallocAsync
-            }
-            _ => {}
-        }
-    }
-    Some(s)
+/// The settings a config value sets, as PyTorch `version` parses it; `None`
+/// when PyTorch would reject it.
+pub fn settings_of(value: &str, version: TorchVersion) -> Option<Settings> {
+    crate::conf::parse(value, version).ok().map(|p| p.settings)
 }

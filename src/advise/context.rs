@@ -13,6 +13,9 @@ use std::sync::LazyLock;
 pub struct Context {
     /// From `--torch-version`, or a version line in the text (collect_env, pip freeze).
     pub torch: Option<VersionRange>,
+    /// The oldest version the text allows: PyTorch's hint "try setting
+    /// max_split_size_mb" appeared in 1.10 (§7.2).
+    pub torch_floor: Option<crate::conf::TorchVersion>,
     /// The allocator config in effect, from `--conf` or a `PYTORCH_*ALLOC_CONF=` in the text.
     pub current: Option<Settings>,
     /// The raw config value and where it came from ("--conf", "the text").
@@ -41,6 +44,21 @@ static IPC: LazyLock<Regex> = LazyLock::new(|| {
         .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 
+/// PyTorch's OOM hint ("… try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+/// to avoid fragmentation"), also when a terminal or a log prefix wrapped it.
+fn is_pytorch_hint(text: &str, start: usize, end: usize) -> bool {
+    let mut from = start.saturating_sub(80);
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    let mut to = end.saturating_add(40).min(text.len());
+    while !text.is_char_boundary(to) {
+        to += 1;
+    }
+    text.get(from..start).is_some_and(|b| b.contains("try"))
+        || text.get(end..to).is_some_and(|a| a.contains("avoid"))
+}
+
 impl Context {
     /// Scans the text of every input. The OOM hint PyTorch itself prints
     /// ("try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") is not a
@@ -59,16 +77,19 @@ impl Context {
             }
         }
         if self.current_source.is_none() {
-            for line in text.lines().filter(|l| !l.contains("try setting")) {
-                if let Some(c) = CONF.captures(line) {
-                    let value = c
-                        .get(1)
-                        .map_or("", |m| m.as_str())
-                        .trim_end_matches([',', '.']);
-                    self.set_current(value, "the text");
-                    break;
+            for c in CONF.captures_iter(text) {
+                let (Some(all), Some(value)) = (c.get(0), c.get(1)) else {
+                    continue;
+                };
+                if is_pytorch_hint(text, all.start(), all.end()) {
+                    continue;
                 }
+                self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
+                break;
             }
+        }
+        if text.contains("try setting max_split_size_mb") {
+            self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
         }
         self.windows |= WINDOWS.is_match(text);
         self.ipc_user |= IPC.is_match(text);
@@ -76,7 +97,11 @@ impl Context {
 
     /// Records the config in effect; an unparsable value is kept as text only.
     pub fn set_current(&mut self, value: &str, source: &'static str) {
-        self.current = super::combine::settings_of(value);
+        let version = self
+            .torch
+            .and_then(|t| t.lo)
+            .unwrap_or(crate::conf::TorchVersion::DEFAULT);
+        self.current = super::combine::settings_of(value, version);
         self.current_source = Some((value.to_string(), source));
     }
 }
@@ -108,6 +133,8 @@ mod tests {
     fn pytorch_hint_is_not_a_user_config() {
         let mut c = Context::default();
         c.scan("If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
+        assert_eq!(c.current_source, None);
+        c.scan("[rank2]: eserved but unallocated memory is large try settin\n[rank2]: g PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n[rank2]:  to avoid fragmentation.");
         assert_eq!(c.current_source, None);
         c.scan("vllm/distributed/device_communicators/custom_all_reduce.py");
         assert!(c.ipc_user);

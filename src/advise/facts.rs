@@ -32,9 +32,15 @@ pub fn facts(evidence: &Evidence, ctx: &Context) -> Facts {
         }
     }
     let primary = primary(evidence);
-    f.torch = ctx
-        .torch
-        .unwrap_or_else(|| primary.map(era_range).unwrap_or_default());
+    f.torch = ctx.torch.unwrap_or_else(|| {
+        let mut r = primary.map(era_range).unwrap_or_default();
+        if let Some(floor) = ctx.torch_floor
+            && r.hi.is_none_or(|hi| hi >= floor)
+        {
+            r.lo = Some(r.lo.map_or(floor, |lo| lo.max(floor)));
+        }
+        r
+    });
     f.backend = primary
         .and_then(|p| p.backend)
         .or(ctx.current.as_ref().map(|c| c.backend));
@@ -52,24 +58,35 @@ fn bytes(f: &mut Facts, name: &str, v: Option<u64>) {
     }
 }
 
+/// §7.2: "Tried to allocate more than 1EB memory." states a lower bound only.
+const ONE_EIB: u64 = 1 << 60;
+
 fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
-    bytes(f, "requested", p.requested_bytes);
+    let over_1eb = p
+        .message
+        .as_deref()
+        .is_some_and(|m| m.contains("more than 1EB"));
+    bytes(
+        f,
+        "requested",
+        p.requested_bytes.or(over_1eb.then_some(ONE_EIB)),
+    );
     bytes(f, "capacity", p.total_capacity_bytes);
     bytes(f, "free", p.free_bytes);
     bytes(f, "private_pools", p.private_pools_bytes);
-    bytes(f, "process_in_use", p.process_in_use_bytes);
     let (allocated, reserved) = match p.kind {
         Kind::MemorySummary | Kind::MemoryStats => (
             stat(p, "allocated_bytes", "all").or(p.allocated_bytes),
             stat(p, "reserved_bytes", "all").or(p.reserved_bytes),
         ),
-        _ => (p.allocated_bytes, p.reserved_bytes.or(p.cached_bytes)),
+        _ => (p.allocated_bytes, p.reserved_bytes),
     };
-    // 2.1+ messages print allocated and reserved-unallocated; older ones allocated and reserved.
-    let reserved = reserved.or_else(|| Some(allocated? + p.reserved_unallocated_bytes?));
-    let unallocated = p
-        .reserved_unallocated_bytes
-        .or_else(|| Some(reserved?.saturating_sub(allocated?)));
+    // 2.1+ messages print reserved-but-unallocated; 1.0-1.3 print "cached", which
+    // is the same quantity (`stats.amount_cached - stats.amount_allocated` in
+    // THCCachingAllocator's message), not the reserved total.
+    let gap = p.reserved_unallocated_bytes.or(p.cached_bytes);
+    let reserved = reserved.or_else(|| Some(allocated? + gap?));
+    let unallocated = gap.or_else(|| Some(reserved?.saturating_sub(allocated?)));
     bytes(f, "allocated", allocated);
     bytes(f, "reserved", reserved);
     bytes(f, "reserved_unallocated", unallocated);
@@ -80,15 +97,34 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
             Some(c.saturating_sub(fr).saturating_sub(r)),
         );
     }
-    if let (Some(u), Some(r)) = (p.process_in_use_bytes, reserved) {
+    let listed: Vec<u64> = p
+        .other_processes
+        .iter()
+        .filter(|u| u.pid.is_some())
+        .map(|u| u.bytes)
+        .collect();
+    let mut in_use = p.process_in_use_bytes;
+    let mut self_at = None;
+    if let (None, Some(r), Some(c)) = (in_use, reserved, p.total_capacity_bytes) {
+        // In a container NVML reports host PIDs, so PyTorch does not recognise
+        // itself and prints "Process <pid> has …" for its own memory: a listed
+        // process holding this cache plus a context-sized margin is this one.
+        let margin = (2u64 << 30).max(c / 20);
+        self_at = listed
+            .iter()
+            .position(|&b| b >= r && b <= r.saturating_add(margin));
+        in_use = self_at.and_then(|i| listed.get(i).copied());
+    }
+    bytes(f, "process_in_use", in_use);
+    if let (Some(u), Some(r)) = (in_use, reserved) {
         bytes(f, "non_pytorch_in_process", Some(u.saturating_sub(r)));
     }
-    if !p.other_processes.is_empty() || p.process_in_use_bytes.is_some() {
-        let others: u64 = p
-            .other_processes
+    if !listed.is_empty() || in_use.is_some() {
+        let others: u64 = listed
             .iter()
-            .filter(|u| u.pid.is_some())
-            .map(|u| u.bytes)
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != self_at)
+            .map(|(_, b)| b)
             .sum();
         bytes(f, "other_processes_bytes", Some(others));
     }
@@ -240,7 +276,7 @@ fn era_range(o: &Observation) -> VersionRange {
 
 /// "2.1" → [2.1, 2.1], "1.10-2.0" → [1.10, 2.0], "2.4+" → [2.4, …), "pre-1.0" → (…, 0.4].
 pub fn parse_era(era: &str) -> VersionRange {
-    let v = |s: &str| crate::rules::parse_version(s.trim());
+    let v = |s: &str| TorchVersion::parse(s).ok();
     let era = era.trim();
     if let Some(rest) = era.strip_prefix("pre-") {
         let hi = v(rest).map(|x| TorchVersion::new(x.major.saturating_sub(1), 99));
@@ -349,6 +385,7 @@ mod tests {
         o.reserved_unallocated_bytes = Some(6657199309);
         o.format_era = Some("2.2-2.3".into());
         let ev = Evidence {
+            notes: Vec::new(),
             observations: vec![o],
             ..Default::default()
         };
@@ -361,6 +398,29 @@ mod tests {
             Some(&Fact::Bool(true))
         );
         assert_eq!(f.values.get("fraction_set"), Some(&Fact::Bool(false)));
+        assert_eq!(
+            f.values.get("reserved_unallocated"),
+            Some(&Fact::Num(6657199309.0))
+        );
         assert!(!f.values.contains_key("other_processes_bytes"));
+    }
+
+    #[test]
+    fn cached_in_1_0_messages_is_the_gap_not_the_total() {
+        // "Tried to allocate 26.00 MiB (GPU 0; 1024.00 MiB total capacity; 435.61 MiB
+        //  already allocated; 24.17 MiB free; 26.39 MiB cached)" (pytorch/examples#621)
+        let mut o = Observation::new(Kind::Oom, "t.log");
+        o.allocated_bytes = Some(456769372);
+        o.cached_bytes = Some(27671675);
+        let ev = Evidence {
+            notes: Vec::new(),
+            observations: vec![o],
+        };
+        let f = facts(&ev, &Context::default());
+        assert_eq!(
+            f.values.get("reserved_unallocated"),
+            Some(&Fact::Num(27671675.0))
+        );
+        assert_eq!(f.values.get("reserved"), Some(&Fact::Num(484441047.0)));
     }
 }

@@ -40,17 +40,6 @@ pub struct Finding {
     pub priority: i32,
 }
 
-impl Serialize for Value {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            // Byte counts and counters are integers; ratios keep their fraction.
-            Value::Num(n) if n.fract() == 0.0 && n.abs() < 9.0e15 => s.serialize_i64(*n as i64),
-            Value::Num(n) => s.serialize_f64(*n),
-            Value::Bool(b) => s.serialize_bool(*b),
-        }
-    }
-}
-
 /// A rule that could not be evaluated, and what it needed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NotEvaluated {
@@ -118,7 +107,7 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
     let deciding = findings.iter().find(|f| f.cause.is_some());
     let cause = deciding.and_then(|f| f.cause).unwrap_or(Cause::Unknown);
     let verdict = match deciding {
-        Some(f) => format!("{}: {}", headline(cause), f.message),
+        Some(f) => format!("{}: {}", cause.as_str(), f.message),
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
         }

@@ -29,11 +29,7 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
     let mut ctx = Context::default();
     if let Some(v) = &opts.torch_version {
-        let v = crate::rules::parse_version(v).ok_or_else(|| {
-            Error::Usage(format!(
-                "invalid --torch-version '{v}': expected e.g. 2.4 or 2.4.1"
-            ))
-        })?;
+        let v = crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
         ctx.torch = Some(VersionRange::exact(v));
     }
     if let Some(c) = &opts.conf {
@@ -46,7 +42,9 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
             Error::Usage(format!("{}: cannot write the report: {e}", path.display()))
         })?;
     }
-    Ok(Outcome::ok(render(&d, opts.format, opts.verbose)))
+    let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
+    out.stderr = d.evidence.notes.clone();
+    Ok(out)
 }
 
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
@@ -77,13 +75,12 @@ pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Err
         } else {
             std::fs::read(name).map_err(|e| Error::Input(format!("{name}: cannot read: {e}")))?
         };
-        // A pickle (snapshot) starts with the PROTO opcode; only text has context lines.
-        if data.first() != Some(&0x80) {
+        if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
             ctx.scan(&String::from_utf8_lossy(&data));
         }
-        evidence
-            .observations
-            .extend(crate::ingest::parse_bytes(name, &data)?);
+        let ev = crate::ingest::parse_input(name, &data)?;
+        evidence.observations.extend(ev.observations);
+        evidence.notes.extend(ev.notes);
     }
     Ok(evidence)
 }

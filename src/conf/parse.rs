@@ -76,13 +76,16 @@ pub fn parse(value: &str, version: TorchVersion) -> Result<ParsedConf, ConfError
         }
         Era::Tokenizer => {
             p.toks = lex(value, |c| cpp::is_c_space(c as u8) && c.is_ascii());
-            // setAllocatorSettings: AcceleratorAllocatorConfig::parseArgs, then
-            // the CUDA hook, each over the whole string.
+            // From the environment the CUDA hook (`CUDAAllocatorConfig`) reads
+            // the value before `AcceleratorAllocatorConfig` does: users report
+            // "ValueError: Unrecognized key '…' in CUDA allocator config." at
+            // CUDA initialization. (`_set_allocator_settings` runs the two in
+            // the other order and names the "Accelerator allocator config".)
+            p.parse_pass(Some(Owner::Cuda))?;
             if version >= TorchVersion::new(2, 11) {
                 p.large_segment_pre_pass()?;
             }
             p.parse_pass(Some(Owner::Core))?;
-            p.parse_pass(Some(Owner::Cuda))?;
         }
     }
     p.finish();
@@ -304,13 +307,10 @@ impl Parser<'_> {
                         self.check_failed(format!("Unrecognized CachingAllocator option: {name}"))
                     );
                 }
-                // The core parser runs first over the whole value, so it is
-                // the one that rejects an unknown key (via
-                // `_set_allocator_settings`; from the environment the CUDA
-                // parser may run first and say "in CUDA allocator config.").
+                // Whichever pass runs first rejects the key; the CUDA one does.
                 (None, Some(_)) => {
                     return Err(self.check_failed(format!(
-                        "Unrecognized key '{name}' in Accelerator allocator config."
+                        "Unrecognized key '{name}' in CUDA allocator config."
                     )));
                 }
             };

@@ -47,8 +47,7 @@ fn error_lines(e: &ConfError) -> Vec<String> {
     }
 }
 
-const WHEN: &str =
-    "(raised at the first CUDA allocation, or by torch.cuda.memory._set_allocator_settings)";
+const WHEN: &str = "(raised when PyTorch first reads the variable, at CUDA initialization or the first CUDA allocation, or by torch.cuda.memory._set_allocator_settings)";
 
 fn size_cell(bytes: u64) -> String {
     if bytes < 1024 {

@@ -2,11 +2,11 @@
 //! findings, the one environment line (or why there is none), what to check
 //! next, and with `-v` the rules that could not be evaluated.
 
-use crate::advise::{Diagnosis, Recommendation};
+use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation};
 use crate::evidence::{Kind, Observation};
 use crate::units::format_size;
 use comfy_table::{ContentArrangement, Table, presets};
-use serde_json::json;
+use serde::Serialize;
 use std::fmt::Write;
 
 /// Width of the findings table, fixed so output is the same on every terminal.
@@ -57,6 +57,12 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
                 d.cause.as_str()
             );
         }
+        None if needs_version(d) => {
+            let _ = writeln!(
+                out,
+                "\nNo allocator setting yet: which one applies depends on your PyTorch version; rerun with --torch-version."
+            );
+        }
         None => {
             let _ = writeln!(
                 out,
@@ -86,7 +92,7 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
 
 fn recommendation_text(out: &mut String, r: &Recommendation) {
     let _ = writeln!(out, "\nRecommended\n  {}", r.line);
-    let _ = writeln!(out, "  or in Python, before the first `import torch`:");
+    let _ = writeln!(out, "  or in Python:");
     for l in r.python.lines() {
         let _ = writeln!(out, "    {l}");
     }
@@ -114,6 +120,14 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
             let _ = writeln!(out, "  - {}: {}", f.rule, f.reference);
         }
     }
+}
+
+fn needs_version(d: &Diagnosis) -> bool {
+    d.not_evaluated.iter().any(|n| {
+        n.needs
+            .iter()
+            .any(|m| m == "torch_version" || m == "expandable_segments_supported")
+    })
 }
 
 /// Each fired rule's advice once, highest priority first.
@@ -180,13 +194,14 @@ fn describe(o: &Observation) -> String {
 }
 
 fn sizes(o: &Observation) -> Vec<String> {
-    let fields: [(&str, Option<u64>); 8] = [
+    let fields: [(&str, Option<u64>); 9] = [
         ("requested", o.requested_bytes),
         ("capacity", o.total_capacity_bytes),
         ("free", o.free_bytes),
         ("allocated", o.allocated_bytes),
-        ("reserved", o.reserved_bytes.or(o.cached_bytes)),
+        ("reserved", o.reserved_bytes),
         ("reserved but unallocated", o.reserved_unallocated_bytes),
+        ("cached (reserved but unallocated)", o.cached_bytes),
         ("allowed", o.allowed_bytes),
         ("private pools", o.private_pools_bytes),
     ];
@@ -196,25 +211,38 @@ fn sizes(o: &Observation) -> Vec<String> {
         .collect()
 }
 
+/// `diagnose --format json`: the contract's fields in the contract's order,
+/// then ours (`verdict`, `next_steps`, `not_evaluated`).
+#[derive(Serialize)]
+struct Json<'a> {
+    observations: &'a [Observation],
+    cause: &'static str,
+    findings: &'a [Finding],
+    recommendation: Option<&'a Recommendation>,
+    verdict: &'a str,
+    /// Per-rank figures and flags, when the inputs hold two or more ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks: Option<super::ranks::RankTable>,
+    next_steps: Vec<&'a str>,
+    not_evaluated: &'a [NotEvaluated],
+}
+
 pub fn json(d: &Diagnosis) -> String {
-    let value = json!({
-        "observations": d.evidence.observations,
-        "cause": d.cause.as_str(),
-        "verdict": d.verdict,
-        "findings": d.findings,
-        "recommendation": d.recommendation,
-        "ranks": super::ranks::rank_table(&d.evidence),
-        "next_steps": next_steps(d),
-        "not_evaluated": d.not_evaluated,
-    });
-    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
-    s.push('\n');
-    s
+    crate::report::common::json(&Json {
+        observations: &d.evidence.observations,
+        cause: d.cause.as_str(),
+        findings: &d.findings,
+        recommendation: d.recommendation.as_ref(),
+        verdict: &d.verdict,
+        ranks: super::ranks::rank_table(&d.evidence),
+        next_steps: next_steps(d),
+        not_evaluated: &d.not_evaluated,
+    })
 }
 
 pub fn markdown(d: &Diagnosis) -> String {
     let mut out = String::from("## allocdoc diagnosis\n\n");
-    let _ = writeln!(out, "**Cause: `{}`.** {}\n", d.cause.as_str(), d.verdict);
+    let _ = writeln!(out, "**Verdict:** {}\n", d.verdict);
     if let Some(p) = primary(d) {
         let _ = writeln!(out, "Evidence: `{}`", describe(p));
         let sizes = sizes(p);

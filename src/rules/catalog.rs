@@ -66,7 +66,7 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "other_processes_bytes",
         Bytes,
-        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed",
+        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed. Without a 'this process' line, a listed process holding this cache plus at most max(2 GiB, 5% of the card) is taken to be this process seen from a container",
     ),
     m(
         "non_pytorch",
@@ -216,4 +216,19 @@ pub const METRICS: &[MetricDef] = &[
 
 pub fn lookup(name: &str) -> Option<&'static MetricDef> {
     METRICS.iter().find(|d| d.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn readme_documents_every_metric() {
+        let readme = include_str!("../../rules/README.md");
+        for m in super::METRICS {
+            assert!(
+                readme.contains(&format!("| `{}` |", m.name)),
+                "rules/README.md lacks {}",
+                m.name
+            );
+        }
+    }
 }

@@ -7,6 +7,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/alloc-retries.yaml"),
     ),
     (
+        "rules/async-capacity.yaml",
+        include_str!("../../rules/async-capacity.yaml"),
+    ),
+    (
         "rules/capacity.yaml",
         include_str!("../../rules/capacity.yaml"),
     ),
@@ -19,16 +23,20 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/expandable-already-on.yaml"),
     ),
     (
-        "rules/expandable-unavailable.yaml",
-        include_str!("../../rules/expandable-unavailable.yaml"),
-    ),
-    (
         "rules/free-exceeds-request.yaml",
         include_str!("../../rules/free-exceeds-request.yaml"),
     ),
     (
         "rules/gc-threshold-with-fraction.yaml",
         include_str!("../../rules/gc-threshold-with-fraction.yaml"),
+    ),
+    (
+        "rules/huge-request.yaml",
+        include_str!("../../rules/huge-request.yaml"),
+    ),
+    (
+        "rules/inactive-split-high.yaml",
+        include_str!("../../rules/inactive-split-high.yaml"),
     ),
     (
         "rules/inactive-split-rising.yaml",
@@ -79,6 +87,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/request-exceeds-capacity.yaml"),
     ),
     (
+        "rules/request-over-1eb.yaml",
+        include_str!("../../rules/request-over-1eb.yaml"),
+    ),
+    (
         "rules/reserved-gap.yaml",
         include_str!("../../rules/reserved-gap.yaml"),
     ),
@@ -93,6 +105,14 @@ pub(super) const FILES: &[(&str, &str)] = &[
     (
         "rules/small-pool-fragmentation.yaml",
         include_str!("../../rules/small-pool-fragmentation.yaml"),
+    ),
+    (
+        "rules/use-expandable-segments.yaml",
+        include_str!("../../rules/use-expandable-segments.yaml"),
+    ),
+    (
+        "rules/use-max-split-size.yaml",
+        include_str!("../../rules/use-max-split-size.yaml"),
     ),
 ];
 

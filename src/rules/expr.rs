@@ -144,6 +144,17 @@ impl fmt::Display for Value {
     }
 }
 
+impl serde::Serialize for Value {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            // Byte counts and counters are integers; ratios keep their fraction.
+            Value::Num(n) if n.fract() == 0.0 && n.abs() < 9.0e15 => s.serialize_i64(*n as i64),
+            Value::Num(n) => s.serialize_f64(*n),
+            Value::Bool(b) => s.serialize_bool(*b),
+        }
+    }
+}
+
 /// Why an expression has no value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EvalError {
@@ -201,7 +212,7 @@ fn lex(src: &str) -> Result<Vec<(Tok, Span)>, ParseError> {
                     None => {
                         return Err(ParseError {
                             message: format!(
-                                "unknown size unit '{unit}' (use B, KiB, MiB, GiB, TiB)"
+                                "unknown size unit '{unit}' (use B, KiB, MiB, GiB, TiB, PiB, EiB)"
                             ),
                             span: Span {
                                 start: unit_start,
@@ -308,6 +319,8 @@ fn size_unit(unit: &str) -> Option<f64> {
         "MiB" | "MB" | "M" => 1048576.0,
         "GiB" | "GB" | "G" => 1073741824.0,
         "TiB" | "TB" | "T" => 1099511627776.0,
+        "PiB" | "PB" => 1125899906842624.0,
+        "EiB" | "EB" => 1152921504606846976.0,
         _ => return None,
     })
 }
@@ -1002,5 +1015,28 @@ mod tests {
         assert_eq!(format_number(3.0), "3");
         assert_eq!(format_number(1.25), "1.25");
         assert_eq!(format_number(0.1 + 0.2), "0.3");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any text either parses or yields a span inside it; evaluation never panics.
+        #[test]
+        fn parse_and_eval_never_panic(src in "[ -~]{0,40}") {
+            match parse(&src) {
+                Ok(e) => {
+                    let _ = e.eval(&env(&[("requested", 1.0), ("capacity", 0.0)]));
+                }
+                Err(err) => proptest::prop_assert!(err.span.start <= src.len()),
+            }
+        }
+
+        /// Generated well-formed arithmetic agrees with f64 arithmetic.
+        #[test]
+        fn arithmetic_matches_f64(a in 0u32..10_000, b in 1u32..10_000, c in 0u32..100) {
+            let src = format!("{a} + {b} * {c} - {a} / {b}");
+            let want = f64::from(a) + f64::from(b) * f64::from(c) - f64::from(a) / f64::from(b);
+            proptest::prop_assert_eq!(eval(&src, &env(&[])), Ok(Value::Num(want)));
+        }
     }
 }

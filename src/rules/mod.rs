@@ -11,7 +11,6 @@ mod model;
 mod template;
 mod testing;
 
-pub(crate) use model::parse_version;
 pub use model::{AppliesTo, Cause, Rule, Severity, TestCase, VersionReq};
 pub use template::Template;
 pub use testing::{CaseResult, run_tests};

@@ -200,7 +200,7 @@ impl VersionReq {
             } else {
                 (Cmp::Eq, part)
             };
-            let v = parse_version(rest.trim()).ok_or_else(|| {
+            let v = TorchVersion::parse(rest.trim()).ok().ok_or_else(|| {
                 format!(
                     "invalid version '{}' in '{text}' (expected e.g. >=2.1, <2.1)",
                     rest.trim()
@@ -259,14 +259,6 @@ impl VersionReq {
             _ => None,
         }
     }
-}
-
-/// `2.1`, `2.10`, `2.4.1`, `2.4.0+cu121` → major.minor.
-pub(crate) fn parse_version(s: &str) -> Option<TorchVersion> {
-    let mut it = s.split(['.', '+']);
-    let major = it.next()?.trim().parse().ok()?;
-    let minor = it.next().map_or(Some(0), |m| m.trim().parse().ok())?;
-    Some(TorchVersion::new(major, minor))
 }
 
 /// Where a rule applies.
@@ -426,7 +418,7 @@ fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase,
         ..Facts::default()
     };
     if let Some(t) = &case.torch {
-        let v = parse_version(t).ok_or_else(|| RuleError {
+        let v = TorchVersion::parse(t).map_err(|_| RuleError {
             file: file.to_string(),
             line: 0,
             column: 0,
@@ -513,7 +505,6 @@ mod tests {
             Some(false)
         );
         assert!(VersionReq::parse(">=two").is_err());
-        assert_eq!(parse_version("2.4.0+cu121"), Some(TorchVersion::new(2, 4)));
     }
 
     const MINIMAL: &str = "id: demo\ntitle: Demo\nseverity: warning\nwhen: requested > 1GiB\nbecause: \"{requested|size} asked\"\nreference: https://example.org\n";

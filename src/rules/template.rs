@@ -219,4 +219,19 @@ mod tests {
         assert_eq!(v.render_value(&facts()).unwrap(), "True");
         assert!(ValueTemplate::parse("= 1 +").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any text, any Unicode: a template or an error inside the text, never a panic.
+        #[test]
+        fn templates_never_panic(src in "\\PC{0,40}") {
+            match Template::parse(&src) {
+                Ok(t) => {
+                    let _ = t.render(&facts());
+                }
+                Err(e) => proptest::prop_assert!(e.span.start <= src.len()),
+            }
+        }
+    }
 }
