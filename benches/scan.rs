@@ -52,7 +52,10 @@ fn noise_line(i: usize, out: &mut String) {
 }
 
 fn summary() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/text/constructed_summary_2x_full.log");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/text/constructed_summary_2x_full.log"
+    );
     let text = std::fs::read_to_string(path).expect("summary fixture");
     let body = text.split_once("# ---\n").map_or(text.as_str(), |(_, b)| b);
     body.lines().map(|l| format!("[rank0]: {l}\n")).collect()
