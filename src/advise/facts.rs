@@ -387,7 +387,6 @@ mod tests {
         let ev = Evidence {
             notes: Vec::new(),
             observations: vec![o],
-            ..Default::default()
         };
         let f = facts(&ev, &Context::default());
         assert_eq!(f.values.get("reserved"), Some(&Fact::Num(21689584845.0)));
