@@ -7,6 +7,9 @@
 
 use thiserror::Error;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DeviceError {
     /// cudaErrorMemoryAllocation: the allocator treats it as a failed attempt.
@@ -50,4 +53,31 @@ pub trait Device {
     /// A device / stream synchronisation (counted; costed by the sim).
     fn synchronize(&mut self);
     fn counters(&self) -> DeviceCounters;
+}
+
+/// Which device a command runs on: `--device sim` or `--device cuda[:N]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Sim,
+    Cuda(i32),
+}
+
+impl DeviceSpec {
+    pub fn parse(s: &str) -> Result<Self, crate::Error> {
+        let bad = || {
+            crate::Error::Usage(format!(
+                "--device {s:?}: expected `sim`, `cuda` or `cuda:N`"
+            ))
+        };
+        match s.trim() {
+            "" | "sim" => Ok(DeviceSpec::Sim),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<i32>().ok())
+                .filter(|n| *n >= 0)
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(bad),
+        }
+    }
 }
