@@ -197,6 +197,20 @@ enum RulesAction {
     Test { dir: Option<PathBuf> },
 }
 
+/// On a real GPU, Ctrl-C stops the replay at its next driver call so the device
+/// returns every allocation before the process exits.
+#[cfg(feature = "cuda")]
+fn stop_cuda_on_ctrl_c(device: &str) {
+    if device.starts_with("cuda") {
+        let _ = ctrlc::set_handler(|| {
+            allocdoc::device::cuda::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed)
+        });
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn stop_cuda_on_ctrl_c(_device: &str) {}
+
 fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
     match cli.command {
         Command::Diagnose {
@@ -242,19 +256,22 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             emit_snapshot,
             report,
             format,
-        } => app::replay::run(&app::replay::ReplayOptions {
-            trace,
-            confs,
-            capacity,
-            device,
-            fidelity,
-            summary,
-            torch_version,
-            compare_with,
-            emit_snapshot,
-            report,
-            format: format.format.into(),
-        }),
+        } => {
+            stop_cuda_on_ctrl_c(&device);
+            app::replay::run(&app::replay::ReplayOptions {
+                trace,
+                confs,
+                capacity,
+                device,
+                fidelity,
+                summary,
+                torch_version,
+                compare_with,
+                emit_snapshot,
+                report,
+                format: format.format.into(),
+            })
+        }
         Command::Recommend {
             input,
             capacity,
@@ -274,15 +291,18 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             device,
             report,
             format,
-        } => app::validate::run(&app::validate::ValidateOptions {
-            input,
-            conf,
-            current,
-            capacity,
-            device,
-            report,
-            format: format.format.into(),
-        }),
+        } => {
+            stop_cuda_on_ctrl_c(&device);
+            app::validate::run(&app::validate::ValidateOptions {
+                input,
+                conf,
+                current,
+                capacity,
+                device,
+                report,
+                format: format.format.into(),
+            })
+        }
         Command::Rules {
             action,
             rules,
