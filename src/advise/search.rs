@@ -53,6 +53,17 @@ impl Score {
     }
 }
 
+/// A run's outcome as far as the ranking is concerned.
+pub trait Scored {
+    fn score(&self) -> Score;
+}
+
+impl Scored for Score {
+    fn score(&self) -> Score {
+        *self
+    }
+}
+
 /// One point of the config space.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -132,9 +143,9 @@ pub enum Progress {
 
 /// A ranked search.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SearchResult {
-    /// Candidates with their scores, best first.
-    pub ranked: Vec<(Candidate, Score)>,
+pub struct SearchResult<O> {
+    /// Candidates with their runs, best first.
+    pub ranked: Vec<(Candidate, O)>,
     /// The smallest capacity (to `resolution` bytes) at which the best
     /// candidate still runs; `None` when every candidate ran out of memory.
     pub min_capacity_bytes: Option<u64>,
@@ -146,20 +157,21 @@ pub const CAPACITY_RESOLUTION: u64 = MIB;
 /// Replays every candidate at `capacity` in parallel, ranks them, and bisects
 /// the winner's smallest capacity. `run(settings, capacity)` must be
 /// deterministic; `progress` is called from worker threads.
-pub fn search<R, P>(
+pub fn search<O, R, P>(
     candidates: Vec<Candidate>,
     base: &Settings,
     capacity: u64,
     run: R,
     progress: P,
-) -> SearchResult
+) -> SearchResult<O>
 where
-    R: Fn(&Settings, u64) -> Score + Sync,
+    O: Scored + Send,
+    R: Fn(&Settings, u64) -> O + Sync,
     P: Fn(Progress) + Sync,
 {
     let total = candidates.len();
     let done = AtomicUsize::new(0);
-    let mut ranked: Vec<(Candidate, Score)> = candidates
+    let mut ranked: Vec<(Candidate, O)> = candidates
         .into_par_iter()
         .map(|c| {
             let score = run(&c.settings(base), capacity);
@@ -169,16 +181,16 @@ where
         })
         .collect();
     // Stable on ties: the candidate with fewer keys set wins (less to explain).
-    ranked.sort_by(|a, b| a.1.rank(&b.1).then(a.0.keys().cmp(&b.0.keys())));
+    ranked.sort_by(|a, b| {
+        a.1.score()
+            .rank(&b.1.score())
+            .then(a.0.keys().cmp(&b.0.keys()))
+    });
     let min_capacity_bytes = match ranked.first() {
-        Some((best, score)) if score.oom_event.is_none() => {
+        Some((best, out)) if out.score().oom_event.is_none() => {
             let settings = best.settings(base);
-            Some(min_capacity(
-                score,
-                capacity,
-                |cap| run(&settings, cap),
-                &progress,
-            ))
+            let at = |cap| run(&settings, cap).score();
+            Some(min_capacity(&out.score(), capacity, at, &progress))
         }
         _ => None,
     };
