@@ -14,3 +14,4 @@ pub fn observations(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, E
     let _ = (input_name, data);
     Err(Error::Usage("snapshot support is not built yet".into()))
 }
+pub mod writer;

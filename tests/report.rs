@@ -1,0 +1,373 @@
+//! The HTML report, the Markdown helpers, the multi-rank table and the
+//! snapshot writer, checked on constructed data and on real command runs.
+
+use allocdoc::report::html::{
+    BlockState, Figure, Finding, MapBlock, MapSegment, ReportData, SegmentMap, Site, Table,
+    TableRow, Timeline, Tone, Verdict, render,
+};
+use allocdoc::snapshot::writer::{self, Action, Block, Segment, Snapshot, TraceEntry};
+use std::path::Path;
+use std::process::Command;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A deterministic xorshift, so the fixtures need no dependency and never change.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A training-like timeline: allocated saws up and down per step, reserved
+/// ratchets up (fragmentation) for the current config and stays flat for the
+/// recommended one; the current config runs out at `oom_at`.
+fn timelines(events: u64) -> Vec<Timeline> {
+    let mut current = Timeline::new("current (default)");
+    let mut fixed = Timeline::new("expandable_segments:True");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let oom_at = events * 9 / 10;
+    let (mut res_cur, mut res_fix) = (0u64, 0u64);
+    for i in 0..events {
+        let step = (i % 4000) as f64 / 4000.0;
+        let saw = (step * std::f64::consts::PI).sin();
+        let jitter = rng.next() % (256 * MIB);
+        let allocated = 18 * GIB + (saw * 40.0 * GIB as f64) as u64 + jitter;
+        // The default config keeps growing reserved memory it cannot reuse.
+        let creep = (i as f64 / events as f64 * 16.0 * GIB as f64) as u64;
+        res_cur = res_cur.max(allocated + allocated / 8 + creep);
+        res_fix = res_fix.max(allocated + 2 * GIB);
+        if i <= oom_at {
+            current.push(i, allocated, res_cur);
+        }
+        fixed.push(i, allocated, res_fix);
+    }
+    current.oom_at = Some(oom_at);
+    vec![current, fixed]
+}
+
+fn segment_map() -> SegmentMap {
+    let mut rng = Rng(42);
+    let mut segments = Vec::new();
+    // A few large segments split into many blocks, many 2 MiB small-pool segments.
+    for s in 0..14u64 {
+        let mut blocks = Vec::new();
+        let total = (200 + rng.next() % 1800) * MIB;
+        let mut left = total;
+        while left > 0 {
+            let size = ((4 + rng.next() % 120) * MIB).min(left);
+            let state = match rng.next() % 7 {
+                0 | 1 => BlockState::InactiveSplit,
+                _ => BlockState::Allocated,
+            };
+            blocks.push(MapBlock { size, state });
+            left -= size;
+        }
+        segments.push(MapSegment {
+            address: 0x7f00_0000_0000 + s * 4 * GIB,
+            stream: 0,
+            blocks,
+        });
+    }
+    for s in 0..40u64 {
+        let state = if s % 5 == 0 {
+            BlockState::Free
+        } else {
+            BlockState::Allocated
+        };
+        segments.push(MapSegment {
+            address: 0x7e00_0000_0000 + s * 2 * MIB,
+            stream: 0,
+            blocks: vec![
+                MapBlock {
+                    size: MIB + 512 * 1024,
+                    state,
+                },
+                MapBlock {
+                    size: 512 * 1024,
+                    state: if state == BlockState::Free {
+                        BlockState::Free
+                    } else {
+                        BlockState::InactiveSplit
+                    },
+                },
+            ],
+        });
+    }
+    SegmentMap {
+        at: "at the OOM (event 90 000)".into(),
+        segments,
+    }
+}
+
+fn fixture(events: u64) -> ReportData {
+    ReportData {
+        title: "allocdoc validate: train.log <rank 0>".into(),
+        subtitle: Some("trace train_trace.csv, 100 000 events, capacity 79.15 GiB".into()),
+        verdict: Verdict {
+            headline: "expandable_segments:True runs the whole trace; the current config runs out of memory at event 90 000".into(),
+            tone: Tone::Good,
+        },
+        export_line: Some("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into()),
+        figures: vec![
+            Figure { label: "Peak reserved (current)".into(), value: "79.15 GiB".into() },
+            Figure { label: "Peak reserved (recommended)".into(), value: "61.83 GiB".into() },
+            Figure { label: "cudaMalloc retries".into(), value: "17 → 0".into() },
+        ],
+        timelines: timelines(events),
+        x_label: "event".into(),
+        capacity: Some(79 * GIB + 154 * MIB),
+        segment_map: Some(segment_map()),
+        findings: vec![Finding {
+            rule: "reserved-gap".into(),
+            severity: "warning".into(),
+            message: "17.72 GiB is reserved but unallocated: the request fails although the memory is there (fragmentation).".into(),
+            evidence: vec![
+                ("reserved".into(), "76.60 GiB".into()),
+                ("allocated".into(), "60.10 GiB".into()),
+                ("requested".into(), "2.00 GiB".into()),
+            ],
+        }],
+        top_sites: vec![
+            Site { site: "model.py:212:forward".into(), bytes: 24 * GIB, count: 1200 },
+            Site { site: "optim/adam.py:88:step".into(), bytes: 9 * GIB, count: 96 },
+            Site { site: "<non-python>".into(), bytes: GIB / 2, count: 7 },
+        ],
+        tables: vec![Table {
+            title: "Ranks".into(),
+            headers: vec!["rank".into(), "reserved".into()],
+            rows: vec![
+                TableRow { cells: vec!["0".into(), "76.60 GiB".into()], flag: None },
+                TableRow { cells: vec!["1".into(), "61.20 GiB".into()], flag: Some("reserved 20 % below the median".into()) },
+            ],
+            note: None,
+        }],
+    }
+}
+
+/// Checks that every element is closed in order (void `<meta>` aside) and
+/// returns the number of elements per name seen.
+fn check_balanced(html: &str) -> std::collections::HashMap<String, usize> {
+    let mut stack: Vec<String> = Vec::new();
+    let mut counts = std::collections::HashMap::new();
+    let mut rest = html;
+    while let Some(start) = rest.find('<') {
+        let end = rest[start..].find('>').expect("unterminated tag") + start;
+        let tag = &rest[start + 1..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack
+                .pop()
+                .unwrap_or_else(|| panic!("</{name}> closes nothing"));
+            assert_eq!(open, name, "</{name}> closes <{open}>");
+            continue;
+        }
+        let name: String = tag
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        *counts.entry(name.clone()).or_insert(0) += 1;
+        if tag.ends_with('/') || name == "meta" {
+            continue;
+        }
+        if name == "style" {
+            // CSS holds no '<'; skip to its end tag.
+            let close = rest.find("</style>").expect("unclosed style");
+            rest = &rest[close + "</style>".len()..];
+            continue;
+        }
+        stack.push(name);
+    }
+    assert!(stack.is_empty(), "unclosed: {stack:?}");
+    counts
+}
+
+#[test]
+fn report_is_well_formed_and_shows_the_figures() {
+    let html = render(&fixture(100_000));
+    let counts = check_balanced(&html);
+    assert_eq!(counts.get("svg"), Some(&2), "timeline and segment map");
+    // Two configs × (reserved, allocated).
+    assert_eq!(counts.get("polyline"), Some(&4));
+    assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert!(html.contains("79.15 GiB"));
+    assert!(html.contains("OOM (current (default)) at 90k"));
+    assert!(html.contains("capacity 79.15 GiB"));
+    assert!(html.contains("class=\"verdict good\""));
+    // Nothing reaches out of the file.
+    for banned in ["<script", "http://", "https://", "<link", "@import", "url("] {
+        let hits = html.matches(banned).count();
+        let allowed = if banned == "http://" {
+            html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
+        } else {
+            0
+        };
+        assert_eq!(hits, allowed, "{banned} in report");
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report-fixture.html");
+    std::fs::write(&out, &html).unwrap();
+}
+
+#[test]
+fn every_string_is_escaped() {
+    let mut data = fixture(10);
+    data.title = "<script>alert(1)</script>".into();
+    data.findings[0].message = "a < b & \"c\"".into();
+    data.top_sites[0].site = "<img src=x onerror=alert(1)>".into();
+    data.timelines[0].name = "</svg><script>".into();
+    let html = render(&data);
+    check_balanced(&html);
+    assert!(!html.contains("<script"));
+    assert!(!html.contains("<img"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(html.contains("a &lt; b &amp; &quot;c&quot;"));
+}
+
+#[test]
+fn million_event_timeline_stays_small() {
+    let html = render(&fixture(1_000_000));
+    assert!(html.len() < 5_000_000, "{} bytes", html.len());
+    // In fact far smaller: the page is bounded by the bucket count, not the events.
+    assert!(html.len() < 400_000, "{} bytes", html.len());
+    for poly in html.split("<polyline").skip(1) {
+        let points = poly
+            .split("points=\"")
+            .nth(1)
+            .and_then(|p| p.split('"').next())
+            .expect("points attribute");
+        let n = points.split(' ').count();
+        assert!((500..=2000).contains(&n), "{n} points in one polyline");
+    }
+}
+
+fn snapshot_fixture() -> Snapshot {
+    let blocks = vec![
+        Block {
+            size: 2 * MIB,
+            requested_size: 2 * MIB - 100,
+            state: writer::BlockState::ActiveAllocated,
+        },
+        Block {
+            size: 6 * MIB,
+            requested_size: 0,
+            state: writer::BlockState::Inactive,
+        },
+        Block {
+            size: 12 * MIB,
+            requested_size: 12 * MIB,
+            state: writer::BlockState::ActivePendingFree,
+        },
+    ];
+    let mut trace = Vec::new();
+    for i in 0..3000u64 {
+        trace.push(TraceEntry {
+            action: if i % 2 == 0 {
+                Action::Alloc
+            } else {
+                Action::FreeCompleted
+            },
+            addr: 0x7f12_3400_0000 + (i / 2) * 512,
+            size: 512,
+            stream: 0,
+            time_us: 1_700_000_000_000_000 + i as i64,
+        });
+    }
+    trace.push(TraceEntry {
+        action: Action::Oom,
+        addr: 3 * GIB,
+        size: 40 * GIB,
+        stream: 0,
+        time_us: 1,
+    });
+    Snapshot {
+        segments: vec![
+            Segment {
+                device: 0,
+                address: 0x7f12_3400_0000,
+                stream: 0,
+                is_large: true,
+                pool_id: (0, 0),
+                is_expandable: false,
+                blocks,
+            },
+            Segment {
+                device: 0,
+                address: 0x7f12_0000_0000,
+                stream: 94_000_000_000,
+                is_large: false,
+                pool_id: (1, 2),
+                is_expandable: true,
+                blocks: vec![Block {
+                    size: 2 * MIB,
+                    requested_size: 0,
+                    state: writer::BlockState::Inactive,
+                }],
+            },
+        ],
+        device_traces: vec![trace],
+        alloc_conf: Some("expandable_segments:True".into()),
+    }
+}
+
+#[test]
+fn snapshot_round_trips_through_python_pickle() {
+    let bytes = writer::to_bytes(&snapshot_fixture());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snap.pickle");
+    std::fs::write(&path, &bytes).unwrap();
+    // A restricted unpickler: any global (class, function) is refused, so the
+    // file must be plain dicts, lists, tuples, strings, ints and bools.
+    let script = r#"
+import pickle, sys
+class R(pickle.Unpickler):
+    def find_class(self, m, n):
+        raise pickle.UnpicklingError(f"global {m}.{n}")
+with open(sys.argv[1], "rb") as f:
+    d = R(f).load()
+segs = d["segments"]; tr = d["device_traces"]
+print(len(segs), sum(s["total_size"] for s in segs), sum(s["allocated_size"] for s in segs),
+      sum(s["active_size"] for s in segs), sum(s["requested_size"] for s in segs),
+      sum(len(s["blocks"]) for s in segs), len(tr), len(tr[0]),
+      sum(e.get("size", 0) for e in tr[0]), tr[0][-1]["action"], tr[0][-1]["device_free"],
+      segs[1]["segment_pool_id"], segs[1]["stream"], segs[1]["is_expandable"],
+      segs[0]["blocks"][2]["address"] - segs[0]["address"], segs[0]["blocks"][2]["state"],
+      d["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"])
+"#;
+    let out = match Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            println!("skipped: python3 not runnable ({e})");
+            return;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = format!(
+        "2 {} {} {} {} 4 1 3001 {} oom {} (1, 2) 94000000000 True {} active_pending_free expandable_segments:True\n",
+        22 * MIB,
+        2 * MIB,
+        14 * MIB,
+        2 * MIB - 100 + 12 * MIB,
+        3000 * 512 + 40 * GIB,
+        3 * GIB,
+        8 * MIB
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    // Memoized keys and actions keep each trace entry small.
+    assert!(bytes.len() < 3001 * 40, "{} bytes", bytes.len());
+}
