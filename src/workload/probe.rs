@@ -166,6 +166,49 @@ pub fn generate(family: Family, p: &Params) -> Vec<Op> {
     b.ops
 }
 
+/// `epochs` back-to-back runs of `ops`, each ending by freeing what it left
+/// live (like a training loop whose steps release everything): a long trace
+/// whose live set stays bounded. Ids are renumbered per epoch.
+pub fn epochs(ops: &[Op], epochs: u32) -> Vec<Op> {
+    let span = ops
+        .iter()
+        .map(|op| match *op {
+            Op::Alloc { id, .. } | Op::Free { id } => id + 1,
+        })
+        .max()
+        .unwrap_or(0);
+    let mut live = vec![false; span as usize];
+    let mut out = Vec::with_capacity((ops.len() + span as usize) * epochs as usize);
+    for e in 0..epochs {
+        let base = e.wrapping_mul(span);
+        for op in ops {
+            match *op {
+                Op::Alloc { id, size } => {
+                    live[id as usize] = true;
+                    out.push(Op::Alloc {
+                        id: base.wrapping_add(id),
+                        size,
+                    });
+                }
+                Op::Free { id } => {
+                    live[id as usize] = false;
+                    out.push(Op::Free {
+                        id: base.wrapping_add(id),
+                    });
+                }
+            }
+        }
+        for (id, l) in live.iter_mut().enumerate() {
+            if std::mem::take(l) {
+                out.push(Op::Free {
+                    id: base.wrapping_add(id as u32),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Allocated and reserved bytes (and the failing request, when there is one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Figures {
@@ -332,6 +375,21 @@ pub fn calibrate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epochs_free_everything_between_runs() {
+        let p = Params {
+            steps: 50,
+            unit: 1 << 20,
+            seed: 3,
+        };
+        let one = generate(Family::DynamicBatch, &p);
+        let three = epochs(&one, 3);
+        let allocs = |ops: &[Op]| ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count();
+        assert_eq!(allocs(&three), 3 * allocs(&one));
+        // Balanced: every alloc is freed once, so nothing is live at the end.
+        assert_eq!(three.len(), 2 * allocs(&three));
+    }
 
     #[test]
     fn families_are_deterministic_and_balanced() {

@@ -1,0 +1,122 @@
+//! The results table of docs/RESULTS.md: each probe family at capacities where
+//! PyTorch's default config runs out of memory, under the default, PyTorch's
+//! own hint (expandable_segments:True), max_split_size_mb:128/256/512, and the
+//! config `recommend` picks.
+//!
+//!     cargo run --release --example results                       # the Markdown table
+//!     cargo run --release --example results -- --write-traces DIR # also one trace CSV per family
+//!
+//! Deterministic: the same build prints the same table.
+
+use allocdoc::app::recommend::recommend;
+use allocdoc::app::validate::{RunSummary, Workload, replay};
+use allocdoc::conf::Settings;
+use allocdoc::units::human;
+use allocdoc::workload::Trace;
+use allocdoc::workload::probe::{Family, Op, Params, epochs, generate};
+use std::fmt::Write;
+
+/// Steps per epoch and tensor size per family, chosen so one epoch holds a few GiB.
+fn params(family: Family) -> Params {
+    let (steps, unit) = match family {
+        Family::VariableLength => (400, 6 << 20),
+        Family::GrowingKvCache => (160, 7 << 20),
+        Family::DynamicBatch => (600, 5 << 20),
+        Family::MixedSmallLarge => (300, 9 << 20),
+        Family::InterleavedLongLived => (200, 13 << 20),
+    };
+    Params {
+        steps,
+        unit,
+        seed: 42,
+    }
+}
+
+const COMPARED: [&str; 5] = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "max_split_size_mb:256",
+    "max_split_size_mb:512",
+];
+
+fn cell(r: &RunSummary) -> String {
+    match &r.oom {
+        Some(o) => format!("OOM @ {}", o.event_index),
+        None => format!("ok, {}", human(r.peak_reserved_bytes)),
+    }
+}
+
+fn settings(conf: &str) -> Settings {
+    allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT).expect("valid config")
+}
+
+fn write_csv(path: &std::path::Path, ops: &[Op], capacity: u64) -> std::io::Result<()> {
+    let mut s = format!("# capacity: {capacity}\naction,id,size,stream\n");
+    for op in ops {
+        let _ = match *op {
+            Op::Alloc { id, size } => writeln!(s, "alloc,{id},{size},0"),
+            Op::Free { id } => writeln!(s, "free,{id},,0"),
+        };
+    }
+    std::fs::write(path, s)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let traces_dir = args
+        .iter()
+        .position(|a| a == "--write-traces")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let mut out = String::from(
+        "| trace family | events | capacity | default | expandable_segments:True | max_split_size_mb:128 | max_split_size_mb:256 | max_split_size_mb:512 | ours (recommend) |\n|---|---:|---:|---|---|---|---|---|---|\n",
+    );
+    let defaults = Settings::default();
+    for family in Family::ALL {
+        let ops = epochs(&generate(family, &params(family)), 3);
+        let trace = Trace::from_probe(&ops);
+        let free = replay(&trace, &defaults, "", u64::MAX);
+        // Two capacities between what the tensors need (peak allocated) and what
+        // the default config reserves: a quarter and a half of the way up.
+        let (lo, hi) = (free.peak_allocated_bytes, free.peak_reserved_bytes);
+        for frac in [0.5, 0.25] {
+            let capacity = lo + ((hi - lo) as f64 * frac) as u64;
+            let runs: Vec<RunSummary> = COMPARED
+                .iter()
+                .map(|c| replay(&trace, &settings(c), c, capacity))
+                .collect();
+            let workload = Workload {
+                input: family.name().to_string(),
+                trace: Trace::from_probe(&ops),
+                implied_capacity: Some(capacity),
+                probe: None,
+            };
+            let r = recommend(&workload, Some(capacity), "", &defaults, &|_| {});
+            let ours = match (&r.recommendation, r.candidates.first()) {
+                (Some(rec), Some(best)) => format!("`{}`: {}", rec.value, cell(best)),
+                _ => "every config OOMs".to_string(),
+            };
+            let _ = write!(
+                out,
+                "| {} | {} | {} |",
+                family.name(),
+                ops.len(),
+                human(capacity)
+            );
+            for run in &runs {
+                let _ = write!(out, " {} |", cell(run));
+            }
+            let _ = writeln!(out, " {ours} |");
+            // One trace per family (the roomier capacity) for the GPU script.
+            if let (Some(dir), true) = (&traces_dir, frac == 0.5) {
+                let path = dir.join(format!("{}.csv", family.name().replace(' ', "-")));
+                if let Err(e) = write_csv(&path, &ops, capacity) {
+                    eprintln!("results: {}: {e}", path.display());
+                    std::process::exit(2);
+                }
+            }
+        }
+    }
+    print!("{out}");
+}
