@@ -5,10 +5,12 @@
 //! cudaFree for native segments, the virtual-memory API for expandable
 //! segments, cudaMemGetInfo for the OOM message, and synchronisations.
 
+use crate::evidence::ProcessUse;
 use thiserror::Error;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod sim;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DeviceError {
@@ -53,6 +55,48 @@ pub trait Device {
     /// A device / stream synchronisation (counted; costed by the sim).
     fn synchronize(&mut self);
     fn counters(&self) -> DeviceCounters;
+    /// Device memory in use per process as NVML lists it (`reportProcessMemoryInfo`,
+    /// for the OOM message); empty when unknown.
+    fn process_memory(&mut self) -> Vec<ProcessUse> {
+        Vec::new()
+    }
+}
+
+/// A boxed device is a device (lets callers pick sim or CUDA at run time).
+impl<T: Device + ?Sized> Device for Box<T> {
+    fn total_memory(&self) -> u64 {
+        (**self).total_memory()
+    }
+    fn mem_get_info(&mut self) -> (u64, u64) {
+        (**self).mem_get_info()
+    }
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        (**self).malloc(size)
+    }
+    fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).free(ptr, size)
+    }
+    fn reserve_address(&mut self, size: u64) -> Result<u64, DeviceError> {
+        (**self).reserve_address(size)
+    }
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).map(addr, size)
+    }
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).unmap(addr, size)
+    }
+    fn release_address(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).release_address(addr, size)
+    }
+    fn synchronize(&mut self) {
+        (**self).synchronize()
+    }
+    fn counters(&self) -> DeviceCounters {
+        (**self).counters()
+    }
+    fn process_memory(&mut self) -> Vec<ProcessUse> {
+        (**self).process_memory()
+    }
 }
 
 /// Which device a command runs on: `--device sim` or `--device cuda[:N]`.
