@@ -48,7 +48,9 @@ fn cell(r: &RunSummary) -> String {
 }
 
 fn settings(conf: &str) -> Settings {
-    allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT).expect("valid config")
+    allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
+        .expect("valid config")
+        .settings
 }
 
 fn write_csv(path: &std::path::Path, ops: &[Op], capacity: u64) -> std::io::Result<()> {

@@ -1,7 +1,9 @@
 //! `PYTORCH_CUDA_ALLOC_CONF` parsing per PyTorch era, rendering, and the
 //! `conf check` command.
 
-use allocdoc::conf::{ConfError, ErrorOrigin, MIB, PyException, Settings, TorchVersion, parse, render};
+use allocdoc::conf::{
+    ConfError, ErrorOrigin, MIB, PyException, Settings, TorchVersion, parse, render,
+};
 
 fn v(s: &str) -> TorchVersion {
     TorchVersion::parse(s).unwrap()
@@ -573,8 +575,26 @@ mod properties {
     use proptest::prelude::*;
 
     const VERSIONS: [(u16, u16); 20] = [
-        (1, 10), (1, 11), (1, 12), (1, 13), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4), (2, 5),
-        (2, 6), (2, 7), (2, 8), (2, 9), (2, 10), (2, 11), (2, 12), (2, 13), (2, 14), (2, 15),
+        (1, 10),
+        (1, 11),
+        (1, 12),
+        (1, 13),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+        (2, 3),
+        (2, 4),
+        (2, 5),
+        (2, 6),
+        (2, 7),
+        (2, 8),
+        (2, 9),
+        (2, 10),
+        (2, 11),
+        (2, 12),
+        (2, 13),
+        (2, 14),
+        (2, 15),
     ];
 
     /// Settings that `version` can express, each field drawn independently.
@@ -588,44 +608,60 @@ mod properties {
             (0.0001f64..0.9999, 0.0f64..=1.0),
             prop::option::of(1u64..=16),
         )
-            .prop_map(|((major, minor), flags, (split, non_split, large, bypass), mut table, (gc, fraction), scalar)| {
-                let version = TorchVersion::new(major, minor);
-                let at = |ma, mi| version >= TorchVersion::new(ma, mi);
-                let mut s = Settings { version, ..Settings::default() };
-                if at(2, 11) && flags[3] {
-                    s.large_segment_size = large * MIB;
-                }
-                s.max_non_split_rounding_size = s.large_segment_size;
-                let floor = if at(2, 10) { s.large_segment_size / MIB } else { 21 };
-                if flags[0] {
-                    s.max_split_size = (floor + split) * MIB;
-                }
-                if at(2, 6) && flags[1] {
-                    s.max_non_split_rounding_size = (floor + non_split) * MIB;
-                }
-                if at(1, 12) {
-                    s.garbage_collection_threshold = if flags[2] { gc } else { 0.0 };
-                    if !at(2, 0) {
-                        // 1.x: scalar form only, a power of two.
-                        table = [scalar.map_or(0, u64::next_power_of_two); 16];
-                    } else if !at(2, 4) && table.contains(&0) {
-                        table = [0; 16];
+            .prop_map(
+                |(
+                    (major, minor),
+                    flags,
+                    (split, non_split, large, bypass),
+                    mut table,
+                    (gc, fraction),
+                    scalar,
+                )| {
+                    let version = TorchVersion::new(major, minor);
+                    let at = |ma, mi| version >= TorchVersion::new(ma, mi);
+                    let mut s = Settings {
+                        version,
+                        ..Settings::default()
+                    };
+                    if at(2, 11) && flags[3] {
+                        s.large_segment_size = large * MIB;
                     }
-                    s.roundup_power2_divisions = table;
-                }
-                if version == TorchVersion::new(1, 13) && flags[3] {
-                    s.roundup_bypass_threshold = bypass * MIB;
-                }
-                if at(2, 0) && flags[1] && flags[2] {
-                    s.backend = Backend::CudaMallocAsync;
-                }
-                s.expandable_segments = at(2, 1) && flags[3];
-                s.release_lock_on_cudamalloc = at(2, 2) && flags[0] && flags[3];
-                if at(2, 10) && flags[2] {
-                    s.per_process_memory_fraction = Some(fraction);
-                }
-                s
-            })
+                    s.max_non_split_rounding_size = s.large_segment_size;
+                    let floor = if at(2, 10) {
+                        s.large_segment_size / MIB
+                    } else {
+                        21
+                    };
+                    if flags[0] {
+                        s.max_split_size = (floor + split) * MIB;
+                    }
+                    if at(2, 6) && flags[1] {
+                        s.max_non_split_rounding_size = (floor + non_split) * MIB;
+                    }
+                    if at(1, 12) {
+                        s.garbage_collection_threshold = if flags[2] { gc } else { 0.0 };
+                        if !at(2, 0) {
+                            // 1.x: scalar form only, a power of two.
+                            table = [scalar.map_or(0, u64::next_power_of_two); 16];
+                        } else if !at(2, 4) && table.contains(&0) {
+                            table = [0; 16];
+                        }
+                        s.roundup_power2_divisions = table;
+                    }
+                    if version == TorchVersion::new(1, 13) && flags[3] {
+                        s.roundup_bypass_threshold = bypass * MIB;
+                    }
+                    if at(2, 0) && flags[1] && flags[2] {
+                        s.backend = Backend::CudaMallocAsync;
+                    }
+                    s.expandable_segments = at(2, 1) && flags[3];
+                    s.release_lock_on_cudamalloc = at(2, 2) && flags[0] && flags[3];
+                    if at(2, 10) && flags[2] {
+                        s.per_process_memory_fraction = Some(fraction);
+                    }
+                    s
+                },
+            )
     }
 
     proptest! {

@@ -242,6 +242,19 @@ mod tests {
         assert_eq!(s, Settings::default());
     }
 
+    /// Every point of the space is a config PyTorch accepts, and reads back as itself.
+    #[test]
+    fn every_candidate_renders_and_parses_back() {
+        for c in space(true) {
+            let s = c.settings(&Settings::default());
+            let text = crate::conf::render(&s);
+            let back = crate::conf::parse(&text, crate::conf::TorchVersion::DEFAULT)
+                .unwrap_or_else(|e| panic!("{text}: {e}"))
+                .settings;
+            assert_eq!(back, s, "{text}");
+        }
+    }
+
     #[test]
     fn ranking_prefers_no_oom_then_reserved_then_driver_work() {
         let ok = |reserved, allocs| Score {

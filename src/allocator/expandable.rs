@@ -64,7 +64,11 @@ impl<D: Device> CachingAllocator<D> {
                 break;
             }
             let prev = self.arena.get(unmapped).prev;
-            let candidate = if self.allocatable(prev) { prev } else { unmapped };
+            let candidate = if self.allocatable(prev) {
+                prev
+            } else {
+                unmapped
+            };
             // has_available_address_space
             let mut bytes = 0u64;
             let mut b = candidate;
@@ -118,7 +122,12 @@ impl<D: Device> CachingAllocator<D> {
         self.arena.get_mut(to_map).mapped = true;
         if mapped_size < b.size {
             // to_map -> remaining (still unmapped) -> to_map.next
-            let mut remaining = Block::new(b.addr + mapped_size, b.size - mapped_size, b.stream, b.small);
+            let mut remaining = Block::new(
+                b.addr + mapped_size,
+                b.size - mapped_size,
+                b.stream,
+                b.small,
+            );
             remaining.mapped = false;
             remaining.expandable = b.expandable;
             remaining.prev = to_map;
@@ -244,7 +253,12 @@ impl<D: Device> CachingAllocator<D> {
         self.total_allocated_memory -= unmapped_size;
         self.stats.reserved_bytes.decrease(b.small, unmapped_size);
         self.stats.num_device_free += 1;
-        self.record(TraceAction::SegmentUnmap, unmapped_addr, unmapped_size, b.stream);
+        self.record(
+            TraceAction::SegmentUnmap,
+            unmapped_addr,
+            unmapped_size,
+            b.stream,
+        );
         id
     }
 
@@ -253,7 +267,11 @@ impl<D: Device> CachingAllocator<D> {
     pub(super) fn release_expandable_segment(&mut self, id: BlockId) {
         let b = *self.arena.get(id);
         let index = b.expandable as usize;
-        if let Some(segment) = self.expandable_segments.get_mut(index).and_then(Option::take) {
+        if let Some(segment) = self
+            .expandable_segments
+            .get_mut(index)
+            .and_then(Option::take)
+        {
             let _ = self.device.release_address(segment.base, segment.size());
         }
         self.pool_mut(b.small).erase_unmapped(&b);

@@ -338,7 +338,8 @@ impl<D: Device> CachingAllocator<D> {
             self.stats.num_alloc_retries += 1;
         }
         if self.set_fraction
-            && self.total_allocated_memory.saturating_add(p.alloc_size) > self.allowed_memory_maximum
+            && self.total_allocated_memory.saturating_add(p.alloc_size)
+                > self.allowed_memory_maximum
         {
             return None;
         }
@@ -400,7 +401,9 @@ impl<D: Device> CachingAllocator<D> {
                     self.stats.inactive_split_bytes.decrease(small, size);
                 } else {
                     // A new inactive split block is created from an unsplit one.
-                    self.stats.inactive_split_bytes.increase(small, remaining_size);
+                    self.stats
+                        .inactive_split_bytes
+                        .increase(small, remaining_size);
                     self.stats.inactive_split.increase(small, 1);
                 }
             }
@@ -443,8 +446,13 @@ impl<D: Device> CachingAllocator<D> {
             .ok_or(PointerError::InvalidDevicePointer(addr))?;
         let b = self.arena.get_mut(id);
         b.allocated = false;
-        let (small, size, requested, stream, uses) =
-            (b.small, b.size, b.requested_size, b.stream, b.has_stream_uses);
+        let (small, size, requested, stream, uses) = (
+            b.small,
+            b.size,
+            b.requested_size,
+            b.stream,
+            b.has_stream_uses,
+        );
         self.stats.allocation.decrease(small, 1);
         self.stats.allocated_bytes.decrease(small, size);
         self.record(TraceAction::FreeRequested, addr, requested, stream);
@@ -546,7 +554,12 @@ impl<D: Device> CachingAllocator<D> {
     /// `free_block`: merge with free neighbours and return to the pool.
     pub(super) fn free_block(&mut self, id: BlockId) {
         let b = *self.arena.get(id);
-        self.record(TraceAction::FreeCompleted, b.addr, b.requested_size, b.stream);
+        self.record(
+            TraceAction::FreeCompleted,
+            b.addr,
+            b.requested_size,
+            b.stream,
+        );
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [b.prev, b.next] {

@@ -60,7 +60,11 @@ pub fn oom_message(version: TorchVersion, f: &OomFigures<'_>) -> String {
         );
     }
     if version < TorchVersion::new(2, 1) {
-        let hint = if version >= TorchVersion::new(1, 10) { HINT_1_10 } else { "" };
+        let hint = if version >= TorchVersion::new(1, 10) {
+            HINT_1_10
+        } else {
+            ""
+        };
         return format!(
             "CUDA out of memory. Tried to allocate {a} (GPU {d}; {t} total capacity; {al} already allocated; {free} free; {w}{r} reserved in total by PyTorch){hint}"
         );
@@ -169,7 +173,9 @@ mod tests {
             oom_message(TorchVersion::new(1, 13), &f),
             "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 6.00 GiB total capacity; 5.25 GiB already allocated; 0 bytes free; 5.31 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF"
         );
-        assert!(oom_message(TorchVersion::new(2, 1), &f).contains("has a total capacty of 6.00 GiB"));
+        assert!(
+            oom_message(TorchVersion::new(2, 1), &f).contains("has a total capacty of 6.00 GiB")
+        );
         assert!(oom_message(TorchVersion::new(2, 12), &f).ends_with(URL_NEW));
     }
 }

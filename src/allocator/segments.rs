@@ -117,7 +117,10 @@ impl<D: Device> CachingAllocator<D> {
             if b.next != NIL {
                 let n = self.arena.get(b.next);
                 if !n.live || n.prev != id || n.addr != b.addr + b.size {
-                    return Err(format!("block {:#x}+{} does not tile with its next", b.addr, b.size));
+                    return Err(format!(
+                        "block {:#x}+{} does not tile with its next",
+                        b.addr, b.size
+                    ));
                 }
             }
             if b.prev != NIL {
@@ -142,7 +145,10 @@ impl<D: Device> CachingAllocator<D> {
                     if n != NIL {
                         let nb = self.arena.get(n);
                         if nb.mapped && state_of(nb) == BlockState::Inactive {
-                            return Err(format!("free block {:#x} has an unmerged free neighbour", b.addr));
+                            return Err(format!(
+                                "free block {:#x} has an unmerged free neighbour",
+                                b.addr
+                            ));
                         }
                     }
                 }
@@ -173,10 +179,13 @@ impl<D: Device> CachingAllocator<D> {
                 "free set {actual_free:?} differs from the inactive blocks {expected_free:?}"
             ));
         }
-        let actual_unmapped: BTreeSet<_> = [(true, &self.small_blocks), (false, &self.large_blocks)]
-            .iter()
-            .flat_map(|(small, pool)| pool.unmapped.iter().map(move |(k, &id)| (*small, *k, id)))
-            .collect();
+        let actual_unmapped: BTreeSet<_> =
+            [(true, &self.small_blocks), (false, &self.large_blocks)]
+                .iter()
+                .flat_map(|(small, pool)| {
+                    pool.unmapped.iter().map(move |(k, &id)| (*small, *k, id))
+                })
+                .collect();
         if actual_unmapped != expected_unmapped {
             return Err("unmapped set differs from the unmapped blocks".into());
         }
@@ -189,12 +198,24 @@ impl<D: Device> CachingAllocator<D> {
         let s = &self.stats;
         let pairs: [(&str, &StatArray, &StatArray); 9] = [
             ("allocation", &s.allocation, &recount.allocation),
-            ("allocated_bytes", &s.allocated_bytes, &recount.allocated_bytes),
+            (
+                "allocated_bytes",
+                &s.allocated_bytes,
+                &recount.allocated_bytes,
+            ),
             ("active", &s.active, &recount.active),
             ("active_bytes", &s.active_bytes, &recount.active_bytes),
-            ("requested_bytes", &s.requested_bytes, &recount.requested_bytes),
+            (
+                "requested_bytes",
+                &s.requested_bytes,
+                &recount.requested_bytes,
+            ),
             ("inactive_split", &s.inactive_split, &recount.inactive_split),
-            ("inactive_split_bytes", &s.inactive_split_bytes, &recount.inactive_split_bytes),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                &recount.inactive_split_bytes,
+            ),
             ("segment", &s.segment, &recount.segment),
             ("reserved_bytes", &s.reserved_bytes, &recount.reserved_bytes),
         ];

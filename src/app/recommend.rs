@@ -4,7 +4,7 @@
 use super::validate::{RunSummary, Workload, load_workload, parse_conf, replay};
 use super::{Format, Outcome};
 use crate::Error;
-use crate::advise::search::{self, Candidate, Progress};
+use crate::advise::search::{self, Progress};
 use crate::conf::Settings;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -57,24 +57,6 @@ pub struct RecommendResult {
     pub probe: Option<crate::workload::probe::Calibration>,
 }
 
-/// The config string of a candidate, keys in PyTorch's documentation order.
-pub fn candidate_conf(c: &Candidate) -> String {
-    let mut parts = Vec::new();
-    if let Some(mb) = c.max_split_size_mb {
-        parts.push(format!("max_split_size_mb:{mb}"));
-    }
-    if let Some(d) = c.roundup_power2_divisions {
-        parts.push(format!("roundup_power2_divisions:{d}"));
-    }
-    if let Some(t) = c.garbage_collection_threshold {
-        parts.push(format!("garbage_collection_threshold:{t}"));
-    }
-    if c.expandable_segments {
-        parts.push("expandable_segments:True".to_string());
-    }
-    parts.join(",")
-}
-
 /// Searches, ranks and bisects for an already loaded workload. `progress` is
 /// called from worker threads; the library never draws it.
 pub fn recommend(
@@ -105,11 +87,16 @@ pub fn recommend(
         |settings, cap| replay(trace, settings, "", cap),
         progress,
     );
+    let mut current_run = None;
     let candidates: Vec<RunSummary> = result
         .ranked
         .into_iter()
         .map(|(c, mut run)| {
-            run.conf = candidate_conf(&c);
+            let settings = c.settings(current);
+            run.conf = crate::conf::render(&settings);
+            if settings == *current {
+                current_run = Some(run.clone());
+            }
             run
         })
         .collect();
@@ -117,11 +104,9 @@ pub fn recommend(
         .first()
         .filter(|best| best.oom.is_none())
         .map(|best| Recommendation::new(best.conf.clone()));
-    let current_run = candidates
-        .iter()
-        .find(|c| c.conf == current_conf)
-        .cloned()
-        .unwrap_or_else(|| replay(trace, current, current_conf, cap));
+    // The current config is in the space unless it sets keys the search does not vary.
+    let mut current_run = current_run.unwrap_or_else(|| replay(trace, current, current_conf, cap));
+    current_run.conf = current_conf.to_string();
     RecommendResult {
         capacity_bytes: capacity,
         events: current_run.events,

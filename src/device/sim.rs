@@ -150,7 +150,8 @@ impl Device for SimDevice {
     }
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
-        self.counters.driver_time_us += cost::MALLOC_US + cost::MALLOC_PER_PAGE_US * Self::pages(size);
+        self.counters.driver_time_us +=
+            cost::MALLOC_US + cost::MALLOC_PER_PAGE_US * Self::pages(size);
         if size > self.free_bytes() {
             return Err(DeviceError::OutOfMemory);
         }
@@ -178,7 +179,8 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, _addr: u64, size: u64) -> Result<(), DeviceError> {
-        self.counters.driver_time_us += cost::MAP_CALL_US + cost::MAP_PER_PAGE_US * Self::pages(size);
+        self.counters.driver_time_us +=
+            cost::MAP_CALL_US + cost::MAP_PER_PAGE_US * Self::pages(size);
         if size > self.free_bytes() {
             return Err(DeviceError::OutOfMemory);
         }
@@ -190,7 +192,8 @@ impl Device for SimDevice {
     fn unmap(&mut self, _addr: u64, size: u64) -> Result<(), DeviceError> {
         self.used = self.used.saturating_sub(size);
         self.counters.unmaps += 1;
-        self.counters.driver_time_us += cost::MAP_CALL_US + cost::UNMAP_PER_PAGE_US * Self::pages(size);
+        self.counters.driver_time_us +=
+            cost::MAP_CALL_US + cost::UNMAP_PER_PAGE_US * Self::pages(size);
         Ok(())
     }
 

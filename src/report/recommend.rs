@@ -414,3 +414,49 @@ pub fn validation_html(v: &Validation) -> String {
         ..ReportData::default()
     })
 }
+
+/// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.
+pub fn torch_comparison(c: &crate::app::validate::TorchComparison, format: Format) -> String {
+    if format == Format::Json {
+        let mut s = serde_json::to_string_pretty(c).unwrap_or_default();
+        s.push('\n');
+        return s;
+    }
+    let show = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let rows: Vec<TableRow> = c
+        .figures
+        .iter()
+        .map(|f| TableRow {
+            cells: vec![f.metric.to_string(), show(f.allocdoc), show(f.torch)],
+            flag: (!f.agrees()).then(|| "differs".to_string()),
+        })
+        .collect();
+    let differing = c.figures.iter().filter(|f| !f.agrees()).count();
+    let table = Table {
+        title: format!(
+            "allocdoc vs PyTorch {} on {} (config: {})",
+            c.torch_version,
+            c.device_name,
+            if c.conf.is_empty() {
+                "defaults"
+            } else {
+                &c.conf
+            }
+        ),
+        headers: vec!["figure".into(), "allocdoc".into(), "PyTorch".into()],
+        rows,
+        note: Some(if differing == 0 {
+            "Every figure agrees.".to_string()
+        } else {
+            format!("{differing} figure(s) differ.")
+        }),
+    };
+    match format {
+        Format::Markdown => format!(
+            "**{}**\n\n{}",
+            markdown::cell(&table.title),
+            markdown::table(&table)
+        ),
+        _ => table.to_text(),
+    }
+}
