@@ -207,4 +207,8 @@ impl Observation {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Evidence {
     pub observations: Vec<Observation>,
+    /// What the inputs held besides observations (a trace CSV, binary data
+    /// scanned as text, …), for the reader; not part of the JSON contract.
+    #[serde(skip)]
+    pub notes: Vec<String>,
 }

@@ -20,7 +20,7 @@ pub fn unit_multiplier(unit: &str) -> Option<u64> {
 pub fn printed_size(value: f64, unit: &str) -> Option<u64> {
     let m = unit_multiplier(unit)?;
     let v = (value * m as f64).round();
-    if v.is_finite() && v >= 0.0 && v < 1.8446744073709552e19 {
+    if v.is_finite() && (0.0..1.8446744073709552e19).contains(&v) {
         Some(v as u64)
     } else {
         None

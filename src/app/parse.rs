@@ -1,7 +1,8 @@
-//! The `parse` command.
+//! The `parse` command: read every input and show the evidence found, nothing inferred.
 
 use super::{Format, Outcome};
 use crate::Error;
+use crate::{ingest, report};
 
 #[derive(Debug, Clone, Default)]
 pub struct ParseOptions {
@@ -11,6 +12,11 @@ pub struct ParseOptions {
 }
 
 pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
-    let _ = opts;
-    Err(Error::Usage("`parse` is not built yet".into()))
+    let ev = ingest::load(&opts.inputs)?;
+    let mut out = Outcome::ok(report::parse::render(&ev, &opts.inputs, opts.format));
+    // In JSON the notes cannot go to stdout (the contract fixes its shape).
+    if opts.format == Format::Json {
+        out.stderr = ev.notes.iter().map(|n| format!("note: {n}")).collect();
+    }
+    Ok(out)
 }

@@ -1,19 +1,163 @@
 //! Detects what each input is and parses it into the one evidence model
 //! ([`crate::evidence`]): OOM messages, `memory_summary()` tables and
 //! `memory_stats()` dumps from text; snapshots through [`crate::snapshot`].
+//!
+//! Inputs are read as bytes (files are memory-mapped, so a multi-GB log is
+//! never copied); text is decoded lossily only around what the scanner finds.
+
+mod oom;
+mod scan;
+mod stats;
+mod summary;
+mod text;
+
+pub use summary::SUMMARY_ROWS;
 
 use crate::Error;
 use crate::evidence::{Evidence, Observation};
+use crate::snapshot;
+use std::fs::File;
+use std::io::Read;
 
-/// Reads every input (paths; `-` or an empty list means standard input) and
-/// returns the observations found in all of them, in input order.
-pub fn load(inputs: &[String]) -> Result<Evidence, Error> {
-    let _ = inputs;
-    Err(Error::Usage("ingest is not built yet".into()))
+/// What an input holds, decided from its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    /// A snapshot pickle (`_dump_snapshot`, `pickle.dump(_snapshot())`).
+    Pickle,
+    /// Our trace CSV (`action,id,size,stream`).
+    TraceCsv,
+    /// A RAPIDS RMM replay log (`Thread,Time,Action,Pointer,Size,Stream`).
+    RmmLog,
+    /// Anything else: scanned as text.
+    Text,
+}
+
+/// The first line that is neither blank nor a `#` comment, trimmed.
+fn first_content_line(data: &[u8]) -> &[u8] {
+    data.split(|&b| b == b'\n')
+        .take(64)
+        .map(|l| l.trim_ascii())
+        .find(|l| !l.is_empty() && !l.starts_with(b"#"))
+        .unwrap_or(b"")
+}
+
+/// Detects the kind of an input from its first bytes.
+pub fn detect(data: &[u8]) -> InputKind {
+    if snapshot::is_pickle(data) {
+        return InputKind::Pickle;
+    }
+    let head = &data[..data.len().min(64 * 1024)];
+    let first = first_content_line(head);
+    let first = first.strip_prefix(b"\xef\xbb\xbf").unwrap_or(first);
+    if first.eq_ignore_ascii_case(b"action,id,size,stream") {
+        InputKind::TraceCsv
+    } else if first.eq_ignore_ascii_case(b"Thread,Time,Action,Pointer,Size,Stream") {
+        InputKind::RmmLog
+    } else {
+        InputKind::Text
+    }
+}
+
+/// Parses one input already in memory into observations and notes.
+pub fn parse_input(input_name: &str, data: &[u8]) -> Result<Evidence, Error> {
+    let mut ev = Evidence::default();
+    match detect(data) {
+        InputKind::Pickle => ev.observations = snapshot::observations(input_name, data)?,
+        InputKind::TraceCsv => ev.notes.push(format!(
+            "{input_name}: a trace CSV (alloc/free events) holds no observations; replay it with `allocdoc replay` or `allocdoc recommend`"
+        )),
+        InputKind::RmmLog => ev.notes.push(format!(
+            "{input_name}: an RMM replay log holds no observations; replay it with `allocdoc replay` or `allocdoc recommend`"
+        )),
+        InputKind::Text => {
+            if looks_binary(data) {
+                ev.notes.push(format!(
+                    "{input_name}: does not look like text (many control bytes); scanned as text anyway"
+                ));
+            }
+            ev.observations = scan::scan(data, input_name);
+        }
+    }
+    Ok(ev)
 }
 
 /// Parses one input already in memory (text of any encoding, or a snapshot pickle).
 pub fn parse_bytes(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, Error> {
-    let _ = (input_name, data);
-    Err(Error::Usage("ingest is not built yet".into()))
+    parse_input(input_name, data).map(|ev| ev.observations)
+}
+
+/// More than 1 in 8 of the first 4 KiB being control bytes (not tab/CR/LF/ESC).
+fn looks_binary(data: &[u8]) -> bool {
+    let head = &data[..data.len().min(4096)];
+    let ctrl = head
+        .iter()
+        .filter(|&&b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r' | 0x1b))
+        .count();
+    !head.is_empty() && ctrl * 8 > head.len()
+}
+
+/// An input's bytes: a memory map for files, a buffer for standard input.
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+fn read_input(name: &str) -> Result<Bytes, Error> {
+    let fail =
+        |what: &str, e: std::io::Error| Error::Input(format!("cannot read '{name}': {what}{e}"));
+    if name == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut buf)
+            .map_err(|e| fail("", e))?;
+        return Ok(Bytes::Owned(buf));
+    }
+    let meta = std::fs::metadata(name).map_err(|e| fail("", e))?;
+    if meta.is_dir() {
+        return Err(Error::Input(format!(
+            "cannot read '{name}': it is a directory (expected a log, a snapshot pickle or a trace CSV)"
+        )));
+    }
+    let file = File::open(name).map_err(|e| fail("", e))?;
+    if meta.len() == 0 || !meta.is_file() {
+        // Empty files cannot be mapped; pipes and devices are read.
+        let mut buf = Vec::new();
+        (&file).read_to_end(&mut buf).map_err(|e| fail("", e))?;
+        return Ok(Bytes::Owned(buf));
+    }
+    // SAFETY: the map is read-only and private to this process; a file
+    // truncated while we read it can fault, as with every mmap-based reader
+    // (ripgrep makes the same trade) — logs are not rewritten in place.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| fail("", e))?;
+    Ok(Bytes::Mapped(map))
+}
+
+/// Reads every input (paths; `-` or an empty list means standard input) and
+/// returns the observations found in all of them, in input order.
+pub fn load(inputs: &[String]) -> Result<Evidence, Error> {
+    let stdin = ["-".to_owned()];
+    let inputs = if inputs.is_empty() {
+        &stdin[..]
+    } else {
+        inputs
+    };
+    let mut all = Evidence::default();
+    for name in inputs {
+        let bytes = read_input(name)?;
+        let ev = parse_input(name, &bytes)?;
+        all.observations.extend(ev.observations);
+        all.notes.extend(ev.notes);
+    }
+    Ok(all)
 }

@@ -1,1 +1,224 @@
-//! Rendering: common.
+//! Rendering helpers every command's output shares: a [`Grid`] (a titled table
+//! rendered as a comfy-table for text or as a Markdown table), JSON, and the
+//! cell formatting of sizes and optional values.
+
+use comfy_table::{Cell, CellAlignment, ContentArrangement, Table, presets};
+use serde::Serialize;
+use std::fmt::Display;
+
+/// Width text tables are laid out for (output is often piped, so no terminal to ask).
+pub const TEXT_WIDTH: u16 = 120;
+
+/// Placeholder for a value the evidence does not state.
+pub const ABSENT: &str = "—";
+
+/// A titled table, rendered the same way in text and Markdown.
+#[derive(Debug, Clone, Default)]
+pub struct Grid {
+    pub title: String,
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+    /// Columns holding numbers (right-aligned in text).
+    pub numeric: Vec<usize>,
+}
+
+impl Grid {
+    pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
+        Grid {
+            title: title.into(),
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            ..Grid::default()
+        }
+    }
+
+    /// Marks columns as numeric.
+    pub fn numeric(mut self, cols: &[usize]) -> Self {
+        self.numeric = cols.to_vec();
+        self
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Drops the columns (after the first) in which no row states a value.
+    pub fn drop_empty_columns(mut self) -> Self {
+        let keep: Vec<bool> = (0..self.header.len())
+            .map(|i| {
+                i == 0
+                    || self
+                        .rows
+                        .iter()
+                        .any(|r| r.get(i).is_some_and(|c| c != ABSENT))
+            })
+            .collect();
+        let filter = |v: &mut Vec<String>| {
+            let mut i = 0;
+            v.retain(|_| {
+                i += 1;
+                keep.get(i - 1).copied().unwrap_or(true)
+            });
+        };
+        filter(&mut self.header);
+        self.rows.iter_mut().for_each(filter);
+        let mut new_index = 0;
+        let mut numeric = Vec::new();
+        for (i, k) in keep.iter().enumerate() {
+            if *k {
+                if self.numeric.contains(&i) {
+                    numeric.push(new_index);
+                }
+                new_index += 1;
+            }
+        }
+        self.numeric = numeric;
+        self
+    }
+
+    /// Title line, then a comfy-table (UTF-8 borders, no colour, stable layout).
+    pub fn to_text(&self) -> String {
+        let mut t = Table::new();
+        t.load_style(presets::UTF8_FULL_CONDENSED)
+            .force_no_tty()
+            .set_content_arrangement(ContentArrangement::Dynamic)
+            .set_width(TEXT_WIDTH)
+            .set_header(self.header.iter().map(Cell::new));
+        for r in &self.rows {
+            t.add_row(r.iter().enumerate().map(|(i, c)| {
+                let cell = Cell::new(c);
+                if self.numeric.contains(&i) {
+                    cell.set_alignment(CellAlignment::Right)
+                } else {
+                    cell
+                }
+            }));
+        }
+        let mut s = String::new();
+        if !self.title.is_empty() {
+            s.push_str(&self.title);
+            s.push('\n');
+        }
+        s.push_str(&t.to_string());
+        s.push('\n');
+        s
+    }
+
+    /// `### title` and a GitHub-flavoured Markdown table.
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        if !self.title.is_empty() {
+            s.push_str(&format!("### {}\n\n", markdown_escape(&self.title)));
+        }
+        s.push_str(&markdown_table(&self.header, &self.rows, &self.numeric));
+        s
+    }
+}
+
+/// Escapes what would break a Markdown table cell or heading.
+pub fn markdown_escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('|', "\\|")
+        .replace('\n', " ")
+        .replace('<', "&lt;")
+}
+
+/// A Markdown table; `numeric` columns are right-aligned.
+pub fn markdown_table(header: &[String], rows: &[Vec<String>], numeric: &[usize]) -> String {
+    let line = |cells: &mut dyn Iterator<Item = String>| {
+        let mut s = String::from("|");
+        for c in cells {
+            s.push(' ');
+            s.push_str(&c);
+            s.push_str(" |");
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(&mut header.iter().map(|h| markdown_escape(h)));
+    out.push_str(&line(&mut (0..header.len()).map(|i| {
+        if numeric.contains(&i) { "---:" } else { "---" }.to_owned()
+    })));
+    for r in rows {
+        out.push_str(&line(&mut r.iter().map(|c| markdown_escape(c))));
+    }
+    out
+}
+
+/// Pretty JSON with a trailing newline.
+pub fn json<T: Serialize>(value: &T) -> String {
+    let mut s =
+        serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    s.push('\n');
+    s
+}
+
+/// A size with two decimals in binary units ("186.00 MiB", "191.45 GiB",
+/// "512 B"): the precision PyTorch's messages print, so figures can be matched.
+pub fn size(bytes: Option<u64>) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    let Some(b) = bytes else {
+        return ABSENT.to_owned();
+    };
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{v:.2} {unit}")
+}
+
+/// A signed byte count from `memory_stats()` (current values can be negative in theory).
+pub fn signed_size(bytes: Option<i64>) -> String {
+    match bytes {
+        None => ABSENT.to_owned(),
+        Some(b) if b < 0 => format!("-{}", size(Some(b.unsigned_abs()))),
+        Some(b) => size(Some(b.unsigned_abs())),
+    }
+}
+
+/// Any optional value, or [`ABSENT`].
+pub fn opt<T: Display>(v: Option<T>) -> String {
+    v.map_or_else(|| ABSENT.to_owned(), |v| v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_escapes_cells_and_aligns_numbers() {
+        let md = markdown_table(
+            &["a".into(), "n".into()],
+            &[vec!["x|y".into(), "3".into()]],
+            &[1],
+        );
+        assert_eq!(md, "| a | n |\n| --- | ---: |\n| x\\|y | 3 |\n");
+    }
+
+    #[test]
+    fn drops_columns_without_values() {
+        let mut g = Grid::new("t", &["a", "b", "c"]).numeric(&[2]);
+        g.row(vec!["x".into(), ABSENT.into(), "1".into()]);
+        let g = g.drop_empty_columns();
+        assert_eq!(g.header, ["a", "c"]);
+        assert_eq!(g.rows, [["x", "1"]]);
+        assert_eq!(g.numeric, [1]);
+    }
+
+    #[test]
+    fn sizes_and_absent_values() {
+        assert_eq!(size(Some(2 << 30)), "2.00 GiB");
+        assert_eq!(size(None), ABSENT);
+        assert_eq!(size(Some(1023)), "1023 B");
+        assert_eq!(size(Some(195_035_136)), "186.00 MiB");
+        assert_eq!(signed_size(Some(-1024)), "-1.00 KiB");
+        assert_eq!(opt(Some(3)), "3");
+    }
+}

@@ -1,0 +1,574 @@
+//! Out-of-memory messages: the caching allocator's (every era of
+//! `c10/cuda/CUDACachingAllocator.cpp`, the cudaMallocAsync backend, HIP, XPU)
+//! and everything else that runs out of memory (CUDA runtime, cuBLAS, cuDNN,
+//! NCCL, MPS, host RAM, legacy THC).
+//!
+//! A message is assembled from its first line plus the lines a hard wrap
+//! pushed down (joined without a separator, so a number cut by the wrap is
+//! whole again), and every figure is read with a pattern that needs its unit
+//! complete: a message cut off yields the figures it holds and no others.
+
+use super::scan::Found;
+use super::text::{self, clean, exception_before, has_process_prefix, line_end, line_start};
+use crate::evidence::{Backend, DeviceKind, Kind, Observation, OomSource, ProcessUse};
+use crate::units::printed_size;
+use regex::{Captures, Regex};
+use std::sync::LazyLock;
+
+/// How far back on the hit's line a prefix is read (lines with lost newlines can be huge).
+const LOOKBACK: usize = 1024;
+/// Limits on one assembled message.
+const MAX_LINES: usize = 40;
+const MAX_TEXT: usize = 8192;
+/// Length of the `message` field.
+const MESSAGE_CHARS: usize = 200;
+
+/// Compiles a message pattern: a space matches any run of whitespace (a hard
+/// wrap may have eaten it), `SIZE` is a figure as `format_size` prints it.
+fn pattern(p: &str) -> Regex {
+    let p = p
+        .replace(' ', r"\s*")
+        .replace("SIZE", r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB)");
+    Regex::new(&p).expect("built-in OOM pattern")
+}
+
+macro_rules! patterns {
+    ($($name:ident = $p:expr;)*) => {
+        $(static $name: LazyLock<Regex> = LazyLock::new(|| pattern($p));)*
+    };
+}
+
+patterns! {
+    // Native caching allocator, all eras (allocator.md §7.2).
+    REQUESTED = "Tried to allocate SIZE";
+    DEVICE_OLD = r"\(GPU (\d+) ;";
+    DEVICE_NEW = "GPU (\\d+) has a total";
+    TOTAL_OLD = "SIZE total capacity";
+    TOTAL_NEW = "total capac(?:i)?ty of SIZE";
+    ALLOCATED_OLD = "SIZE already allocated";
+    ALLOCATED_NEW = "Of the allocated memory SIZE";
+    FREE_OLD = "SIZE free";
+    FREE_NEW = "of which SIZE";
+    RESERVED_OLD = "SIZE reserved in total by PyTorch";
+    CACHED = "SIZE cached";
+    RESERVED_UNALLOCATED = "SIZE is reserved by PyTorch but unallocated";
+    PRIVATE_POOLS = "with SIZE allocated in private pools";
+    ALLOWED = "SIZE allowed ;";
+    THIS_PROCESS = "this process has SIZE";
+    OTHER_PROCESS = r"Process (\d+) has SIZE";
+    // cudaMallocAsync backend (c10/cuda/CUDAMallocAsyncAllocator.cpp, mallocAsync).
+    ASYNC_DEVICE = "Allocation on device (\\d+) would exceed";
+    ASYNC_ALLOCATED = "Currently allocated :SIZE";
+    ASYNC_REQUESTED = "Requested :SIZE";
+    ASYNC_LIMIT = "Device limit :SIZE";
+    ASYNC_FREE = r"Free \(according to CUDA\) :SIZE";
+    ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) :SIZE";
+    // The end of each era's message: its absence means the text was cut.
+    COMPLETE = r"cached \)|reserved in total by PyTorch \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
+    ASYNC_COMPLETE = r"PyTorch limit \(set by user-supplied memory fraction\) :SIZE";
+    // What sits right before "out of memory" decides who ran out.
+    LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
+    LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
+    LEAD_NCCL = r"Cuda failure (?:\d+ )?'$";
+    LEAD_MPS = r"MPS backend $";
+    LEAD_THC = r"cuda runtime error \( ?2 ?\) : $";
+    // MPSAllocator.mm (its format_size prints binary "KB/MB/GB").
+    MPS_ALLOCATED = r"MPS allocated : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
+    MPS_ALLOWED = r"max allowed : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
+    MPS_REQUESTED = r"Tried to allocate (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
+    // c10/core/impl/alloc_cpu.cpp.
+    HOST_REQUESTED = r"you tried to allocate (\d+) bytes";
+}
+
+/// Reads the size captured as groups `i` (number) and `i + 1` (unit).
+fn size_at(c: &Captures, i: usize) -> Option<u64> {
+    let v: f64 = c.get(i)?.as_str().parse().ok()?;
+    printed_size(v, c.get(i + 1)?.as_str())
+}
+
+fn size(re: &Regex, text: &str) -> Option<u64> {
+    size_at(&re.captures(text)?, 1)
+}
+
+fn index(re: &Regex, text: &str) -> Option<u32> {
+    re.captures(text)?.get(1)?.as_str().parse().ok()
+}
+
+/// One message gathered from its first line and the lines wrapped below it.
+struct Message {
+    /// The message from its first word, continuation lines appended.
+    text: String,
+    /// The cleaned text in front of the message on its first line.
+    prefix: String,
+    /// Byte offset of the message's first line.
+    start: usize,
+    /// Byte offset just past what the message used.
+    end: usize,
+}
+
+impl Message {
+    fn first_line(&self, first_len: usize) -> String {
+        let cut = text::ceil_boundary(&self.text, first_len.min(self.text.len()));
+        text::head(self.text[..cut].trim_end(), MESSAGE_CHARS)
+    }
+}
+
+/// The cleaned text of the hit's line before and after the hit. `before` is
+/// bounded by [`LOOKBACK`]; `after` by the next `stop` (lost newlines put
+/// several messages on one line).
+struct HitLine {
+    before: String,
+    after: String,
+    line_start: usize,
+    /// End of the raw part used (the line's end, or where the next message begins).
+    bound: usize,
+    /// True when the line continues with another message (no continuation lines then).
+    bounded: bool,
+}
+
+fn hit_line(data: &[u8], hit: usize, anchor_len: usize, stop: &[u8]) -> HitLine {
+    let ls = line_start(data, hit);
+    let le = line_end(data, hit);
+    let from = ls.max(hit.saturating_sub(LOOKBACK));
+    let search_from = (hit + anchor_len).min(le);
+    let next = memchr::memmem::find(&data[search_from..le], stop).map(|i| search_from + i);
+    // Back up over the word that leads the next message ("CUDA ", "HIP ").
+    let bound = next.map_or(le, |n| {
+        let w = data[search_from..n]
+            .iter()
+            .rposition(|&b| b == b' ' || b == b'.' || b == b')')
+            .map_or(n, |i| search_from + i + 1);
+        w.max(search_from)
+    });
+    HitLine {
+        before: clean(&data[from..hit]),
+        after: clean(&data[hit..bound]),
+        line_start: ls,
+        bound,
+        bounded: next.is_some(),
+    }
+}
+
+/// Appends the lines a hard wrap pushed below the first one, until `complete`
+/// says the message is whole, a line plainly belongs to something else, or
+/// the limits are reached.
+fn continue_lines(
+    data: &[u8],
+    msg: &mut Message,
+    mut pos: usize,
+    log_prefix: &str,
+    complete: &dyn Fn(&str) -> bool,
+) {
+    let log_prefix = log_prefix.trim_end();
+    for _ in 0..MAX_LINES {
+        if complete(&msg.text) || msg.text.len() > MAX_TEXT || pos >= data.len() {
+            return;
+        }
+        let le = line_end(data, pos);
+        let raw = clean(&data[pos..le]);
+        let mut line = raw.as_str();
+        if !log_prefix.is_empty() {
+            match line.strip_prefix(log_prefix) {
+                Some(rest) => line = rest,
+                None if has_process_prefix(line) => return,
+                None => {}
+            }
+        }
+        let line = line.trim();
+        if line.is_empty() || starts_other_record(line, &msg.text) {
+            return;
+        }
+        msg.text.push_str(line);
+        msg.end = le;
+        pos = le + 1;
+    }
+}
+
+/// A line that cannot be the wrapped rest of the message being read.
+fn starts_other_record(line: &str, so_far: &str) -> bool {
+    const OTHER: [&str; 5] = [
+        "Traceback (most recent call last)",
+        "During handling of the above exception",
+        "The above exception was the direct cause",
+        "File \"",
+        "|",
+    ];
+    OTHER.iter().any(|p| line.starts_with(p))
+        || line.contains("out of memory")
+        || line.contains("memory summary")
+        || (line.contains("Tried to allocate") && so_far.contains("Tried to allocate"))
+}
+
+/// Builds a message whose first word starts at `msg_start` in `line.before`
+/// (or at the hit when `msg_start == line.before.len()`).
+fn gather(
+    data: &[u8],
+    line: HitLine,
+    msg_start: usize,
+    complete: &dyn Fn(&str) -> bool,
+) -> (Message, usize) {
+    let msg_start = text::ceil_boundary(&line.before, msg_start);
+    let mut text = line.before[msg_start..].to_owned();
+    text.push_str(line.after.trim_end());
+    let first_len = text.len();
+    let prefix_end = exception_before(&line.before[..msg_start]).map_or(msg_start, |(_, at)| at);
+    let prefix = line.before[..prefix_end].to_owned();
+    let mut msg = Message {
+        text,
+        prefix,
+        start: line.line_start,
+        end: line.bound,
+    };
+    if !line.bounded {
+        let log_prefix = msg.prefix.clone();
+        continue_lines(data, &mut msg, line.bound + 1, &log_prefix, complete);
+    }
+    (msg, first_len)
+}
+
+fn new_observation(kind: Kind, input: &str, before_msg: &str, msg: &Message) -> Observation {
+    let mut obs = Observation::new(kind, input);
+    obs.exception = exception_before(before_msg).map(|(e, _)| e);
+    obs.rank = text::rank_in(&msg.prefix);
+    obs
+}
+
+/// A hit on "out of memory": decides who ran out from the words before it.
+pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    const ANCHOR: &[u8] = b"out of memory";
+    let line = hit_line(data, hit, ANCHOR.len(), ANCHOR);
+    let before = line.before.clone();
+    if let Some(m) = LEAD_ALLOCATOR.captures(&before) {
+        let lead = m.get(1)?;
+        let device = match lead.as_str() {
+            "HIP" => DeviceKind::Hip,
+            "XPU" => DeviceKind::Xpu,
+            _ => DeviceKind::Cuda,
+        };
+        let after = line.after.as_str();
+        // "CUDA out of memory." (or cut right there); prose like "CUDA out of memory errors" is not PyTorch's.
+        let rest = after.get(ANCHOR.len()..).unwrap_or("");
+        if !(rest.is_empty() || rest.starts_with('.')) {
+            return None;
+        }
+        return Some(allocator(
+            data,
+            line,
+            lead.start(),
+            device,
+            input,
+            &before[..lead.start()],
+        ));
+    }
+    let (source, lead) = if let Some(m) = LEAD_RUNTIME.captures(&before) {
+        let device = if m.get(1)?.as_str() == "HIP" {
+            DeviceKind::Hip
+        } else {
+            DeviceKind::Cuda
+        };
+        ((OomSource::CudaRuntime, Some(device)), m.get(0)?.start())
+    } else if let Some(m) = LEAD_NCCL.find(&before) {
+        (
+            (OomSource::Nccl, Some(DeviceKind::Cuda)),
+            nccl_start(&before, m.start()),
+        )
+    } else if let Some(m) = LEAD_MPS.find(&before) {
+        ((OomSource::Mps, Some(DeviceKind::Mps)), m.start())
+    } else if let Some(m) = LEAD_THC.find(&before) {
+        ((OomSource::LegacyThc, Some(DeviceKind::Cuda)), m.start())
+    } else {
+        return None;
+    };
+    Some(non_allocator(data, line, lead, source, input))
+}
+
+/// NCCL prints "NCCL WARN Cuda failure 'out of memory'"; start at "NCCL" when it is there.
+fn nccl_start(before: &str, lead: usize) -> usize {
+    before[..lead].rfind("NCCL").unwrap_or(lead)
+}
+
+/// A hit on "Tried to allocate" that no "out of memory" hit consumed: a wrap
+/// split "CUDA out of memory." over the lines above, or the head is lost.
+pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    static HEAD: LazyLock<Regex> =
+        LazyLock::new(|| pattern(r"^(?:CUDA|HIP|XPU) out of memory \.? $"));
+    if let Some(found) = wrapped_head(data, hit, input, &HEAD) {
+        return Some(found);
+    }
+    // The head is lost: read what is there, marked truncated.
+    let line = hit_line(data, hit, 0, b"out of memory");
+    let before = line.before.clone();
+    let at = before.len();
+    let mut found = allocator(data, line, at, DeviceKind::Cuda, input, &before);
+    found.obs.requested_bytes?;
+    found.obs.device_kind = None;
+    found.obs.exception = None;
+    found.obs.truncated = true;
+    Some(found)
+}
+
+/// Looks on the two lines above `hit` for the "CUDA"/"HIP"/"XPU" that starts a
+/// message whose text, joined across the wrap up to the hit, matches `head`.
+fn wrapped_head(data: &[u8], hit: usize, input: &str, head: &Regex) -> Option<Found> {
+    let ls = line_start(data, hit);
+    let mut prev_start = ls;
+    for _ in 0..2 {
+        if prev_start == 0 {
+            return None;
+        }
+        prev_start = line_start(data, prev_start - 1);
+        let prev = clean(&data[prev_start..line_end(data, prev_start)]);
+        let Some(pos) = ["CUDA", "HIP", "XPU"]
+            .iter()
+            .filter_map(|w| prev.rfind(w))
+            .max()
+        else {
+            continue;
+        };
+        // Join the wrapped pieces the way `continue_lines` will.
+        let log_prefix = exception_before(&prev[..pos]).map_or(&prev[..pos], |(_, at)| &prev[..at]);
+        let log_prefix = log_prefix.trim_end();
+        let mut joined = prev[pos..].trim().to_owned();
+        let mut p = line_end(data, prev_start) + 1;
+        while p <= ls {
+            let le = line_end(data, p).min(hit);
+            let piece = clean(&data[p..le]);
+            let piece = piece
+                .strip_prefix(log_prefix)
+                .filter(|_| !log_prefix.is_empty())
+                .unwrap_or(&piece);
+            joined.push_str(piece.trim());
+            p = le + 1;
+        }
+        if !head.is_match(&joined) {
+            continue;
+        }
+        let device = match &prev[pos..pos + 3] {
+            "HIP" => DeviceKind::Hip,
+            "XPU" => DeviceKind::Xpu,
+            _ => DeviceKind::Cuda,
+        };
+        let line = HitLine {
+            before: prev[..pos].to_owned(),
+            after: prev[pos..].to_owned(),
+            line_start: prev_start,
+            bound: line_end(data, prev_start),
+            bounded: false,
+        };
+        let before = line.before.clone();
+        let found = allocator(data, line, pos, device, input, &before);
+        if found.end > hit {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// The caching allocator's message (native backend).
+fn allocator(
+    data: &[u8],
+    line: HitLine,
+    msg_start: usize,
+    device: DeviceKind,
+    input: &str,
+    before_msg: &str,
+) -> Found {
+    let complete = |t: &str| COMPLETE.is_match(t);
+    let (msg, first_len) = gather(data, line, msg_start, &complete);
+    let t = msg.text.as_str();
+    let mut obs = new_observation(Kind::Oom, input, before_msg, &msg);
+    obs.device_kind = Some(device);
+    obs.backend = Some(Backend::Native);
+    obs.truncated = !complete(t);
+    obs.requested_bytes = size(&REQUESTED, t);
+    obs.device_index = index(&DEVICE_NEW, t).or_else(|| index(&DEVICE_OLD, t));
+    obs.total_capacity_bytes = size(&TOTAL_NEW, t).or_else(|| size(&TOTAL_OLD, t));
+    obs.free_bytes = size(&FREE_NEW, t).or_else(|| size(&FREE_OLD, t));
+    obs.allocated_bytes = size(&ALLOCATED_NEW, t).or_else(|| size(&ALLOCATED_OLD, t));
+    obs.reserved_bytes = size(&RESERVED_OLD, t);
+    obs.cached_bytes = size(&CACHED, t);
+    obs.reserved_unallocated_bytes = size(&RESERVED_UNALLOCATED, t);
+    obs.private_pools_bytes = size(&PRIVATE_POOLS, t);
+    obs.allowed_bytes = size(&ALLOWED, t);
+    obs.process_in_use_bytes = size(&THIS_PROCESS, t);
+    obs.other_processes = OTHER_PROCESS
+        .captures_iter(t)
+        .filter_map(|c| {
+            Some(ProcessUse {
+                pid: Some(c.get(1)?.as_str().parse().ok()?),
+                bytes: size_at(&c, 2)?,
+            })
+        })
+        .collect();
+    obs.format_era = era(t, obs.exception.as_deref(), device).map(str::to_owned);
+    obs.message = Some(msg.first_line(first_len));
+    Found {
+        obs,
+        start: msg.start,
+        end: msg.end,
+    }
+}
+
+/// The PyTorch era a native message's wording identifies (allocator.md §7.2, §7.3).
+fn era(t: &str, exception: Option<&str>, device: DeviceKind) -> Option<&'static str> {
+    static OLD_RESERVED: LazyLock<Regex> =
+        LazyLock::new(|| pattern("reserved in total by PyTorch"));
+    static OLD_CACHED: LazyLock<Regex> = LazyLock::new(|| pattern(r"cached \)"));
+    static TYPO: LazyLock<Regex> = LazyLock::new(|| pattern("total capacty"));
+    static NEW: LazyLock<Regex> = LazyLock::new(|| pattern("has a total capac"));
+    static POOLS: LazyLock<Regex> = LazyLock::new(|| pattern("in private pools"));
+    if device == DeviceKind::Xpu {
+        // XPU messages follow their own timeline (c10/xpu/XPUCachingAllocator.cpp).
+        return None;
+    }
+    if t.contains("more than 1EB") {
+        return None;
+    }
+    if OLD_RESERVED.is_match(t) {
+        Some("1.4-2.0")
+    } else if OLD_CACHED.is_match(t) || CACHED.is_match(t) {
+        Some("1.0-1.3")
+    } else if TYPO.is_match(t) {
+        Some("2.1")
+    } else if NEW.is_match(t) {
+        // torch.OutOfMemoryError is the 2.4+ class name; the private-pool
+        // clause and the docs.pytorch.org link are 2.4+ wording too.
+        if POOLS.is_match(t)
+            || t.contains("docs.pytorch.org")
+            || exception == Some("torch.OutOfMemoryError")
+        {
+            Some("2.4+")
+        } else if exception == Some("torch.cuda.OutOfMemoryError") {
+            Some("2.2-2.3")
+        } else {
+            Some("2.2+")
+        }
+    } else if DEVICE_OLD.is_match(t) {
+        Some("1.0-2.0")
+    } else {
+        None
+    }
+}
+
+/// "Allocation on device N would exceed allowed memory. (out of memory)" and
+/// its lines: the cudaMallocAsync backend.
+pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    const ANCHOR: &[u8] = b"would exceed allowed memory";
+    let line = hit_line(data, hit, ANCHOR.len(), b"would exceed allowed memory");
+    let lead = line.before.rfind("Allocation on device")?;
+    let before = line.before[..lead].to_owned();
+    let complete = |t: &str| ASYNC_COMPLETE.is_match(t);
+    let (msg, first_len) = gather(data, line, lead, &complete);
+    let t = msg.text.as_str();
+    let mut obs = new_observation(Kind::Oom, input, &before, &msg);
+    obs.device_kind = Some(DeviceKind::Cuda);
+    obs.backend = Some(Backend::CudaMallocAsync);
+    obs.format_era = Some("cudaMallocAsync".to_owned());
+    obs.truncated = !complete(t);
+    obs.device_index = index(&ASYNC_DEVICE, t);
+    obs.allocated_bytes = size(&ASYNC_ALLOCATED, t);
+    obs.requested_bytes = size(&ASYNC_REQUESTED, t);
+    obs.total_capacity_bytes = size(&ASYNC_LIMIT, t);
+    obs.free_bytes = size(&ASYNC_FREE, t);
+    // Without a fraction the limit is SIZE_MAX ("17179869184.00 GiB"): no cap was set.
+    obs.allowed_bytes = size(&ASYNC_FRACTION, t).filter(|&b| b < 1 << 60);
+    obs.message = Some(msg.first_line(first_len));
+    Some(Found {
+        obs,
+        start: msg.start,
+        end: msg.end,
+    })
+}
+
+/// Which library a non-allocator anchor names.
+#[derive(Debug, Clone, Copy)]
+pub enum Library {
+    Cublas,
+    Cudnn,
+    Host,
+    LevelZero,
+}
+
+/// cuBLAS/cuDNN status codes, the host allocator, Level Zero.
+pub fn library(
+    data: &[u8],
+    hit: usize,
+    anchor_len: usize,
+    lib: Library,
+    input: &str,
+) -> Option<Found> {
+    let line = hit_line(data, hit, anchor_len, b"\n");
+    let before = line.before.as_str();
+    if matches!(lib, Library::Host) && !before.trim_end().ends_with("CPUAllocator:") {
+        return None;
+    }
+    // Start after the exception class when it is close to the anchor.
+    let lead = text::exception_in(before)
+        .filter(|&(_, _, end)| before.len() - end <= 80)
+        .map_or(before.len(), |(_, _, end)| end);
+    let lead = before.len() - before[lead..].trim_start().len();
+    let source = match lib {
+        Library::Cublas => (OomSource::Cublas, Some(DeviceKind::Cuda)),
+        Library::Cudnn => (OomSource::Cudnn, Some(DeviceKind::Cuda)),
+        Library::Host => (OomSource::Host, None),
+        Library::LevelZero => (OomSource::Xpu, Some(DeviceKind::Xpu)),
+    };
+    Some(non_allocator(data, line, lead, source, input))
+}
+
+fn non_allocator(
+    data: &[u8],
+    line: HitLine,
+    lead: usize,
+    (source, device): (OomSource, Option<DeviceKind>),
+    input: &str,
+) -> Found {
+    let before = line.before.clone();
+    // The exception class sits before the lead ("RuntimeError: CUDA error: …").
+    let exc_end = text::exception_in(&before[..lead])
+        .filter(|&(_, _, end)| lead - end <= 2)
+        .map(|(_, start, _)| start);
+    let prefix_end = exc_end.unwrap_or(lead);
+    // MPS and host messages may wrap; the others are one line.
+    let complete = |t: &str| match source {
+        OomSource::Mps => t.contains("system failure)"),
+        OomSource::Host => HOST_REQUESTED.is_match(t),
+        _ => true,
+    };
+    let (msg, first_len) = gather(data, line, lead, &complete);
+    let t = msg.text.as_str();
+    let mut obs = Observation::new(Kind::NonAllocatorOom, input);
+    obs.exception = text::exception_in(&before[..lead])
+        .filter(|&(_, _, end)| lead - end <= 2)
+        .map(|(e, _, _)| e);
+    obs.rank = text::rank_in(&before[..prefix_end]);
+    obs.source = Some(source);
+    obs.device_kind = device;
+    match source {
+        OomSource::Mps => {
+            obs.allocated_bytes = mps_size(&MPS_ALLOCATED, t);
+            obs.allowed_bytes = mps_size(&MPS_ALLOWED, t);
+            obs.requested_bytes = mps_size(&MPS_REQUESTED, t);
+            obs.truncated = !complete(t);
+        }
+        OomSource::Host => {
+            obs.requested_bytes = HOST_REQUESTED
+                .captures(t)
+                .and_then(|c| c.get(1)?.as_str().parse().ok());
+            obs.truncated = !complete(t);
+        }
+        _ => {}
+    }
+    obs.message = Some(msg.first_line(first_len));
+    Found {
+        obs,
+        start: msg.start,
+        end: msg.end,
+    }
+}
+
+fn mps_size(re: &Regex, t: &str) -> Option<u64> {
+    let c = re.captures(t)?;
+    let v: f64 = c.get(1)?.as_str().parse().ok()?;
+    printed_size(v, c.get(2)?.as_str())
+}

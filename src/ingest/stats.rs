@@ -1,0 +1,234 @@
+//! `torch.cuda.memory_stats()` dumps: the `OrderedDict([('key', n), …])` repr,
+//! a plain dict repr, JSON, pretty-printed over several (prefixed) lines, or
+//! cut off. Flattened keys `stat.pool.metric` go to `metrics`.
+
+use super::scan::Found;
+use super::text::{clean, line_start, rank_in};
+use crate::evidence::{Kind, Metrics, Observation, StatValues};
+
+/// A dump has at most a few hundred keys; stop reading after this many bytes.
+const MAX_DUMP: usize = 256 * 1024;
+/// Junk allowed between two pairs when it starts a new line (a log prefix).
+const MAX_GAP: usize = 160;
+
+const STATS: [&str; 9] = [
+    "active",
+    "active_bytes",
+    "allocated_bytes",
+    "allocation",
+    "inactive_split",
+    "inactive_split_bytes",
+    "requested_bytes",
+    "reserved_bytes",
+    "segment",
+];
+
+/// Where a flattened key goes.
+enum Key<'a> {
+    Stat(&'a str, &'a str, &'a str),
+    Scalar(&'a str),
+}
+
+fn classify(key: &str) -> Option<Key<'_>> {
+    let metric_ok = |m: &str| matches!(m, "current" | "peak" | "allocated" | "freed");
+    let parts: Vec<&str> = key.split('.').collect();
+    match parts.as_slice() {
+        [stat, pool, metric]
+            if STATS.contains(stat)
+                && matches!(*pool, "all" | "small_pool" | "large_pool")
+                && metric_ok(metric) =>
+        {
+            Some(Key::Stat(stat, pool, metric))
+        }
+        [stat, metric]
+            if matches!(*stat, "oversize_allocations" | "oversize_segments")
+                && metric_ok(metric) =>
+        {
+            Some(Key::Stat(stat, "all", metric))
+        }
+        // 2.13+: reserved_bytes_by_private_pools.<a>_<b>.<pool>.<metric>.
+        ["reserved_bytes_by_private_pools", id, pool, metric]
+            if matches!(*pool, "all" | "small_pool" | "large_pool") && metric_ok(metric) =>
+        {
+            let at = "reserved_bytes_by_private_pools.".len() + id.len();
+            Some(Key::Stat(&key[..at], pool, metric))
+        }
+        [scalar] if scalar.starts_with("num_") || *scalar == "max_split_size" => {
+            Some(Key::Scalar(scalar))
+        }
+        _ => None,
+    }
+}
+
+/// One `'key': value` / `"key": value` / `('key', value)` pair at `pos`:
+/// returns the key, the value and the offset after the value. A value that
+/// runs into the end of the data may be cut and is not returned.
+fn pair(d: &[u8], pos: usize) -> Option<(&str, i64, usize)> {
+    let q = *d.get(pos)?;
+    if q != b'\'' && q != b'"' {
+        return None;
+    }
+    let ks = pos + 1;
+    let klen = d.get(ks..)?.iter().take(96).position(|&b| b == q)?;
+    let key = std::str::from_utf8(&d[ks..ks + klen]).ok()?;
+    if key.is_empty()
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    {
+        return None;
+    }
+    let mut i = ks + klen + 1;
+    let skip_ws = |i: &mut usize| {
+        while d.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
+            *i += 1;
+        }
+    };
+    skip_ws(&mut i);
+    if !matches!(d.get(i), Some(b':' | b',')) {
+        return None;
+    }
+    i += 1;
+    skip_ws(&mut i);
+    let vs = i;
+    if d.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    while d.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    let value: i64 = std::str::from_utf8(&d[vs..i]).ok()?.parse().ok()?;
+    // JSON floats of integral values ("3.0").
+    if d.get(i) == Some(&b'.') && d.get(i + 1) == Some(&b'0') {
+        i += 2;
+    }
+    match d.get(i) {
+        Some(b',' | b'}' | b')' | b']' | b' ' | b'\n' | b'\r' | b'\t') => Some((key, value, i)),
+        _ => None,
+    }
+}
+
+/// Skips separators between pairs; across a newline, also a log prefix.
+fn next_pair_start(d: &[u8], mut i: usize) -> (usize, bool) {
+    let mut newline = false;
+    let start = i;
+    while let Some(&b) = d.get(i) {
+        match b {
+            b'\'' | b'"' => return (i, false),
+            b'}' | b']' => return (i, true),
+            b',' | b'(' | b')' | b' ' | b'\t' | b'\r' => i += 1,
+            b'\n' => {
+                newline = true;
+                i += 1;
+            }
+            _ if newline && i - start < MAX_GAP => i += 1,
+            _ => return (i, false),
+        }
+    }
+    (i, false)
+}
+
+/// A hit on a `memory_stats()` key (quoted).
+pub fn stats(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    let d = &data[..data.len().min(hit + MAX_DUMP)];
+    // The opening `{` / `OrderedDict([` / `[(` right before the first key.
+    let head = &data[hit.saturating_sub(32)..hit];
+    let opened = head
+        .iter()
+        .rev()
+        .find(|b| !matches!(b, b' ' | b'\n' | b'\r' | b'\t' | b'('))
+        .is_some_and(|&b| b == b'{' || b == b'[');
+    let mut obs = Observation::new(Kind::MemoryStats, input);
+    let ls = line_start(data, hit);
+    obs.rank = rank_in(&clean(&data[ls..hit]));
+    let mut metrics = Metrics::new();
+    let mut pos = hit;
+    let mut closed = false;
+    let mut pairs = 0;
+    let mut end = hit;
+    while let Some((key, value, after)) = pair(d, pos) {
+        pairs += 1;
+        end = after;
+        match classify(key) {
+            Some(Key::Stat(stat, pool, metric)) => {
+                let v: &mut StatValues = metrics
+                    .entry(stat.to_owned())
+                    .or_default()
+                    .entry(pool.to_owned())
+                    .or_default();
+                match metric {
+                    "current" => v.current = Some(value),
+                    "peak" => v.peak = Some(value),
+                    "allocated" => v.allocated = Some(value),
+                    _ => v.freed = Some(value),
+                }
+            }
+            Some(Key::Scalar("num_ooms")) => obs.num_ooms = u64::try_from(value).ok(),
+            Some(Key::Scalar("num_alloc_retries")) => {
+                obs.num_alloc_retries = u64::try_from(value).ok()
+            }
+            Some(Key::Scalar(name)) => {
+                obs.counters.insert(name.to_owned(), value);
+            }
+            None => {}
+        }
+        let (next, close) = next_pair_start(d, after);
+        if close {
+            closed = true;
+            end = next + 1;
+            break;
+        }
+        pos = next;
+    }
+    if pairs < 2
+        || (metrics.is_empty() && obs.num_ooms.is_none() && obs.num_alloc_retries.is_none())
+    {
+        return None;
+    }
+    obs.truncated = !opened || !closed;
+    obs.metrics = Some(metrics);
+    Some(Found {
+        obs,
+        start: hit,
+        end: end.max(hit + 1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_pairs_and_refuses_cut_values() {
+        let d = b"'num_ooms': 3, 'x': 4";
+        assert_eq!(pair(d, 0), Some(("num_ooms", 3, 13)));
+        // "4" runs into the end: it may be "42" cut.
+        assert_eq!(pair(d, 15), None);
+        assert_eq!(pair(b"(\"a.b\", -1)", 1), Some(("a.b", -1, 10)));
+    }
+
+    #[test]
+    fn classifies_keys() {
+        assert!(matches!(
+            classify("allocated_bytes.all.peak"),
+            Some(Key::Stat("allocated_bytes", "all", "peak"))
+        ));
+        assert!(matches!(
+            classify("oversize_segments.freed"),
+            Some(Key::Stat("oversize_segments", "all", "freed"))
+        ));
+        assert!(matches!(
+            classify("reserved_bytes_by_private_pools.1_2.large_pool.current"),
+            Some(Key::Stat(
+                "reserved_bytes_by_private_pools.1_2",
+                "large_pool",
+                "current"
+            ))
+        ));
+        assert!(matches!(
+            classify("max_split_size"),
+            Some(Key::Scalar("max_split_size"))
+        ));
+        assert!(classify("allocated_bytes.all.bogus").is_none());
+    }
+}

@@ -1,0 +1,299 @@
+//! `torch.cuda.memory_summary()` tables (`torch/cuda/memory.py`), 1.x and 2.x
+//! layouts, full and abbreviated, behind log prefixes or written on one line
+//! with literal `\n` escapes. Rows map onto `memory_stats()` names as the CLI
+//! contract says; a table cut at its head or tail keeps its whole rows.
+
+use super::scan::Found;
+use super::text::{clean, line_end, line_start, rank_in};
+use crate::evidence::{Kind, Metrics, Observation, StatValues};
+use crate::units::unit_multiplier;
+
+/// A full 2.x summary is 45 lines; more than this many lines is not one table.
+const MAX_LINES: usize = 64;
+
+/// `memory_summary()` row label → `memory_stats()` stat name, and whether its
+/// cells are byte sizes; in the summary's order.
+pub const SUMMARY_ROWS: [(&str, &str, bool); 11] = [
+    ("Allocated memory", "allocated_bytes", true),
+    ("Active memory", "active_bytes", true),
+    ("Requested memory", "requested_bytes", true),
+    ("GPU reserved memory", "reserved_bytes", true),
+    ("Non-releasable memory", "inactive_split_bytes", true),
+    ("Allocations", "allocation", false),
+    ("Active allocs", "active", false),
+    ("GPU reserved segments", "segment", false),
+    ("Non-releasable allocs", "inactive_split", false),
+    ("Oversize allocations", "oversize_allocations", false),
+    ("Oversize GPU segments", "oversize_segments", false),
+];
+
+/// One line of the table as found: its cleaned text and the byte range of
+/// the physical line it came from.
+struct TableLine {
+    text: String,
+    start: usize,
+    end: usize,
+}
+
+/// The part of a table line from its first `|` on (prefixes dropped).
+fn body(text: &str) -> Option<&str> {
+    text.find('|').map(|i| &text[i..])
+}
+
+fn is_border(body: &str, fill: char) -> bool {
+    let inner = body.trim_end().trim_matches('|');
+    inner.len() >= 20 && inner.chars().all(|c| c == fill)
+}
+
+fn is_table_line(text: &str) -> bool {
+    let Some(b) = body(text) else { return false };
+    is_border(b, '=')
+        || is_border(b, '-')
+        || b.contains("memory summary")
+        || b.contains("CUDA OOMs")
+        || b.contains("Cur Usage")
+        || b.contains("from large pool")
+        || b.contains("from small pool")
+        || SUMMARY_ROWS.iter().any(|(label, _, _)| b.contains(label))
+}
+
+/// The table's lines around `hit`, never before `floor`.
+fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
+    let ls = line_start(data, hit).max(floor);
+    let le = line_end(data, hit);
+    let raw = &data[ls..le];
+    // One line holding the whole table with literal "\n" escapes (a repr or JSON string).
+    if memchr::memmem::find(raw, b"|\\n|").is_some() {
+        let text = clean(raw);
+        return text
+            .split("\\n")
+            .map(|t| TableLine {
+                text: t.to_owned(),
+                start: ls,
+                end: le,
+            })
+            .collect();
+    }
+    let line = |s: usize| {
+        let e = line_end(data, s);
+        TableLine {
+            text: clean(&data[s..e]),
+            start: s,
+            end: e,
+        }
+    };
+    let mut lines = Vec::new();
+    let first = line(ls);
+    if !is_table_line(&first.text) {
+        return lines;
+    }
+    // Walk back over a head the hit did not land on (a cut table starts mid-way).
+    let mut back = Vec::new();
+    let mut s = ls;
+    let mut header = first.text.contains("memory summary");
+    while !header && s > floor && back.len() < MAX_LINES {
+        let prev = line(line_start(data, s - 1).max(floor));
+        if prev.start < floor || !is_table_line(&prev.text) {
+            break;
+        }
+        header = prev.text.contains("memory summary");
+        s = prev.start;
+        back.push(prev);
+    }
+    if header {
+        // The top border above the header line.
+        let top = if back.is_empty() { ls } else { s };
+        if top > floor {
+            let prev = line(line_start(data, top - 1).max(floor));
+            if body(&prev.text).is_some_and(|b| is_border(b, '=')) {
+                back.push(prev);
+            }
+        }
+    }
+    lines.extend(back.into_iter().rev());
+    lines.push(first);
+    let mut next = le + 1;
+    while next < data.len() && lines.len() < MAX_LINES {
+        let l = line(next);
+        if !is_table_line(&l.text) {
+            break;
+        }
+        next = l.end + 1;
+        lines.push(l);
+    }
+    lines
+}
+
+/// A cell: `14324 MiB`, `0 B`, `387`, `1234 K`; `None` when cut or malformed.
+fn cell(text: &str, bytes: bool) -> Option<i64> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let n: i64 = t.get(..digits).filter(|d| !d.is_empty())?.parse().ok()?;
+    let unit = t[digits..].trim();
+    let mult = if bytes {
+        // `_format_size`: B/KiB/MiB/GiB/TiB/PiB (2.x), B/KB/MB/GB/TB/PB (1.x), binary.
+        match unit {
+            "B" => 1,
+            "KiB" | "MiB" | "GiB" | "TiB" | "PiB" | "KB" | "MB" | "GB" | "TB" | "PB" => {
+                i64::try_from(unit_multiplier(unit)?).ok()?
+            }
+            _ => return None,
+        }
+    } else {
+        // `_format_count`: decimal K and M.
+        match unit {
+            "" => 1,
+            "K" => 1000,
+            "M" => 1_000_000,
+            _ => return None,
+        }
+    };
+    n.checked_mul(mult)
+}
+
+/// Parses a table row's four cells after its label.
+fn row_values(cells: &[&str], bytes: bool) -> Option<StatValues> {
+    let [c, p, a, f, ..] = cells else { return None };
+    Some(StatValues {
+        current: Some(cell(c, bytes)?),
+        peak: Some(cell(p, bytes)?),
+        allocated: Some(cell(a, bytes)?),
+        freed: Some(cell(f, bytes)?),
+    })
+}
+
+fn header_numbers(b: &str, key: &str) -> Option<u64> {
+    let at = b.find(key)? + key.len();
+    let rest = b[at..].trim_start();
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    // A number running into the end of the text may be cut.
+    if end == rest.len() {
+        return None;
+    }
+    rest[..end].parse().ok()
+}
+
+/// A hit on a summary's header or one of its rows.
+pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Found> {
+    let lines = table_lines(data, hit, floor);
+    let mut obs = Observation::new(Kind::MemorySummary, input);
+    let mut metrics = Metrics::new();
+    let mut header = false;
+    let mut closed = false;
+    let mut cut_row = false;
+    let mut current: Option<(&str, bool)> = None;
+    let mut units_1x = false;
+    let mut units_2x = false;
+    let mut used = 0;
+    for (i, l) in lines.iter().enumerate() {
+        let Some(b) = body(&l.text) else { break };
+        if b.contains("memory summary") {
+            if header || !metrics.is_empty() {
+                break;
+            }
+            header = true;
+            obs.device_index = header_numbers(b, "device ID").and_then(|d| u32::try_from(d).ok());
+            obs.rank = rank_in(&l.text[..l.text.len() - b.len()]);
+        } else if b.contains("CUDA OOMs") {
+            obs.cuda_ooms = header_numbers(b, "CUDA OOMs:");
+            obs.alloc_retries = header_numbers(b, "cudaMalloc retries:");
+        } else if is_border(b, '=') {
+            if !metrics.is_empty() {
+                closed = true;
+                used = i + 1;
+                break;
+            }
+        } else if !is_border(b, '-') && !b.contains("Cur Usage") {
+            let cells: Vec<&str> = b.trim_start_matches('|').split('|').collect();
+            let label = cells.first().map_or("", |c| c.trim());
+            let pool = match label {
+                "from large pool" => Some("large_pool"),
+                "from small pool" => Some("small_pool"),
+                _ => None,
+            };
+            let (stat, bytes) = match pool {
+                Some(_) => match current {
+                    Some(c) => c,
+                    None => {
+                        cut_row = true;
+                        used = i + 1;
+                        continue;
+                    }
+                },
+                None => match SUMMARY_ROWS.iter().find(|(l, _, _)| *l == label) {
+                    Some(&(_, stat, bytes)) => {
+                        if metrics.contains_key(stat) {
+                            // The same row again: a second table without a header.
+                            break;
+                        }
+                        current = Some((stat, bytes));
+                        (stat, bytes)
+                    }
+                    None => {
+                        cut_row = true;
+                        used = i + 1;
+                        continue;
+                    }
+                },
+            };
+            // Four cells and the closing bar: a whole row.
+            match row_values(cells.get(1..).unwrap_or(&[]), bytes).filter(|_| cells.len() >= 6) {
+                Some(v) => {
+                    if bytes {
+                        let u = &cells[1..5];
+                        units_1x |= u
+                            .iter()
+                            .any(|c| c.ends_with("KB") || c.ends_with("MB") || c.ends_with("GB"));
+                        units_2x |= u.iter().any(|c| c.contains("iB"));
+                    }
+                    metrics
+                        .entry(stat.to_owned())
+                        .or_default()
+                        .insert(pool.unwrap_or("all").to_owned(), v);
+                }
+                None => cut_row = true,
+            }
+        }
+        used = i + 1;
+    }
+    if metrics.is_empty() && !header {
+        return None;
+    }
+    let used = &lines[..used.max(1)];
+    let first = used.first()?;
+    let last = used.last()?;
+    obs.line = None;
+    obs.truncated = !header || !closed || cut_row;
+    obs.format_era = if metrics.contains_key("requested_bytes") || units_2x {
+        Some("2.0+".to_owned())
+    } else if units_1x {
+        Some("1.x".to_owned())
+    } else {
+        None
+    };
+    obs.metrics = Some(metrics);
+    Some(Found {
+        obs,
+        start: first.start,
+        end: last.end.max(hit + 1).min(data.len()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_follow_pytorch_formatters() {
+        assert_eq!(cell(" 14324 MiB ", true), Some(14324 << 20));
+        assert_eq!(cell("      0 B   ", true), Some(0));
+        assert_eq!(cell("  251905 KB ", true), Some(251905 << 10));
+        assert_eq!(cell("    1234 K ", false), Some(1_234_000));
+        assert_eq!(cell("     387    ", false), Some(387));
+        assert_eq!(cell("  143", true), None);
+        assert_eq!(cell("  12 Mi", true), None);
+        assert_eq!(cell("", false), None);
+    }
+}
