@@ -8,6 +8,7 @@
 //!
 //! Deterministic: the same build prints the same table.
 
+use allocdoc::advise::search::{self, Scored};
 use allocdoc::app::recommend::recommend;
 use allocdoc::app::validate::{RunSummary, Workload, replay};
 use allocdoc::conf::Settings;
@@ -78,12 +79,19 @@ fn main() {
     for family in Family::ALL {
         let ops = epochs(&generate(family, &params(family)), 3);
         let trace = Trace::from_probe(&ops);
-        let free = replay(&trace, &defaults, "", u64::MAX);
-        // Two capacities between what the tensors need (peak allocated) and what
-        // the default config reserves: a quarter and a half of the way up.
-        let (lo, hi) = (free.peak_allocated_bytes, free.peak_reserved_bytes);
-        for frac in [0.5, 0.25] {
-            let capacity = lo + ((hi - lo) as f64 * frac) as u64;
+        // Capacities where the default config runs out of memory: just under the
+        // smallest card it fits on, and halfway from there down to what the
+        // tensors alone need (peak allocated).
+        let free = replay(&trace, &defaults, "", allocdoc::device::NO_LIMIT);
+        let default_min = search::min_capacity(
+            &free.score(),
+            allocdoc::device::NO_LIMIT,
+            |cap| replay(&trace, &defaults, "", cap).score(),
+            &|_| {},
+        );
+        let lo = free.peak_allocated_bytes;
+        let just_under = default_min.saturating_sub(search::CAPACITY_RESOLUTION);
+        for (tag, capacity) in [("under", just_under), ("half", lo + (default_min - lo) / 2)] {
             let runs: Vec<RunSummary> = COMPARED
                 .iter()
                 .map(|c| replay(&trace, &settings(c), c, capacity))
@@ -110,8 +118,8 @@ fn main() {
                 let _ = write!(out, " {} |", cell(run));
             }
             let _ = writeln!(out, " {ours} |");
-            // One trace per family (the roomier capacity) for the GPU script.
-            if let (Some(dir), true) = (&traces_dir, frac == 0.5) {
+            // One trace per family (just under the default's need) for the GPU script.
+            if let (Some(dir), "under") = (&traces_dir, tag) {
                 let path = dir.join(format!("{}.csv", family.name().replace(' ', "-")));
                 if let Err(e) = write_csv(&path, &ops, capacity) {
                     eprintln!("results: {}: {e}", path.display());

@@ -200,10 +200,11 @@ where
     }
 }
 
-/// The smallest capacity at which `run` has no OOM, between the peak allocated
-/// bytes (nothing smaller can hold the live tensors) and the peak reserved
-/// bytes of the unconstrained run (which reproduces that run exactly).
-fn min_capacity(
+/// The smallest capacity (to [`CAPACITY_RESOLUTION`]) at which `run` has no
+/// OOM, between the peak allocated bytes (nothing smaller can hold the live
+/// tensors) and the peak reserved bytes of the run at `capacity` (which
+/// reproduces that run exactly). Returns `capacity` when even that OOMs.
+pub fn min_capacity(
     at_capacity: &Score,
     capacity: u64,
     run: impl Fn(u64) -> Score,

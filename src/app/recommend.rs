@@ -66,7 +66,7 @@ pub fn recommend(
     current: &Settings,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> RecommendResult {
-    let cap = capacity.unwrap_or(u64::MAX);
+    let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
     let with_gc = current.per_process_memory_fraction.is_some();
     let mut notes = Vec::new();
     if !with_gc {

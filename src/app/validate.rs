@@ -139,7 +139,7 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
             reserved_bytes: reserved,
             requested_bytes: None,
         },
-        capacity: capacity.unwrap_or(u64::MAX),
+        capacity: capacity.unwrap_or(crate::device::NO_LIMIT),
     })
 }
 
@@ -184,7 +184,7 @@ pub fn load_workload(
     Ok(Workload {
         input: name.to_string(),
         trace: crate::workload::Trace::from_probe(&calibration.ops),
-        implied_capacity: (target.capacity != u64::MAX).then_some(target.capacity),
+        implied_capacity: (target.capacity != crate::device::NO_LIMIT).then_some(target.capacity),
         probe: Some(calibration),
     })
 }
@@ -210,7 +210,12 @@ pub fn replay_on(
     capacity: Option<u64>,
 ) -> Result<RunSummary, Error> {
     match spec {
-        DeviceSpec::Sim => Ok(replay(trace, settings, conf, capacity.unwrap_or(u64::MAX))),
+        DeviceSpec::Sim => Ok(replay(
+            trace,
+            settings,
+            conf,
+            capacity.unwrap_or(crate::device::NO_LIMIT),
+        )),
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(ordinal) => {
             let device = crate::device::cuda::CudaDevice::open(ordinal, capacity)?;

@@ -125,3 +125,8 @@ impl DeviceSpec {
         }
     }
 }
+
+/// The capacity of a run "without a limit": far beyond any card, yet small
+/// enough that the allocator's arithmetic on it (9/8 of it as virtual address
+/// space for an expandable segment) cannot overflow.
+pub const NO_LIMIT: u64 = 1 << 50;

@@ -283,7 +283,7 @@ fn fit_steps(
     const MAX_STEPS: u32 = 1 << 18;
     let at = |steps: u32| {
         let p = Params { steps, unit, seed };
-        replay(&generate(family, &p), u64::MAX).allocated_bytes
+        replay(&generate(family, &p), crate::device::NO_LIMIT).allocated_bytes
     };
     let pilot = at(PILOT).max(1);
     let guess =
@@ -326,35 +326,43 @@ pub fn calibrate(
         .iter()
         .flat_map(|&f| units.iter().map(move |&u| (f, u)))
         .collect();
+    // Each candidate: fit the steps, measure the error, and check whether the
+    // request then runs out of memory at the capacity, as it did for real.
     let best = candidates
         .par_iter()
         .map(|&(family, unit)| {
             let steps = fit_steps(family, unit, seed, want.allocated_bytes, &replay);
             let params = Params { steps, unit, seed };
-            let got = replay(&generate(family, &params), u64::MAX);
-            (fit_error(&got, &want), family, params, got)
+            let mut ops = generate(family, &params);
+            let got = replay(&ops, crate::device::NO_LIMIT);
+            let error = fit_error(&got, &want);
+            let reproduces_oom = match want.requested_bytes {
+                Some(size) => {
+                    let id = ops
+                        .iter()
+                        .map(|op| match *op {
+                            Op::Alloc { id, .. } | Op::Free { id } => id + 1,
+                        })
+                        .max()
+                        .unwrap_or(0);
+                    ops.push(Op::Alloc { id, size });
+                    replay(&ops, target.capacity).oom
+                }
+                None => false,
+            };
+            (error, reproduces_oom, family, params, got, ops)
         })
+        // Best: within tolerance, then reproducing the OOM, then the smallest
+        // error; ties go to the first family and the smaller unit (deterministic).
         .min_by(|a, b| {
-            a.0.total_cmp(&b.0)
-                .then(a.1.cmp(&b.1))
-                .then(a.2.unit.cmp(&b.2.unit))
+            (a.0 > TOLERANCE)
+                .cmp(&(b.0 > TOLERANCE))
+                .then(b.1.cmp(&a.1))
+                .then(a.0.total_cmp(&b.0))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.unit.cmp(&b.3.unit))
         })?;
-    let (error, family, params, got) = best;
-    let mut ops = generate(family, &params);
-    let reproduces_oom = match want.requested_bytes {
-        Some(size) => {
-            let id = ops
-                .iter()
-                .map(|op| match *op {
-                    Op::Alloc { id, .. } | Op::Free { id } => id + 1,
-                })
-                .max()
-                .unwrap_or(0);
-            ops.push(Op::Alloc { id, size });
-            replay(&ops, target.capacity).oom
-        }
-        None => false,
-    };
+    let (error, reproduces_oom, family, params, got, ops) = best;
     Some(Calibration {
         family,
         params,
