@@ -150,7 +150,10 @@ fn probe_calibration_reproduces_given_figures() {
     });
     let capacity = before.reserved_bytes + request / 2;
     let job = run(&ops, capacity);
-    assert!(job.oom, "the setup must run out of memory: {before:?} {job:?}");
+    assert!(
+        job.oom,
+        "the setup must run out of memory: {before:?} {job:?}"
+    );
     let target = Target {
         observed: Figures {
             allocated_bytes: job.allocated_bytes,

@@ -246,7 +246,8 @@ fn summarize(conf: &str, run: crate::workload::RunResult) -> RunSummary {
         device_allocs: run.device_allocs,
         device_frees: run.device_frees,
         alloc_retries: run.alloc_retries,
-        synchronizations: run.counters.synchronizations,
+        // release_cached_blocks' all-stream syncs plus event and stream syncs.
+        synchronizations: stat("num_sync_all_streams") + run.counters.synchronizations,
         driver_time_us: run.counters.driver_time_us,
         end_allocated_bytes: stat("allocated_bytes.all.current"),
         end_reserved_bytes: stat("reserved_bytes.all.current"),
