@@ -397,6 +397,15 @@ fn whitespace_per_era() {
         ok("max_split_size_mb:\t128", "2.6").max_split_size,
         128 * MIB
     );
+    // A space inside a key: dropped by 2.x, a separator for 1.x.
+    assert_eq!(
+        ok("max_split_ size_mb:128", "2.6").max_split_size,
+        128 * MIB
+    );
+    assert_eq!(
+        err("max_split_ size_mb:128", "1.13").message,
+        "Unrecognized CachingAllocator option: size_mb"
+    );
     // Era C: every isspace character is dropped.
     let s = ok(
         "max_split_size_mb:128,\n\texpandable_segments:\tTrue",
@@ -468,7 +477,7 @@ fn cuda_malloc_async_warning_per_version() {
     assert_eq!(
         w("backend:cudaMallocAsync,max_split_size_mb:100", "2.0"),
         [
-            "backend:cudaMallocAsync ignores max_split_size_mb,roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
+            "backend:cudaMallocAsync ignores max_split_size_mb, roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
         ]
     );
     assert_eq!(
@@ -544,6 +553,17 @@ fn unmodelled_keys_are_reported() {
         ok("per_process_memory_fraction:0.8", "2.10").per_process_memory_fraction,
         Some(0.8)
     );
+}
+
+#[test]
+fn parsed_render_keeps_unmodelled_keys() {
+    let value = "pinned_use_cuda_host_register: True ,max_split_size_mb:64,expandable_segments_reserve_by_class:[a:1,b:2],pinned_num_register_threads:8";
+    let p = parse(value, v("2.15")).unwrap();
+    assert_eq!(
+        p.render(),
+        "max_split_size_mb:64,pinned_use_cuda_host_register:True,expandable_segments_reserve_by_class:[a:1,b:2],pinned_num_register_threads:8"
+    );
+    assert_eq!(parse(&p.render(), v("2.15")).unwrap(), p);
 }
 
 #[test]
@@ -694,5 +714,120 @@ mod properties {
             let (major, minor) = VERSIONS[idx];
             let _ = parse(&parts.concat(), TorchVersion::new(major, minor));
         }
+    }
+}
+
+mod command {
+    use allocdoc::app::Format;
+    use allocdoc::app::conf_check::{ConfCheckOptions, run};
+    use assert_cmd::Command;
+
+    fn check(conf: &str, version: &str, format: Format) -> (String, i32) {
+        let out = run(&ConfCheckOptions {
+            conf: conf.into(),
+            torch_version: Some(version.into()),
+            format,
+        })
+        .unwrap();
+        (out.stdout, out.exit_code)
+    }
+
+    #[test]
+    fn invalid_value_quotes_pytorch() {
+        let (text, code) = check("max_split_size_mb:20", "2.6", Format::Text);
+        assert_eq!(code, 1);
+        insta::assert_snapshot!("invalid_max_split_2_6_text", text);
+        let (json, _) = check("max_split_size_mb:20", "2.6", Format::Json);
+        insta::assert_snapshot!("invalid_max_split_2_6_json", json);
+        let (text, code) = check("max_split_size_mb:20", "2.10", Format::Text);
+        assert_eq!(code, 0);
+        assert!(
+            text.contains("| max_split_size_mb              20"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn list_divisions_in_2_10() {
+        let conf = "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],expandable_segments:True,pinned_use_cuda_host_register:True";
+        let (text, code) = check(conf, "2.10.0a0", Format::Text);
+        assert_eq!(code, 0);
+        insta::assert_snapshot!("list_divisions_2_10_text", text);
+        let (md, _) = check(conf, "2.10.0a0", Format::Markdown);
+        insta::assert_snapshot!("list_divisions_2_10_markdown", md);
+    }
+
+    #[test]
+    fn scalar_divisions_rounding_table() {
+        let (text, code) = check("roundup_power2_divisions:4", "2.6", Format::Text);
+        assert_eq!(code, 0);
+        insta::assert_snapshot!("scalar_divisions_2_6_text", text);
+        let (json, _) = check("roundup_power2_divisions:4", "2.6", Format::Json);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        // §1.5: 84 MiB → 96 MiB, 1200 → 1536 under 4 divisions.
+        let rounded = |request: u64| {
+            v["rounding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["request_bytes"] == request)
+                .unwrap()["rounded_bytes"]
+                .as_u64()
+                .unwrap()
+        };
+        assert_eq!(rounded(88080384), 100663296);
+        assert_eq!(rounded(1200), 1536);
+        assert_eq!(rounded(1048577), 1310720);
+    }
+
+    /// 1.12–2.0: `roundup_power2_divisions:1` leaves sizes above 512 unrounded.
+    #[test]
+    fn scalar_one_quirk_in_the_rounding_table() {
+        let row = |version: &str| {
+            let (json, _) = check("roundup_power2_divisions:1", version, Format::Json);
+            let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+            v["rounding"][2].clone()
+        };
+        assert_eq!(row("1.12")["request_bytes"], 1200);
+        assert_eq!(row("1.12")["rounded_bytes"], 1200);
+        assert_eq!(row("2.6")["rounded_bytes"], 1536);
+    }
+
+    #[test]
+    fn cuda_malloc_async_json() {
+        let (json, code) = check(
+            "max_split_size_mb:128,backend:cudaMallocAsync",
+            "2.4.1+cu121",
+            Format::Json,
+        );
+        assert_eq!(code, 0);
+        insta::assert_snapshot!("cuda_malloc_async_2_4_json", json);
+    }
+
+    #[test]
+    fn exit_codes_from_the_binary() {
+        let bin = || Command::cargo_bin("allocdoc").unwrap();
+        bin()
+            .args(["conf", "check", "expandable_segments:True"])
+            .assert()
+            .code(0);
+        bin()
+            .args(["conf", "check", "expandable_segments:true"])
+            .assert()
+            .code(1);
+        bin()
+            .args([
+                "conf",
+                "check",
+                "expandable_segments:True",
+                "--torch-version",
+                "2.0",
+            ])
+            .assert()
+            .code(1);
+        bin()
+            .args(["conf", "check", "x", "--torch-version", "two"])
+            .assert()
+            .code(2);
     }
 }

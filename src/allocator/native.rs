@@ -118,6 +118,18 @@ impl<D: Device> CachingAllocator<D> {
     pub fn stats(&self) -> &DeviceStats {
         &self.stats
     }
+    /// `torch.cuda.memory_stats()`: the flat, sorted keys of this allocator's version.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.stats.flat(self.settings.version)
+    }
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
     /// Bytes currently obtained from the device (`total_allocated_memory`).
     pub fn total_allocated_memory(&self) -> u64 {
         self.total_allocated_memory

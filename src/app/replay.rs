@@ -1,8 +1,19 @@
-//! The `replay` command.
+//! The `replay` command: run a trace through the bundled caching allocator
+//! under one or more configs on the simulated card.
 
 use super::{Format, Outcome};
 use crate::Error;
+use crate::allocator::summary::memory_summary;
+use crate::conf::{Settings, TorchVersion};
+use crate::device::sim::SimDevice;
+use crate::evidence::Backend;
+use crate::units::human;
+use crate::workload::{ReplayOptions as RunOptions, RunResult, Trace, detect_trace, replay_with};
+use std::io::Read;
 use std::path::PathBuf;
+
+/// The card replays run on when `--capacity` is not given (an 80 GiB A100/H100).
+pub const DEFAULT_CAPACITY: u64 = 80 << 30;
 
 #[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
@@ -22,7 +33,174 @@ pub struct ReplayOptions {
     pub format: Format,
 }
 
+/// One config's run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// The config as given ('' = PyTorch's defaults).
+    pub conf: String,
+    pub result: RunResult,
+    /// `memory_summary()` when allocated memory peaked and at the end (with `--summary`).
+    pub summary_at_peak: Option<String>,
+    pub summary_at_end: Option<String>,
+}
+
+/// Everything `replay` found, for the renderers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    pub input: String,
+    pub events: u64,
+    pub capacity_bytes: u64,
+    /// `--capacity` was not given: the default card was used.
+    pub capacity_defaulted: bool,
+    pub torch_version: TorchVersion,
+    pub runs: Vec<Run>,
+}
+
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
-    let _ = opts;
-    Err(Error::Usage("`replay` is not built yet".into()))
+    let replay = execute(opts)?;
+    let stdout = match opts.format {
+        Format::Text => crate::report::replay::text(&replay),
+        Format::Json => crate::report::replay::json(&replay),
+        Format::Markdown => crate::report::replay::markdown(&replay),
+    };
+    let mut stderr = Vec::new();
+    if replay.capacity_defaulted {
+        stderr.push(format!(
+            "note: no --capacity given: replaying on a simulated {} card",
+            human(replay.capacity_bytes)
+        ));
+    }
+    let exit_code = match replay.runs.last() {
+        Some(run) if run.result.oom.is_some() => 1,
+        _ => 0,
+    };
+    Ok(Outcome {
+        stdout,
+        stderr,
+        exit_code,
+    })
+}
+
+/// Loads the trace, parses every config and replays the trace under each.
+pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
+    let device = opts.device.trim();
+    if device.starts_with("cuda") {
+        return Err(Error::NoDevice(format!(
+            "--device {device}: replay on a real GPU is not available in this build; use --device sim"
+        )));
+    }
+    if device != "sim" && !device.is_empty() {
+        return Err(Error::Usage(format!(
+            "--device {device}: expected sim or cuda[:N]"
+        )));
+    }
+    for (flag, given) in [
+        ("--fidelity", opts.fidelity),
+        ("--compare-with", opts.compare_with.is_some()),
+        ("--emit-snapshot", opts.emit_snapshot.is_some()),
+        ("--report", opts.report.is_some()),
+    ] {
+        if given {
+            return Err(Error::Usage(format!(
+                "{flag} needs a snapshot replay, which this build of `replay` does not include"
+            )));
+        }
+    }
+    let version = match &opts.torch_version {
+        Some(v) => {
+            TorchVersion::parse(v).map_err(|e| Error::Usage(format!("--torch-version: {e}")))?
+        }
+        None => TorchVersion::DEFAULT,
+    };
+    let (name, data) = read_input(&opts.trace)?;
+    let trace = detect_trace(&name, &data)?.ok_or_else(|| {
+        Error::Input(format!(
+            "{name}: expected a trace CSV starting with the header \"{}\"",
+            crate::workload::trace::HEADER
+        ))
+    })?;
+    let confs: Vec<String> = if opts.confs.is_empty() {
+        vec![String::new()]
+    } else {
+        opts.confs.clone()
+    };
+    let settings: Vec<Settings> = confs
+        .iter()
+        .map(|c| parse_conf(c, version))
+        .collect::<Result<_, _>>()?;
+    let capacity = opts
+        .capacity
+        .or(trace.capacity_hint())
+        .unwrap_or(DEFAULT_CAPACITY);
+    let runs = confs
+        .into_iter()
+        .zip(&settings)
+        .map(|(conf, settings)| run_one(&trace, conf, settings, capacity, opts.summary))
+        .collect();
+    Ok(Replay {
+        input: name,
+        events: trace.len() as u64,
+        capacity_bytes: capacity,
+        capacity_defaulted: opts.capacity.is_none() && trace.capacity_hint().is_none(),
+        torch_version: version,
+        runs,
+    })
+}
+
+fn run_one(trace: &Trace, conf: String, settings: &Settings, capacity: u64, summary: bool) -> Run {
+    let result = replay_with(
+        trace,
+        settings,
+        SimDevice::new(capacity),
+        RunOptions::default(),
+    );
+    let render = |stats: &std::collections::BTreeMap<String, i64>| {
+        memory_summary(stats, 0, false, settings.version)
+    };
+    let (summary_at_peak, summary_at_end) = if summary {
+        // Replaying is deterministic: re-run up to the peak to see the state there.
+        let at_peak = result.peak_event_index.map(|index| {
+            let options = RunOptions {
+                stop_after: Some(index + 1),
+                ..RunOptions::default()
+            };
+            let prefix = replay_with(trace, settings, SimDevice::new(capacity), options);
+            render(&prefix.stats)
+        });
+        (at_peak, Some(render(&result.stats)))
+    } else {
+        (None, None)
+    };
+    Run {
+        conf,
+        result,
+        summary_at_peak,
+        summary_at_end,
+    }
+}
+
+/// Parses a `--conf` value for `version`; the native backend only.
+fn parse_conf(conf: &str, version: TorchVersion) -> Result<Settings, Error> {
+    let parsed = crate::conf::parse(conf, version)
+        .map_err(|e| Error::Usage(format!("--conf {conf:?}: {e}")))?;
+    if parsed.settings.backend != Backend::Native {
+        return Err(Error::Usage(format!(
+            "--conf {conf:?}: backend:cudaMallocAsync is not modelled by the bundled allocator (native only)"
+        )));
+    }
+    Ok(parsed.settings)
+}
+
+/// The input's display name and bytes (`-` or empty = standard input).
+fn read_input(path: &str) -> Result<(String, Vec<u8>), Error> {
+    if path.is_empty() || path == "-" {
+        let mut data = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut data)
+            .map_err(|e| Error::Input(format!("<stdin>: cannot read: {e}")))?;
+        return Ok(("<stdin>".into(), data));
+    }
+    let data =
+        std::fs::read(path).map_err(|e| Error::Input(format!("{path}: cannot read: {e}")))?;
+    Ok((path.to_string(), data))
 }

@@ -3,10 +3,12 @@
 //! renderer and the linter behind `conf check` live in this module.
 
 mod cpp;
+mod describe;
 pub mod keys;
 mod parse;
 mod render;
 
+pub use describe::{SettingRow, describe, serialize_rows};
 pub use keys::{Effect, KeySpec};
 pub use parse::{Era, parse};
 pub use render::render;
@@ -163,6 +165,24 @@ pub struct ParsedConf {
     pub settings: Settings,
     pub warnings: Vec<ConfWarning>,
     pub unmodelled: Vec<Unmodelled>,
+}
+
+impl ParsedConf {
+    /// The canonical value of everything that was accepted: [`render`] of the
+    /// settings, then the unmodelled keys as given (so an export line built
+    /// from a user's value keeps their pinned-memory options).
+    pub fn render(&self) -> String {
+        let mut out = render(&self.settings);
+        for u in &self.unmodelled {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&u.key);
+            out.push(':');
+            out.push_str(&u.value);
+        }
+        out
+    }
 }
 
 /// What the environment variables do in `version` (which name is read, in

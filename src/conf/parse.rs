@@ -47,6 +47,7 @@ impl Era {
 /// and the gc threshold; the rest start at defaults here too).
 pub fn parse(value: &str, version: TorchVersion) -> Result<ParsedConf, ConfError> {
     let mut p = Parser {
+        raw: value,
         version,
         era: Era::of(version),
         toks: Vec::new(),
@@ -110,6 +111,7 @@ fn lex(value: &str, dropped: impl Fn(char) -> bool) -> Vec<Cow<'_, str>> {
 }
 
 struct Parser<'a> {
+    raw: &'a str,
     version: TorchVersion,
     era: Era,
     toks: Vec<Cow<'a, str>>,
@@ -302,16 +304,13 @@ impl Parser<'_> {
                         self.check_failed(format!("Unrecognized CachingAllocator option: {name}"))
                     );
                 }
-                (None, Some(Owner::Core)) => {
+                // The core parser runs first over the whole value, so it is
+                // the one that rejects an unknown key (via
+                // `_set_allocator_settings`; from the environment the CUDA
+                // parser may run first and say "in CUDA allocator config.").
+                (None, Some(_)) => {
                     return Err(self.check_failed(format!(
                         "Unrecognized key '{name}' in Accelerator allocator config."
-                    )));
-                }
-                // Unreachable after the core pass rejected the key; kept for
-                // the env-variable path, where the CUDA parser can run first.
-                (None, Some(Owner::Cuda)) => {
-                    return Err(self.check_failed(format!(
-                        "Unrecognized key '{name}' in CUDA allocator config."
                     )));
                 }
             };
@@ -625,6 +624,15 @@ impl Parser<'_> {
                 ));
             }
         }
+        // The backend was fixed at load time by a cruder parser; a value the
+        // two read differently (`backend: cudaMallocAsync`) trips this assert.
+        // 2.10+ is left out: whether its static initializer still uses the
+        // regex split is UNVERIFIED.
+        if self.era == Era::Lexer && self.out.settings.backend != load_time_backend(self.raw) {
+            return Err(Self::internal_assert(
+                "Allocator backend parsed at runtime != allocator backend parsed at load time",
+            ));
+        }
         Ok(i)
     }
 
@@ -720,18 +728,7 @@ impl Parser<'_> {
 
     /// Era A, `CachingAllocatorConfig::parseArgs` (1.10–1.13).
     fn parse_regex_era(&mut self, value: &str) -> Result<(), ConfError> {
-        for option in value.split(|c: char| c == ',' || c.is_ascii() && cpp::is_c_space(c as u8)) {
-            if option.is_empty() {
-                continue;
-            }
-            // std::sregex_token_iterator over `[:]+`: a leading empty part is
-            // kept, a trailing one is not.
-            let mut kv: Vec<&str> = option.split(':').collect();
-            let lead = kv.first().is_some_and(|s| s.is_empty());
-            kv.retain(|s| !s.is_empty());
-            if lead {
-                kv.insert(0, "");
-            }
+        for (option, kv) in regex_options(value) {
             if kv.len() < 2 {
                 if !option.chars().all(|c| c == ':') {
                     self.note(format!(
@@ -758,12 +755,7 @@ impl Parser<'_> {
                 Cow::Borrowed(":"),
                 Cow::Owned(kv[1].to_string()),
             ];
-            match spec.name {
-                "max_split_size_mb" => self.parse_mb_limit("max_split_size_mb", 2).map(|_| ())?,
-                "garbage_collection_threshold" => self.parse_gc_threshold(2).map(|_| ())?,
-                "roundup_power2_divisions" => self.parse_roundup(2).map(|_| ())?,
-                _ => self.parse_key(spec, 0).map(|_| ())?,
-            }
+            self.parse_key(spec, 0)?;
         }
         Ok(())
     }
@@ -772,8 +764,9 @@ impl Parser<'_> {
     /// on the result.
     fn finish(&mut self) {
         if self.used_async && self.used_native_specific {
+            // 2.0 source: a space after the first comma, none after the second.
             let ignored = if self.version == TorchVersion::new(2, 0) {
-                "max_split_size_mb,roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
+                "max_split_size_mb, roundup_bypass_threshold_mb,roundup_power2_divisions, and garbage_collect_threshold."
             } else {
                 "max_split_size_mb,roundup_power2_divisions, and garbage_collect_threshold."
             };
@@ -796,9 +789,44 @@ impl Parser<'_> {
             );
         }
         if s.expandable_segments {
-            self.note("expandable_segments is not supported on Windows (PyTorch warns and ignores it there)".into());
+            // CUDAAllocatorConfig::expandable_segments(): a compile-time guard.
+            self.note(
+                "builds without the CUDA driver API (Windows; ROCm before support) warn \"expandable_segments not supported on this platform\" and ignore expandable_segments"
+                    .into(),
+            );
         }
     }
+}
+
+/// The options of the 1.x parser and of 2.x's `BackendStaticInitializer`:
+/// `std::regex` split on `[\s,]+`, each option on `[:]+` (a leading empty
+/// part is kept, a trailing one is not). Yields (option, parts).
+fn regex_options(value: &str) -> impl Iterator<Item = (&str, Vec<&str>)> {
+    value
+        .split(|c: char| c == ',' || c.is_ascii() && cpp::is_c_space(c as u8))
+        .filter(|option| !option.is_empty())
+        .map(|option| {
+            let mut kv: Vec<&str> = option.split(':').collect();
+            let lead = kv.first().is_some_and(|s| s.is_empty());
+            kv.retain(|s| !s.is_empty());
+            if lead {
+                kv.insert(0, "");
+            }
+            (option, kv)
+        })
+}
+
+/// `BackendStaticInitializer::parseEnvForBackend` (2.0–2.9): the backend
+/// picked at load time, before the full parser runs.
+fn load_time_backend(value: &str) -> Backend {
+    regex_options(value)
+        .filter(|(_, kv)| kv.len() >= 2 && kv[0] == "backend")
+        .find_map(|(_, kv)| match kv[1] {
+            "cudaMallocAsync" => Some(Backend::CudaMallocAsync),
+            "native" => Some(Backend::Native),
+            _ => None,
+        })
+        .unwrap_or(Backend::Native)
 }
 
 /// `expandable_segments_reserve` (2.15): a positive finite fraction (`0.5`)

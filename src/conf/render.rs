@@ -88,7 +88,7 @@ fn py_bool(b: bool) -> &'static str {
 /// pair of its own; a trailing run is an explicit pair for its first bucket
 /// plus `>` (2.0–2.9 refill that bucket, 2.10+ start after it: same table).
 /// A uniform table is the scalar form.
-fn divisions(table: &[u64; 16]) -> String {
+pub fn divisions(table: &[u64; 16]) -> String {
     let first = table[0];
     if table.iter().all(|&d| d == first) {
         return first.to_string();

@@ -1,1 +1,217 @@
-//! Rendering: replay.
+//! Rendering: replay. Runs side by side (one column per config), the OOM
+//! messages, and PyTorch's memory_summary() per run when asked.
+
+use crate::app::replay::{Replay, Run};
+use crate::units::human;
+use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
+use serde_json::{Value, json};
+use std::fmt::Write;
+
+/// 1 − allocated/reserved when reserved memory peaked.
+fn fragmentation_at_peak(run: &Run) -> f64 {
+    let r = &run.result;
+    if r.peak_reserved_bytes == 0 {
+        0.0
+    } else {
+        1.0 - r.allocated_at_peak_reserved as f64 / r.peak_reserved_bytes as f64
+    }
+}
+
+fn conf_label(conf: &str) -> String {
+    if conf.is_empty() {
+        "(defaults)".to_string()
+    } else {
+        conf.to_string()
+    }
+}
+
+/// The comparison rows: a label and one cell per run.
+fn rows(replay: &Replay) -> Vec<(&'static str, Vec<String>)> {
+    let cells = |f: &dyn Fn(&Run) -> String| replay.runs.iter().map(f).collect::<Vec<_>>();
+    vec![
+        (
+            "result",
+            cells(&|r| match &r.result.oom {
+                None => "ok".to_string(),
+                Some(oom) => format!("OOM at event {}", oom.event_index),
+            }),
+        ),
+        (
+            "peak reserved",
+            cells(&|r| human(r.result.peak_reserved_bytes)),
+        ),
+        (
+            "peak allocated",
+            cells(&|r| human(r.result.peak_allocated_bytes)),
+        ),
+        (
+            "fragmentation at peak",
+            cells(&|r| format!("{:.1}%", 100.0 * fragmentation_at_peak(r))),
+        ),
+        (
+            "device allocs",
+            cells(&|r| r.result.device_allocs.to_string()),
+        ),
+        (
+            "device frees",
+            cells(&|r| r.result.device_frees.to_string()),
+        ),
+        (
+            "alloc retries",
+            cells(&|r| r.result.alloc_retries.to_string()),
+        ),
+        (
+            "num_sync_all_streams",
+            cells(&|r| {
+                let syncs = r.result.stats.get("num_sync_all_streams").copied();
+                syncs.unwrap_or(0).to_string()
+            }),
+        ),
+        (
+            "modelled driver time",
+            cells(&|r| format!("{:.2} ms", r.result.counters.driver_time_us / 1000.0)),
+        ),
+    ]
+}
+
+fn heading(replay: &Replay) -> String {
+    format!(
+        "Replay of {} ({} events) on a simulated {} card{}, PyTorch {} allocator",
+        replay.input,
+        replay.events,
+        human(replay.capacity_bytes),
+        if replay.capacity_defaulted {
+            " (default; set --capacity)"
+        } else {
+            ""
+        },
+        replay.torch_version
+    )
+}
+
+pub fn text(replay: &Replay) -> String {
+    let mut table = Table::new();
+    table
+        .load_style(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_width(120);
+    let mut header = vec!["config".to_string()];
+    header.extend(replay.runs.iter().map(|r| conf_label(&r.conf)));
+    table.set_header(header);
+    for (label, cells) in rows(replay) {
+        let mut row = vec![label.to_string()];
+        row.extend(cells);
+        table.add_row(row);
+    }
+    for i in 1..=replay.runs.len() {
+        if let Some(column) = table.column_mut(i) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let mut out = format!("{}\n{table}\n", heading(replay));
+    for run in &replay.runs {
+        if let Some(oom) = &run.result.oom {
+            let _ = write!(
+                out,
+                "\n{}: event {} (alloc of {} bytes) raises\n  torch.OutOfMemoryError: {}\n",
+                conf_label(&run.conf),
+                oom.event_index,
+                oom.requested_bytes,
+                oom.message
+            );
+        }
+    }
+    for run in &replay.runs {
+        if let Some(s) = &run.summary_at_peak {
+            let _ = write!(
+                out,
+                "\nmemory_summary() of {} when allocated memory peaked:\n{s}",
+                conf_label(&run.conf)
+            );
+        }
+        if let Some(s) = &run.summary_at_end {
+            let _ = write!(
+                out,
+                "\nmemory_summary() of {} at the end:\n{s}",
+                conf_label(&run.conf)
+            );
+        }
+    }
+    out
+}
+
+pub fn markdown(replay: &Replay) -> String {
+    let mut out = format!("## {}\n\n| config |", heading(replay));
+    for run in &replay.runs {
+        let _ = write!(out, " `{}` |", conf_label(&run.conf));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---:|".repeat(replay.runs.len()));
+    out.push('\n');
+    for (label, cells) in rows(replay) {
+        let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
+    }
+    for run in &replay.runs {
+        if let Some(oom) = &run.result.oom {
+            let _ = write!(
+                out,
+                "\n`{}` fails at event {}:\n\n```\ntorch.OutOfMemoryError: {}\n```\n",
+                conf_label(&run.conf),
+                oom.event_index,
+                oom.message
+            );
+        }
+        for (when, summary) in [
+            ("when allocated memory peaked", &run.summary_at_peak),
+            ("at the end", &run.summary_at_end),
+        ] {
+            if let Some(s) = summary {
+                let _ = write!(
+                    out,
+                    "\n`memory_summary()` of `{}` {when}:\n\n```\n{s}```\n",
+                    conf_label(&run.conf)
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The contract's `replay --format json`, with extra per-run fields
+/// (`synchronizations`, `driver_time_us`, `fragmentation_at_peak`, summaries).
+pub fn json(replay: &Replay) -> String {
+    let runs: Vec<Value> = replay
+        .runs
+        .iter()
+        .map(|run| {
+            let r = &run.result;
+            let mut v = json!({
+                "conf": run.conf,
+                "capacity_bytes": r.capacity_bytes,
+                "events": r.events,
+                "oom": r.oom,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "device_allocs": r.device_allocs,
+                "device_frees": r.device_frees,
+                "alloc_retries": r.alloc_retries,
+                "stats": r.stats,
+                "synchronizations": r.counters.synchronizations,
+                "driver_time_us": r.counters.driver_time_us,
+                "fragmentation_at_peak": fragmentation_at_peak(run),
+            });
+            if let Some(map) = v.as_object_mut() {
+                if let Some(s) = &run.summary_at_peak {
+                    map.insert("memory_summary_at_peak".into(), json!(s));
+                }
+                if let Some(s) = &run.summary_at_end {
+                    map.insert("memory_summary_at_end".into(), json!(s));
+                }
+            }
+            v
+        })
+        .collect();
+    let mut out = serde_json::to_string_pretty(&json!({ "runs": runs })).unwrap_or_default();
+    out.push('\n');
+    out
+}

@@ -1,2 +1,17 @@
 //! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
+
 pub mod probe;
+pub mod replay;
+pub mod trace;
+
+pub use replay::{OomEvent, ReplayOptions, RunResult, TimelinePoint, replay, replay_with};
+pub use trace::{Event, Trace};
+
+/// The trace in `data` if it is one (a trace CSV), `None` if it is something else.
+pub fn detect_trace(name: &str, data: &[u8]) -> Result<Option<Trace>, crate::Error> {
+    if trace::is_trace_csv(data) {
+        Trace::parse(name, data).map(Some)
+    } else {
+        Ok(None)
+    }
+}

@@ -1,0 +1,517 @@
+//! Conformance of the bundled caching allocator with PyTorch: the numbers of
+//! shared/spec/allocator.md §1.5, §8, §11 and the devlog cases of anchors.md §3.3,
+//! plus property tests of its invariants over random traces and configs.
+
+use allocdoc::allocator::summary::memory_summary;
+use allocdoc::allocator::{CachingAllocator, TraceAction};
+use allocdoc::conf::{Settings, TorchVersion};
+use allocdoc::device::Device;
+use allocdoc::device::sim::SimDevice;
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn allocator(settings: Settings, capacity: u64) -> CachingAllocator<SimDevice> {
+    CachingAllocator::new(settings, SimDevice::new(capacity))
+}
+
+fn reserved(a: &CachingAllocator<SimDevice>) -> u64 {
+    a.stats().reserved_bytes.all().current as u64
+}
+
+fn expandable() -> Settings {
+    Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    }
+}
+
+// ---- allocator.md §8: memory_summary() byte for byte --------------------------------
+
+/// The §8 sequence: 3 × 4000 B, 3 MiB+100 B, 200 MiB, 64 MiB; free the second
+/// 4000-B block, the 3 MiB block and the 64 MiB block; allocate 30 MiB.
+fn section_8_allocator() -> CachingAllocator<SimDevice> {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let small: Vec<u64> = (0..3).map(|_| a.malloc(4000, 0).unwrap()).collect();
+    let medium = a.malloc(3 * MIB + 100, 0).unwrap();
+    a.malloc(200 * MIB, 0).unwrap();
+    let big = a.malloc(64 * MIB, 0).unwrap();
+    a.free(small[1]).unwrap();
+    a.free(medium).unwrap();
+    a.free(big).unwrap();
+    a.malloc(30 * MIB, 0).unwrap();
+    a
+}
+
+#[test]
+fn section_8_stats() {
+    let stats = section_8_allocator().memory_stats();
+    assert_eq!(stats["allocated_bytes.all.current"], 241180672);
+    assert_eq!(stats["reserved_bytes.all.current"], 299892736);
+    assert_eq!(stats["inactive_split_bytes.all.current"], 37740544);
+    assert_eq!(stats["segment.all.current"], 4);
+    assert_eq!(stats["requested_bytes.all.current"], 241180480);
+    assert_eq!(stats["max_split_size"], -1);
+}
+
+#[test]
+fn section_8_summary_2x_layout() {
+    let stats = section_8_allocator().memory_stats();
+    let expected = include_str!("../fixtures/allocator/summary_2x.txt");
+    assert_eq!(
+        memory_summary(&stats, 0, false, TorchVersion::new(2, 6)),
+        expected
+    );
+}
+
+#[test]
+fn section_8_summary_1x_abbreviated_layout() {
+    let stats = section_8_allocator().memory_stats();
+    let expected = include_str!("../fixtures/allocator/summary_1x_abbreviated.txt");
+    assert_eq!(
+        memory_summary(&stats, 0, true, TorchVersion::new(1, 13)),
+        expected
+    );
+}
+
+// ---- anchors.md §3.3: the devlog's lab cases ----------------------------------------
+
+#[test]
+fn devlog_small_then_large_requests_do_not_reuse_segments() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let blocks: Vec<u64> = (0..8).map(|_| a.malloc(16 * MIB, 0).unwrap()).collect();
+    blocks.into_iter().for_each(|p| a.free(p).unwrap());
+    for _ in 0..4 {
+        a.malloc(32 * MIB, 0).unwrap();
+    }
+    assert_eq!(reserved(&a), 256 * MIB);
+}
+
+#[test]
+fn devlog_large_then_small_requests_split_cached_segments() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let blocks: Vec<u64> = (0..4).map(|_| a.malloc(32 * MIB, 0).unwrap()).collect();
+    blocks.into_iter().for_each(|p| a.free(p).unwrap());
+    for _ in 0..8 {
+        a.malloc(16 * MIB, 0).unwrap();
+    }
+    assert_eq!(reserved(&a), 128 * MIB);
+}
+
+#[test]
+fn devlog_expandable_segments_map_20_mib_pages_and_merge() {
+    let mut a = allocator(expandable(), 80 * GIB);
+    a.record_history();
+    let blocks: Vec<u64> = (0..8).map(|_| a.malloc(16 * MIB, 0).unwrap()).collect();
+    assert_eq!(reserved(&a), 140 * MIB);
+    blocks.into_iter().for_each(|p| a.free(p).unwrap());
+    let maps_before = a.stats().num_device_alloc;
+    for _ in 0..4 {
+        a.malloc(32 * MIB, 0).unwrap();
+    }
+    assert_eq!(a.stats().num_device_alloc, maps_before);
+    assert_eq!(reserved(&a), 140 * MIB);
+    // Expandable segments are never counted as segments.
+    assert_eq!(a.stats().segment.all().current, 0);
+    let trace = a.take_trace();
+    let maps: Vec<u64> = trace
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentMap)
+        .map(|e| e.size)
+        .collect();
+    assert_eq!(maps, vec![20 * MIB; 7]);
+}
+
+#[test]
+fn devlog_expandable_segments_do_not_fix_interleaved_live_blocks() {
+    let mut a = allocator(expandable(), 80 * GIB);
+    let blocks: Vec<u64> = (0..4).map(|_| a.malloc(16 * MIB, 0).unwrap()).collect();
+    assert_eq!(reserved(&a), 80 * MIB);
+    a.free(blocks[0]).unwrap();
+    a.free(blocks[2]).unwrap();
+    a.malloc(32 * MIB, 0).unwrap();
+    assert_eq!(reserved(&a), 100 * MIB);
+}
+
+#[test]
+fn devlog_one_mib_boundary() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let p = a.malloc(2 * MIB, 0).unwrap();
+    a.free(p).unwrap();
+    a.malloc(MIB / 2, 0).unwrap();
+    assert_eq!(reserved(&a), 22 * MIB);
+
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    a.malloc(2 * MIB, 0).unwrap();
+    a.malloc(2 * MIB, 0).unwrap();
+    assert_eq!(reserved(&a), 20 * MIB);
+}
+
+// ---- allocator.md §11: upstream tests ------------------------------------------------
+
+/// test_allocator_settings: the delta of `active_bytes.all.allocated` for 84 MiB.
+#[test]
+fn test_allocator_settings_deltas() {
+    let delta = |settings: Settings, bytes: u64| {
+        let mut a = allocator(settings, 80 * GIB);
+        let before = a.memory_stats();
+        a.malloc(bytes, 0).unwrap();
+        let after = a.memory_stats();
+        (
+            after["active_bytes.all.allocated"] - before["active_bytes.all.allocated"],
+            after["requested_bytes.all.allocated"] - before["requested_bytes.all.allocated"],
+        )
+    };
+    let nelems = 21 * MIB;
+    assert_eq!(delta(Settings::default(), nelems * 4), (88080384, 88080384));
+    let div4 = Settings {
+        roundup_power2_divisions: [4; 16],
+        ..Settings::default()
+    };
+    assert_eq!(delta(div4, nelems * 4), (100663296, 88080384));
+    let list = Settings {
+        garbage_collection_threshold: 0.5,
+        roundup_power2_divisions: [8, 8, 8, 8, 8, 8, 8, 2, 2, 2, 1, 1, 1, 1, 1, 1],
+        ..Settings::default()
+    };
+    assert_eq!(delta(list.clone(), nelems * 4).0, 92274688);
+    assert_eq!(delta(list, 100 * MIB * 4).0, 536870912);
+    let with_max_split = Settings {
+        garbage_collection_threshold: 0.5,
+        max_split_size: 40 * MIB,
+        ..Settings::default()
+    };
+    assert_eq!(delta(with_max_split, nelems * 4).0, 88080384);
+    let release_lock = Settings {
+        release_lock_on_cudamalloc: true,
+        ..Settings::default()
+    };
+    assert_eq!(delta(release_lock, nelems * 4).0, 88080384);
+}
+
+#[test]
+fn test_out_of_memory() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let err = a.malloc(GIB * 800000000, 0).unwrap_err();
+    assert!(
+        err.message
+            .contains("Tried to allocate 800000000.00 GiB. GPU 0 has a total capacity of"),
+        "{}",
+        err.message
+    );
+    assert_eq!(a.stats().num_ooms, 1);
+    let err = a.malloc(GIB * 8000000000, 0).unwrap_err();
+    assert_eq!(
+        err.message,
+        "CUDA out of memory. Tried to allocate more than 1EB memory."
+    );
+    assert_eq!(a.stats().num_ooms, 1);
+    // The allocator is still usable.
+    assert!(a.malloc(MIB, 0).is_ok());
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn test_out_of_memory_retry_and_exact_message() {
+    let total = 80 * GIB;
+    let mut a = allocator(Settings::default(), total);
+    let half = a.malloc(total / 2, 0).unwrap();
+    let err = a.malloc(total / 2 + MIB, 0).unwrap_err();
+    assert_eq!(
+        err.message,
+        "CUDA out of memory. Tried to allocate 40.00 GiB. GPU 0 has a total capacity of 80.00 GiB \
+         of which 40.00 GiB is free. Of the allocated memory 40.00 GiB is allocated by PyTorch, and \
+         0 bytes is reserved by PyTorch but unallocated. If reserved but unallocated memory is large \
+         try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See \
+         documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    );
+    assert_eq!(err.alloc_size, 40 * GIB + 2 * MIB);
+    let stats = a.memory_stats();
+    assert_eq!(stats["num_alloc_retries"], 1);
+    assert_eq!(stats["num_sync_all_streams"], 1);
+    a.free(half).unwrap();
+    assert!(a.malloc(total / 2, 0).is_ok());
+    a.check_invariants().unwrap();
+}
+
+/// test_memory_stats: peaks, empty_cache counters, zero-size allocations.
+#[test]
+fn test_memory_stats_invariants() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let mut live = Vec::new();
+    for (i, size) in [4000u64, 3 * MIB, 30 * MIB, 700, 12 * MIB, 2 * MIB]
+        .iter()
+        .enumerate()
+    {
+        live.push(a.malloc(*size, 0).unwrap());
+        if i % 2 == 1 {
+            a.free(live.remove(0)).unwrap();
+        }
+        let s = a.memory_stats();
+        assert!(s["allocated_bytes.all.current"] <= s["allocated_bytes.all.peak"]);
+        a.check_invariants().unwrap();
+        let before = a.memory_stats();
+        a.empty_cache();
+        let after = a.memory_stats();
+        assert_eq!(
+            after["num_sync_all_streams"],
+            before["num_sync_all_streams"] + 1
+        );
+        assert!(after["num_device_alloc"] >= before["num_device_alloc"]);
+        assert!(after["num_device_free"] >= before["num_device_free"]);
+        assert!(after["reserved_bytes.all.current"] <= before["reserved_bytes.all.current"]);
+        assert_eq!(
+            after["reserved_bytes.all.peak"],
+            before["reserved_bytes.all.peak"]
+        );
+    }
+    let before = a.memory_stats();
+    assert_eq!(a.malloc(0, 0), Ok(0));
+    assert_eq!(a.memory_stats(), before);
+    a.reset_peak_stats();
+    let s = a.memory_stats();
+    assert_eq!(
+        s["allocated_bytes.all.peak"],
+        s["allocated_bytes.all.current"]
+    );
+    a.reset_accumulated_stats();
+    assert_eq!(a.memory_stats()["num_sync_all_streams"], 0);
+}
+
+/// The graph-free part of test_max_split_expandable: a fraction allowing exactly
+/// 120 MiB; three 40 MiB allocations (expandable off/on/off) fit, a fourth does not;
+/// after freeing them a 120 MiB allocation succeeds (release copes with
+/// expandable blocks in the free list).
+#[test]
+fn test_max_split_expandable() {
+    let total = 80 * GIB;
+    let fraction = (120 * MIB) as f64 / total as f64;
+    let conf = |expandable_segments| Settings {
+        expandable_segments,
+        max_split_size: 40 * MIB,
+        per_process_memory_fraction: Some(fraction),
+        ..Settings::default()
+    };
+    let mut a = allocator(conf(false), total);
+    let first = a.malloc(40 * MIB, 0).unwrap();
+    a.set_settings(conf(true));
+    let second = a.malloc(40 * MIB, 0).unwrap();
+    a.set_settings(conf(false));
+    let third = a.malloc(40 * MIB, 0).unwrap();
+    let err = a.malloc(40 * MIB, 0).unwrap_err();
+    assert!(
+        err.message.contains("120.00 MiB allowed; "),
+        "{}",
+        err.message
+    );
+    for p in [first, second, third] {
+        a.free(p).unwrap();
+    }
+    a.malloc(120 * MIB, 0).unwrap();
+    a.check_invariants().unwrap();
+}
+
+/// The graph-free part of test_garbage_collect_expandable (threshold 0.5): after
+/// freeing a plain and an expandable 40 MiB block, 80 MiB fits through GC.
+#[test]
+fn test_garbage_collect_expandable() {
+    let total = 80 * GIB;
+    let conf = |expandable_segments| Settings {
+        expandable_segments,
+        garbage_collection_threshold: 0.5,
+        per_process_memory_fraction: Some((120 * MIB) as f64 / total as f64),
+        ..Settings::default()
+    };
+    let mut a = allocator(conf(false), total);
+    let first = a.malloc(40 * MIB, 0).unwrap();
+    a.set_settings(conf(true));
+    let second = a.malloc(40 * MIB, 0).unwrap();
+    a.free(first).unwrap();
+    a.free(second).unwrap();
+    a.malloc(80 * MIB, 0).unwrap();
+    // GC released the plain segment without a full synchronisation.
+    assert_eq!(a.stats().num_sync_all_streams, 0);
+    assert_eq!(a.stats().num_device_free, 1);
+    a.check_invariants().unwrap();
+}
+
+/// test_caching_allocator_record_stream_oom: frees deferred by record_stream must
+/// not cause an OOM, because the release retry synchronizes events first.
+#[test]
+fn record_stream_deferred_frees_are_synchronized_before_oom() {
+    let mut a = allocator(Settings::default(), 2 * GIB);
+    for _ in 0..100 {
+        let p = a.malloc(160_000_000, 0).unwrap();
+        a.record_stream(p, 1).unwrap();
+        a.free(p).unwrap();
+        a.check_invariants().unwrap();
+    }
+    assert!(a.stats().num_sync_all_streams > 0);
+}
+
+#[test]
+fn deferred_free_completes_after_the_stream_catches_up() {
+    let mut a = allocator(Settings::default(), 80 * GIB);
+    let p = a.malloc(MIB, 0).unwrap();
+    a.record_stream(p, 7).unwrap();
+    a.free(p).unwrap();
+    let segments = a.segments();
+    assert_eq!(segments[0].blocks[0].state.as_str(), "active_pending_free");
+    assert_eq!(a.stats().active.all().current, 1);
+    // Not ready yet: a new request cannot reuse the block.
+    let q = a.malloc(MIB, 0).unwrap();
+    assert_ne!(q, p);
+    a.synchronize_stream(7);
+    let r = a.malloc(MIB, 0).unwrap();
+    assert_eq!(r, p);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn oversize_blocks_follow_max_split_size() {
+    let settings = Settings {
+        max_split_size: 100 * MIB,
+        ..Settings::default()
+    };
+    let mut a = allocator(settings, 80 * GIB);
+    let big = a.malloc(200 * MIB, 0).unwrap();
+    a.free(big).unwrap();
+    // A normal request never takes an oversize block.
+    let small = a.malloc(50 * MIB, 0).unwrap();
+    assert_ne!(small, big);
+    // An oversize request takes it only within 20 MiB.
+    let near = a.malloc(185 * MIB, 0).unwrap();
+    assert_eq!(near, big);
+    let s = a.memory_stats();
+    assert_eq!(s["oversize_allocations.current"], 1);
+    assert_eq!(s["oversize_segments.current"], 1);
+    assert_eq!(s["max_split_size"], 100 * MIB as i64);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn snapshot_view_tiles_segments() {
+    let a = section_8_allocator();
+    let segments = a.segments();
+    assert_eq!(segments.len(), 4);
+    for s in &segments {
+        let mut next = s.address;
+        for b in &s.blocks {
+            assert_eq!(b.address, next);
+            next += b.size;
+        }
+        assert_eq!(next - s.address, s.total_size);
+    }
+    let total: u64 = segments.iter().map(|s| s.total_size).sum();
+    assert_eq!(total, 299892736);
+}
+
+// ---- property tests ------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(u64, u64),
+    Free(usize),
+    RecordStream(usize, u64),
+    SyncStream(u64),
+    EmptyCache,
+}
+
+fn size_strategy() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1u64..=MIB,
+        MIB + 1..10 * MIB,
+        10 * MIB..120 * MIB,
+        Just(0u64),
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (size_strategy(), 0u64..2).prop_map(|(s, st)| Op::Alloc(s, st)),
+        5 => any::<usize>().prop_map(Op::Free),
+        1 => (any::<usize>(), 0u64..3).prop_map(|(i, st)| Op::RecordStream(i, st)),
+        1 => (0u64..3).prop_map(Op::SyncStream),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+fn settings_strategy() -> impl Strategy<Value = Settings> {
+    (
+        prop::option::of(21u64..200),
+        prop::sample::select(vec![0u64, 1, 2, 4, 8]),
+        any::<bool>(),
+        prop::option::of(0.1f64..0.9),
+        prop::option::of(0.3f64..1.0),
+    )
+        .prop_map(|(max_split, div, expandable, gc, fraction)| Settings {
+            max_split_size: max_split.map_or(u64::MAX, |m| m * MIB),
+            roundup_power2_divisions: [div; 16],
+            expandable_segments: expandable,
+            garbage_collection_threshold: gc.unwrap_or(0.0),
+            per_process_memory_fraction: fraction,
+            ..Settings::default()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_after_every_operation(
+        settings in settings_strategy(),
+        capacity_mib in 200u64..600,
+        ops in prop::collection::vec(op_strategy(), 1..120),
+    ) {
+        let mut a = allocator(settings, capacity_mib * MIB);
+        let mut live: Vec<u64> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc(size, stream) => match a.malloc(size, stream) {
+                    Ok(0) => {}
+                    Ok(p) => live.push(p),
+                    Err(oom) => prop_assert!(oom.message.starts_with("CUDA out of memory.")),
+                },
+                Op::Free(i) if !live.is_empty() => {
+                    let p = live.swap_remove(i % live.len());
+                    a.free(p).unwrap();
+                }
+                Op::RecordStream(i, stream) if !live.is_empty() => {
+                    a.record_stream(live[i % live.len()], stream).unwrap();
+                }
+                Op::SyncStream(stream) => a.synchronize_stream(stream),
+                Op::EmptyCache => a.empty_cache(),
+                _ => {}
+            }
+            if let Err(e) = a.check_invariants() {
+                prop_assert!(false, "{}", e);
+            }
+            // allocated (requested) + internal free + external free = reserved, per
+            // segment (_memory_viz.segsum's check).
+            for s in a.segments() {
+                let mut sum = 0u64;
+                for b in &s.blocks {
+                    if b.state.as_str() == "inactive" {
+                        sum += b.size;
+                    } else {
+                        let internal = b.size.checked_sub(b.requested_size);
+                        prop_assert!(internal.is_some(), "requested above size: {:?}", b);
+                        sum += b.requested_size + internal.unwrap_or(0);
+                    }
+                }
+                prop_assert_eq!(sum, s.total_size);
+            }
+        }
+        for p in live {
+            a.free(p).unwrap();
+        }
+        a.empty_cache();
+        prop_assert_eq!(a.stats().reserved_bytes.all().current, 0);
+        prop_assert_eq!(a.total_allocated_memory(), 0);
+        prop_assert!(a.segments().is_empty());
+        let (free, total) = a.device_mut().mem_get_info();
+        prop_assert_eq!(free, total);
+        a.check_invariants().unwrap();
+    }
+}
