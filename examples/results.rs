@@ -13,8 +13,8 @@ use allocdoc::app::recommend::recommend;
 use allocdoc::app::validate::{RunSummary, Workload, replay};
 use allocdoc::conf::Settings;
 use allocdoc::units::human;
-use allocdoc::workload::Trace;
-use allocdoc::workload::probe::{Family, Op, Params, epochs, generate};
+use allocdoc::workload::Event;
+use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
 use std::fmt::Write;
 
 /// Steps per epoch and tensor size per family, chosen so one epoch holds a few GiB.
@@ -54,12 +54,15 @@ fn settings(conf: &str) -> Settings {
         .settings
 }
 
-fn write_csv(path: &std::path::Path, ops: &[Op], capacity: u64) -> std::io::Result<()> {
+fn write_csv(path: &std::path::Path, events: &[Event], capacity: u64) -> std::io::Result<()> {
     let mut s = format!("# capacity: {capacity}\naction,id,size,stream\n");
-    for op in ops {
-        let _ = match *op {
-            Op::Alloc { id, size } => writeln!(s, "alloc,{id},{size},0"),
-            Op::Free { id } => writeln!(s, "free,{id},,0"),
+    for e in events {
+        let _ = match *e {
+            Event::Alloc { id, size, stream } => writeln!(s, "alloc,{id},{size},{stream}"),
+            Event::Free { id } => writeln!(s, "free,{id},,0"),
+            Event::EmptyCache => writeln!(s, "empty_cache,,,"),
+            // The probe families make neither.
+            Event::RecordStream { .. } | Event::SynchronizeStream { .. } => Ok(()),
         };
     }
     std::fs::write(path, s)
@@ -78,7 +81,7 @@ fn main() {
     let defaults = Settings::default();
     for family in Family::ALL {
         let ops = epochs(&generate(family, &params(family)), 3);
-        let trace = Trace::from_probe(&ops);
+        let trace = trace(ops.clone());
         // Capacities where the default config runs out of memory: just under the
         // smallest card it fits on, and halfway from there down to what the
         // tensors alone need (peak allocated).
@@ -98,7 +101,7 @@ fn main() {
                 .collect();
             let workload = Workload {
                 input: family.name().to_string(),
-                trace: Trace::from_probe(&ops),
+                trace: trace.clone(),
                 implied_capacity: Some(capacity),
                 probe: None,
             };

@@ -66,6 +66,9 @@ enum Command {
         /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
         #[arg(long)]
         torch_version: Option<String>,
+        /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
+        #[arg(long)]
+        conf: Option<String>,
         /// Also write a self-contained HTML report.
         #[arg(long)]
         report: Option<PathBuf>,
@@ -270,6 +273,7 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             verbose,
             rules,
             torch_version,
+            conf,
             report,
             format,
         } => app::diagnose::run(&app::diagnose::DiagnoseOptions {
@@ -278,6 +282,7 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             verbose,
             rules_dir: rules,
             torch_version,
+            conf,
             report,
         }),
         Command::Parse { inputs, format } => app::parse::run(&app::parse::ParseOptions {

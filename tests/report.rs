@@ -137,6 +137,7 @@ fn fixture(events: u64) -> ReportData {
             Site { site: "optim/adam.py:88:step".into(), bytes: 9 * GIB, count: 96 },
             Site { site: "<non-python>".into(), bytes: GIB / 2, count: 7 },
         ],
+        sites_title: None,
         tables: vec![Table {
             title: "Ranks".into(),
             headers: vec!["rank".into(), "reserved".into()],
@@ -233,6 +234,8 @@ fn every_string_is_escaped() {
 #[test]
 fn million_event_timeline_stays_small() {
     let html = render(&fixture(1_000_000));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report-1m.html");
+    std::fs::write(&out, &html).unwrap();
     assert!(html.len() < 5_000_000, "{} bytes", html.len());
     // In fact far smaller: the page is bounded by the bucket count, not the events.
     assert!(html.len() < 400_000, "{} bytes", html.len());
@@ -370,4 +373,197 @@ print(len(segs), sum(s["total_size"] for s in segs), sum(s["allocated_size"] for
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
     // Memoized keys and actions keep each trace entry small.
     assert!(bytes.len() < 3001 * 40, "{} bytes", bytes.len());
+}
+
+#[test]
+fn snapshot_round_trips_through_our_decoder() {
+    let written = snapshot_fixture();
+    let bytes = writer::to_bytes(&written);
+    let snap = allocdoc::snapshot::load("snap.pickle", &bytes).unwrap();
+    assert_eq!(snap.segments.len(), 2);
+    assert_eq!(snap.blocks.len(), 4);
+    let total: u64 = snap.segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 = snap.segments.iter().map(|s| s.allocated_size).sum();
+    let active: u64 = snap.segments.iter().map(|s| s.active_size).sum();
+    assert_eq!((total, allocated, active), (22 * MIB, 2 * MIB, 14 * MIB));
+    assert_eq!(snap.segments[1].segment_pool_id, Some((1, 2)));
+    assert_eq!(snap.segments[1].is_expandable, Some(true));
+    assert_eq!(snap.segments[1].stream, 94_000_000_000);
+    let trace = snap.trace(0);
+    assert_eq!(trace.len(), 3001);
+    assert_eq!(
+        trace.iter().map(|e| e.size).sum::<u64>(),
+        3000 * 512 + 40 * GIB
+    );
+    let oom = trace.last().unwrap();
+    assert_eq!((oom.device_free, oom.size), (Some(3 * GIB), 40 * GIB));
+    // And what `parse` reports for it.
+    let obs = allocdoc::snapshot::observations("snap.pickle", &bytes).unwrap();
+    assert_eq!(obs.len(), 1);
+    assert_eq!(obs[0].reserved_bytes, Some(22 * MIB));
+    assert_eq!(obs[0].allocated_bytes, Some(2 * MIB));
+    assert_eq!(obs[0].trace_events, Some(3001));
+}
+
+#[test]
+fn replayed_allocator_state_exports_as_a_snapshot() {
+    use allocdoc::allocator::CachingAllocator;
+    use allocdoc::conf::Settings;
+    use allocdoc::device::sim::SimDevice;
+    let mut alloc = CachingAllocator::new(Settings::default(), SimDevice::new(GIB));
+    alloc.record_history();
+    // 8 × 16 MiB then free every other one, then a 1 KiB small-pool block.
+    let ptrs: Vec<u64> = (0..8).map(|_| alloc.malloc(16 * MIB, 0).unwrap()).collect();
+    for p in ptrs.iter().step_by(2) {
+        alloc.free(*p).unwrap();
+    }
+    alloc.malloc(1024, 0).unwrap();
+    assert!(alloc.malloc(2 * GIB, 0).is_err());
+    let segments = alloc.segments();
+    let trace = alloc.take_trace();
+    let snap = Snapshot::from_allocator(&segments, &trace, Some("max_split_size_mb:64".into()));
+    let bytes = writer::to_bytes(&snap);
+    let decoded = allocdoc::snapshot::load("replay.pickle", &bytes).unwrap();
+    assert_eq!(decoded.segments.len(), segments.len());
+    for (d, s) in decoded.segments.iter().zip(&segments) {
+        assert_eq!(
+            (d.address, d.total_size, d.allocated_size, d.active_size),
+            (s.address, s.total_size, s.allocated_size, s.active_size)
+        );
+    }
+    let reserved: u64 = segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 = segments.iter().map(|s| s.allocated_size).sum();
+    // 16 MiB (≥ 10 MiB) gets a segment of its own size; the failed 2 GiB
+    // request released the 4 cached ones before giving up; the 1 KiB block
+    // lives in a 2 MiB small segment.
+    assert_eq!(allocated, 4 * 16 * MIB + 1024);
+    assert_eq!(reserved, 4 * 16 * MIB + 2 * MIB);
+    let actions: Vec<_> = decoded.trace(0).iter().map(|e| e.action).collect();
+    use allocdoc::snapshot::model::Action as A;
+    assert_eq!(actions.iter().filter(|a| **a == A::Alloc).count(), 9);
+    assert_eq!(actions.iter().filter(|a| **a == A::SegmentAlloc).count(), 9);
+    assert_eq!(actions.iter().filter(|a| **a == A::SegmentFree).count(), 4);
+    assert_eq!(actions.last(), Some(&A::Oom));
+}
+
+fn allocdoc(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_allocdoc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn diagnose_flags_the_odd_rank_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let html_path = dir.path().join("diagnose.html");
+    let md = allocdoc(&[
+        "diagnose",
+        "fixtures/report/ranks.log",
+        "--format",
+        "markdown",
+        "--report",
+        html_path.to_str().unwrap(),
+    ]);
+    assert!(
+        md.status.success(),
+        "{}",
+        String::from_utf8_lossy(&md.stderr)
+    );
+    let md = String::from_utf8(md.stdout).unwrap();
+    // Rank 2 holds 18.42 GiB reserved-but-unallocated against a median of 7.31 GiB.
+    assert!(
+        md.contains("| 2 | yes | 2.00 GiB | 58.96 GiB | 77.38 GiB | 18.42 GiB | 1.10 GiB | 79.15 GiB | **allocated 16 % below the median (69.99 GiB); reserved − allocated 152 % above the median (7.31 GiB)** |"),
+        "{md}"
+    );
+    assert!(md.contains(
+        "| 0 | yes | 2.00 GiB | 70.12 GiB | 77.43 GiB | 7.31 GiB | 1.05 GiB | 79.15 GiB |  |"
+    ));
+
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    check_balanced(&html);
+    assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert_eq!(html.matches("<tr class=\"flag\">").count(), 1);
+    assert!(html.contains("7.31 GiB (7849052733 bytes)"));
+
+    let json = allocdoc(&["diagnose", "fixtures/report/ranks.log", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 4);
+    assert_eq!(ranks[2]["rank"], 2);
+    // round(18.42 × 2³⁰), as the contract converts printed sizes.
+    assert_eq!(ranks[2]["reserved_unallocated_bytes"], 19778324398u64);
+    assert_eq!(ranks[2]["flags"].as_array().unwrap().len(), 2);
+    assert!(ranks[0]["flags"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn report_of_real_replays_overlays_both_configs() {
+    use allocdoc::conf::Settings;
+    use allocdoc::device::sim::SimDevice;
+    use allocdoc::report::html::SegmentMap;
+    use allocdoc::workload::{ReplayOptions, Trace, replay_with};
+    // Five 20 MiB segments each split into 8 + 8 + 4 MiB; freeing the first
+    // 8 MiB of each leaves 60 MiB free in pieces no 10 MiB request fits.
+    let mut csv = String::from("action,id,size,stream\n");
+    for i in 0..5 {
+        csv.push_str(&format!(
+            "alloc,a{i},{},0\nalloc,b{i},{},0\n",
+            8 * MIB,
+            8 * MIB
+        ));
+    }
+    for i in 0..5 {
+        csv.push_str(&format!("free,a{i},,0\n"));
+    }
+    csv.push_str(&format!("alloc,c,{},0\n", 10 * MIB));
+    let trace = Trace::parse("frag.csv", csv.as_bytes()).unwrap();
+    let options = ReplayOptions {
+        timeline: true,
+        stop_after: None,
+    };
+    let default = Settings::default();
+    let expandable = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    let current = replay_with(&trace, &default, SimDevice::new(100 * MIB), options);
+    let fixed = replay_with(&trace, &expandable, SimDevice::new(100 * MIB), options);
+    assert_eq!(current.oom.as_ref().map(|o| o.event_index), Some(15));
+    assert!(fixed.oom.is_none());
+
+    let map = SegmentMap::from_allocator("at the OOM (event 15)", &current.segments);
+    let sites = map.live_by_size(5);
+    assert_eq!(sites.len(), 1);
+    assert_eq!(
+        (sites[0].site.as_str(), sites[0].bytes, sites[0].count),
+        ("blocks of 8.00 MiB", 40 * MIB, 5)
+    );
+    let data = ReportData {
+        title: "frag.csv".into(),
+        timelines: vec![
+            Timeline::from_run("current (default)", &current),
+            Timeline::from_run("expandable_segments:True", &fixed),
+        ],
+        capacity: Some(100 * MIB),
+        segment_map: Some(map),
+        top_sites: sites,
+        sites_title: Some("Live at the OOM, by block size".into()),
+        ..ReportData::default()
+    };
+    assert_eq!(data.timelines[0].oom_at, Some(15));
+    assert_eq!(data.timelines[0].reserved.peak(), 100 * MIB);
+    let html = render(&data);
+    check_balanced(&html);
+    assert!(
+        html.contains("current (default) (peak reserved 100 MiB)"),
+        "{html}"
+    );
+    assert!(html.contains("OOM (current (default)) at 15"));
+    // Five segments, each with its two free pieces drawn as inactive split.
+    assert_eq!(html.matches("<g class=\"seg\">").count(), 5);
+    assert_eq!(html.matches("<rect class=\"inactive\"").count(), 10);
+    assert!(html.contains("inactive split (free, not releasable): 60.00 MiB"));
+    assert!(html.contains("Live at the OOM, by block size"));
 }

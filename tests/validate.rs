@@ -7,15 +7,15 @@ use allocdoc::advise::search::space;
 use allocdoc::app::recommend::recommend;
 use allocdoc::app::validate::{Workload, replay};
 use allocdoc::conf::{MIB, Settings};
-use allocdoc::workload::Trace;
+use allocdoc::workload::{Event, Trace};
 use allocdoc::workload::probe::{
     self, Family, Figures, Params, ReplayFigures, Target, epochs, generate,
 };
 use assert_cmd::Command;
 use std::path::Path;
 
-fn workload(family: Family, steps: u32, unit: u64) -> (Vec<probe::Op>, Workload) {
-    let ops = epochs(
+fn workload(family: Family, steps: u32, unit: u64) -> Workload {
+    let events = epochs(
         &generate(
             family,
             &Params {
@@ -26,13 +26,12 @@ fn workload(family: Family, steps: u32, unit: u64) -> (Vec<probe::Op>, Workload)
         ),
         2,
     );
-    let w = Workload {
+    Workload {
         input: family.name().into(),
-        trace: Trace::from_probe(&ops),
+        trace: probe::trace(events),
         implied_capacity: None,
         probe: None,
-    };
-    (ops, w)
+    }
 }
 
 /// Over several families and capacities where the default config runs out of
@@ -52,7 +51,7 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
         (Family::DynamicBatch, 150, 5 * MIB),
     ];
     for (family, steps, unit) in cases {
-        let (_, w) = workload(family, steps, unit);
+        let w = workload(family, steps, unit);
         let free = replay(&w.trace, &defaults, "", allocdoc::device::NO_LIMIT);
         assert!(free.oom.is_none());
         let (lo, hi) = (free.peak_allocated_bytes, free.peak_reserved_bytes);
@@ -125,8 +124,8 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
 #[test]
 fn probe_calibration_reproduces_given_figures() {
     let defaults = Settings::default();
-    let run = |ops: &[probe::Op], cap: u64| {
-        let r = replay(&Trace::from_probe(ops), &defaults, "", cap);
+    let run = |trace: &Trace, cap: u64| {
+        let r = replay(trace, &defaults, "", cap);
         ReplayFigures {
             allocated_bytes: r.end_allocated_bytes,
             reserved_bytes: r.end_reserved_bytes,
@@ -142,14 +141,15 @@ fn probe_calibration_reproduces_given_figures() {
             seed: 9,
         },
     );
-    let before = run(&ops, allocdoc::device::NO_LIMIT);
+    let before = run(&probe::trace(ops.clone()), allocdoc::device::NO_LIMIT);
     let request = 96 * MIB;
-    ops.push(probe::Op::Alloc {
-        id: u32::MAX - 1,
+    ops.push(Event::Alloc {
+        id: 300 * 2,
         size: request,
+        stream: 0,
     });
     let capacity = before.reserved_bytes + request / 2;
-    let job = run(&ops, capacity);
+    let job = run(&probe::trace(ops), capacity);
     assert!(
         job.oom,
         "the setup must run out of memory: {before:?} {job:?}"
@@ -175,7 +175,7 @@ fn probe_calibration_reproduces_given_figures() {
         c.reproduces_oom,
         "the fitted probe fails on the same request"
     );
-    assert!(matches!(c.ops.last(), Some(probe::Op::Alloc { size, .. }) if *size == request));
+    assert!(matches!(c.trace.events().last(), Some(Event::Alloc { size, .. }) if *size == request));
 }
 
 fn bin() -> Command {
@@ -371,7 +371,7 @@ fn gpu_cuda_replay_matches_the_simulated_card() {
         );
         return;
     }
-    let (_, w) = workload(Family::InterleavedLongLived, 40, 13 * MIB);
+    let w = workload(Family::InterleavedLongLived, 40, 13 * MIB);
     for conf in ["", "expandable_segments:True", "max_split_size_mb:128"] {
         let s = allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
             .expect("conf")

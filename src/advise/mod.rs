@@ -1,2 +1,159 @@
-//! Findings, the cause, the combined recommendation, and the config search.
+//! Findings, the cause, and the combined recommendation: runs the rules over
+//! the facts derived from the evidence and turns what fired into one answer.
+//!
+//! The cause is the `cause` of the highest-priority rule that fired (rules
+//! without a cause only add findings and settings); `unknown` when none did.
+//! The recommendation is null whenever that cause rules out an allocator
+//! setting (request larger than the card, capacity, not the allocator, other
+//! processes), whatever else fired.
+
+pub mod combine;
+pub mod context;
+pub mod facts;
 pub mod search;
+
+pub use combine::Recommendation;
+pub use context::Context;
+
+use crate::evidence::Evidence;
+use crate::rules::expr::Value;
+use crate::rules::{Cause, Facts, RuleSet, Severity, Verdict};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One fired rule, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub rule: String,
+    pub severity: Severity,
+    pub message: String,
+    /// The metric values the rule's condition read.
+    pub evidence: BTreeMap<String, Value>,
+    #[serde(skip)]
+    pub title: String,
+    #[serde(skip)]
+    pub next: Option<String>,
+    #[serde(skip)]
+    pub reference: String,
+    #[serde(skip)]
+    pub cause: Option<Cause>,
+    #[serde(skip)]
+    pub priority: i32,
+}
+
+impl Serialize for Value {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            // Byte counts and counters are integers; ratios keep their fraction.
+            Value::Num(n) if n.fract() == 0.0 && n.abs() < 9.0e15 => s.serialize_i64(*n as i64),
+            Value::Num(n) => s.serialize_f64(*n),
+            Value::Bool(b) => s.serialize_bool(*b),
+        }
+    }
+}
+
+/// A rule that could not be evaluated, and what it needed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NotEvaluated {
+    pub rule: String,
+    pub needs: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnosis {
+    pub evidence: Evidence,
+    /// Index into `evidence.observations` of the observation diagnosed.
+    pub primary: Option<usize>,
+    pub cause: Cause,
+    /// The one-line answer.
+    pub verdict: String,
+    pub findings: Vec<Finding>,
+    pub recommendation: Option<Recommendation>,
+    pub not_evaluated: Vec<NotEvaluated>,
+    /// Rules whose expression failed at run time (a rule-file bug), with why.
+    pub failed: Vec<(String, String)>,
+    /// The current config, when known, and where it came from.
+    pub current_conf: Option<(String, &'static str)>,
+    pub facts: Facts,
+}
+
+/// Runs every rule over `evidence` and combines the result.
+pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis {
+    let facts = facts::facts(&evidence, ctx);
+    let primary = facts::primary(&evidence).and_then(|p| {
+        evidence
+            .observations
+            .iter()
+            .position(|o| std::ptr::eq(o, p))
+    });
+    let mut findings = Vec::new();
+    let mut fired = Vec::new();
+    let mut not_evaluated = Vec::new();
+    let mut failed = Vec::new();
+    for rule in &rules.rules {
+        match rule.evaluate(&facts) {
+            Verdict::Fired(f) => {
+                findings.push(Finding {
+                    rule: rule.id.clone(),
+                    severity: rule.severity,
+                    message: f.message,
+                    evidence: f.evidence,
+                    title: rule.title.clone(),
+                    next: f.next,
+                    reference: rule.reference.clone(),
+                    cause: rule.cause,
+                    priority: rule.priority,
+                });
+                fired.push((rule, f.settings));
+            }
+            Verdict::NotEvaluated(needs) => not_evaluated.push(NotEvaluated {
+                rule: rule.id.clone(),
+                needs,
+            }),
+            Verdict::Failed(why) => failed.push((rule.id.clone(), why)),
+            Verdict::Quiet | Verdict::NotApplicable(_) => {}
+        }
+    }
+    // Highest priority first; ties keep rule order (stable sort).
+    findings.sort_by_key(|f| std::cmp::Reverse((f.priority, f.severity)));
+    let deciding = findings.iter().find(|f| f.cause.is_some());
+    let cause = deciding.and_then(|f| f.cause).unwrap_or(Cause::Unknown);
+    let verdict = match deciding {
+        Some(f) => format!("{}: {}", headline(cause), f.message),
+        None if evidence.observations.is_empty() => {
+            "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
+        }
+        None => format!("{}.", headline(cause)),
+    };
+    let recommendation = if cause.rules_out_settings() {
+        None
+    } else {
+        let with: Vec<_> = fired.iter().map(|(r, s)| (*r, s)).collect();
+        combine::combine(&with, ctx.current.as_ref(), facts.torch)
+    };
+    Diagnosis {
+        evidence,
+        primary,
+        cause,
+        verdict,
+        findings,
+        recommendation,
+        not_evaluated,
+        failed,
+        current_conf: ctx.current_source.clone(),
+        facts,
+    }
+}
+
+/// The cause in a few words, for the verdict line.
+pub fn headline(cause: Cause) -> &'static str {
+    match cause {
+        Cause::Fragmentation => "Fragmentation",
+        Cause::Capacity => "Live tensors fill the card",
+        Cause::RequestExceedsCapacity => "One request is larger than the whole card",
+        Cause::OtherProcesses => "Other processes hold the memory",
+        Cause::MemoryFractionCap => "The per-process memory fraction cap was hit",
+        Cause::NotAllocator => "Out of memory outside PyTorch's caching allocator",
+        Cause::Unknown => "Not enough evidence to name a cause",
+    }
+}

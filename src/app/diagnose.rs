@@ -1,7 +1,12 @@
-//! The `diagnose` command.
+//! The `diagnose` command: parse every input, run the rules, and render the
+//! cause, the findings and one environment line.
 
 use super::{Format, Outcome};
 use crate::Error;
+use crate::advise::{self, Context, Diagnosis};
+use crate::evidence::Evidence;
+use crate::rules::{RuleSet, VersionRange};
+use std::io::Read;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -14,11 +19,71 @@ pub struct DiagnoseOptions {
     pub rules_dir: Option<PathBuf>,
     /// The user's PyTorch version when the evidence does not say.
     pub torch_version: Option<String>,
+    /// The PYTORCH_CUDA_ALLOC_CONF in effect when the evidence was taken.
+    pub conf: Option<String>,
     /// Write a self-contained HTML report here.
     pub report: Option<PathBuf>,
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
-    let _ = opts;
-    Err(Error::Usage("`diagnose` is not built yet".into()))
+    let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
+    let mut ctx = Context::default();
+    if let Some(v) = &opts.torch_version {
+        let v = crate::rules::parse_version(v).ok_or_else(|| {
+            Error::Usage(format!(
+                "invalid --torch-version '{v}': expected e.g. 2.4 or 2.4.1"
+            ))
+        })?;
+        ctx.torch = Some(VersionRange::exact(v));
+    }
+    if let Some(c) = &opts.conf {
+        ctx.set_current(c, "--conf");
+    }
+    let evidence = read_inputs(&opts.inputs, &mut ctx)?;
+    let d = advise::diagnose(evidence, &ctx, &rules);
+    if let Some(path) = &opts.report {
+        std::fs::write(path, crate::report::diagnose::html(&d)).map_err(|e| {
+            Error::Usage(format!("{}: cannot write the report: {e}", path.display()))
+        })?;
+    }
+    Ok(Outcome::ok(render(&d, opts.format, opts.verbose)))
+}
+
+pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
+    match format {
+        Format::Text => crate::report::diagnose::text(d, verbose),
+        Format::Json => crate::report::diagnose::json(d),
+        Format::Markdown => crate::report::diagnose::markdown(d),
+    }
+}
+
+/// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
+/// surrounding text (versions, configs, platform) from the same bytes.
+pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
+    let stdin = [String::from("-")];
+    let inputs = if inputs.is_empty() {
+        &stdin[..]
+    } else {
+        inputs
+    };
+    let mut evidence = Evidence::default();
+    for name in inputs {
+        let data = if name == "-" {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| Error::Input(format!("standard input: cannot read: {e}")))?;
+            buf
+        } else {
+            std::fs::read(name).map_err(|e| Error::Input(format!("{name}: cannot read: {e}")))?
+        };
+        // A pickle (snapshot) starts with the PROTO opcode; only text has context lines.
+        if data.first() != Some(&0x80) {
+            ctx.scan(&String::from_utf8_lossy(&data));
+        }
+        evidence
+            .observations
+            .extend(crate::ingest::parse_bytes(name, &data)?);
+    }
+    Ok(evidence)
 }

@@ -152,13 +152,23 @@ pub fn load_workload(
 ) -> Result<Workload, Error> {
     let data = read_input(input)?;
     let name = if input.is_empty() { "-" } else { input };
-    if let Some(trace) = crate::workload::detect_trace(name, &data)? {
-        return Ok(Workload {
-            input: name.to_string(),
-            implied_capacity: trace.capacity_hint(),
-            trace,
-            probe: None,
-        });
+    match crate::ingest::detect(&data) {
+        crate::ingest::InputKind::TraceCsv => {
+            let trace = crate::workload::Trace::parse(name, &data)?;
+            return Ok(Workload {
+                input: name.to_string(),
+                implied_capacity: trace.capacity_hint(),
+                trace,
+                probe: None,
+            });
+        }
+        crate::ingest::InputKind::Pickle | crate::ingest::InputKind::RmmLog => {
+            return Err(Error::Input(format!(
+                "{name}: snapshot pickles and RMM logs are not searched yet; give a trace CSV \
+                 or text evidence (an OOM message, memory_summary())"
+            )));
+        }
+        crate::ingest::InputKind::Text => {}
     }
     let observations = crate::ingest::parse_bytes(name, &data)?;
     let target = probe_target(&observations, capacity).ok_or_else(|| {
@@ -167,9 +177,8 @@ pub fn load_workload(
              figures to fit a probe to"
         ))
     })?;
-    let calibration = probe::calibrate(&target, 1, |ops, cap| {
-        let trace = crate::workload::Trace::from_probe(ops);
-        let run = replay(&trace, current, "", cap);
+    let calibration = probe::calibrate(&target, 1, |trace, cap| {
+        let run = replay(trace, current, "", cap);
         ReplayFigures {
             allocated_bytes: run.end_allocated_bytes,
             reserved_bytes: run.end_reserved_bytes,
@@ -183,7 +192,7 @@ pub fn load_workload(
     })?;
     Ok(Workload {
         input: name.to_string(),
-        trace: crate::workload::Trace::from_probe(&calibration.ops),
+        trace: calibration.trace.clone(),
         implied_capacity: (target.capacity != crate::device::NO_LIMIT).then_some(target.capacity),
         probe: Some(calibration),
     })

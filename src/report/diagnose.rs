@@ -1,1 +1,385 @@
-//! Rendering: diagnose.
+//! Rendering: diagnose. The verdict first, then the evidence it rests on, the
+//! findings, the one environment line (or why there is none), what to check
+//! next, and with `-v` the rules that could not be evaluated.
+
+use crate::advise::{Diagnosis, Recommendation};
+use crate::evidence::{Kind, Observation};
+use crate::units::format_size;
+use comfy_table::{ContentArrangement, Table, presets};
+use serde_json::json;
+use std::fmt::Write;
+
+/// Width of the findings table, fixed so output is the same on every terminal.
+const TABLE_WIDTH: u16 = 110;
+
+pub fn text(d: &Diagnosis, verbose: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", d.verdict);
+    if let Some(p) = primary(d) {
+        let _ = writeln!(out, "\nEvidence: {}", describe(p));
+        let sizes = sizes(p);
+        if !sizes.is_empty() {
+            let _ = writeln!(out, "  {}", sizes.join(" · "));
+        }
+        let others = d.evidence.observations.len() - 1;
+        if others > 0 {
+            let _ = writeln!(
+                out,
+                "  (+{others} more observation{} in the input; series from every summary/stats dump)",
+                if others == 1 { "" } else { "s" }
+            );
+        }
+    }
+    if let Some((value, source)) = &d.current_conf {
+        let _ = writeln!(out, "  current config ({source}): {value}");
+    }
+    if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
+        let _ = write!(out, "\n{}", ranks.table().to_text());
+    }
+    if !d.findings.is_empty() {
+        let mut t = Table::new();
+        t.load_style(presets::UTF8_FULL_CONDENSED)
+            .force_no_tty()
+            .set_content_arrangement(ContentArrangement::Dynamic)
+            .set_width(TABLE_WIDTH)
+            .set_header(["severity", "rule", "finding"]);
+        for f in &d.findings {
+            t.add_row([f.severity.as_str(), f.rule.as_str(), f.message.as_str()]);
+        }
+        let _ = writeln!(out, "\nFindings\n{t}");
+    }
+    match &d.recommendation {
+        Some(r) => recommendation_text(&mut out, r),
+        None if d.cause.rules_out_settings() => {
+            let _ = writeln!(
+                out,
+                "\nNo allocator setting will help here ({}); the findings say what will.",
+                d.cause.as_str()
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "\nNo allocator setting to recommend from this evidence."
+            );
+        }
+    }
+    let next = next_steps(d);
+    if !next.is_empty() {
+        let _ = writeln!(out, "\nWhat to check next");
+        for n in next {
+            let _ = writeln!(out, "  - {n}");
+        }
+    }
+    if verbose {
+        verbose_text(&mut out, d);
+    } else if !d.not_evaluated.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{} rule{} could not be evaluated for lack of evidence (-v lists them).",
+            d.not_evaluated.len(),
+            if d.not_evaluated.len() == 1 { "" } else { "s" }
+        );
+    }
+    out
+}
+
+fn recommendation_text(out: &mut String, r: &Recommendation) {
+    let _ = writeln!(out, "\nRecommended\n  {}", r.line);
+    let _ = writeln!(out, "  or in Python, before the first `import torch`:");
+    for l in r.python.lines() {
+        let _ = writeln!(out, "    {l}");
+    }
+    if let Some(n) = &r.note {
+        let _ = writeln!(out, "  Note: {n}");
+    }
+    for d in &r.dropped {
+        let _ = writeln!(out, "  Not included: {d}");
+    }
+}
+
+fn verbose_text(out: &mut String, d: &Diagnosis) {
+    if !d.not_evaluated.is_empty() {
+        let _ = writeln!(out, "\nNot evaluated");
+        for n in &d.not_evaluated {
+            let _ = writeln!(out, "  - {}: needs {}", n.rule, n.needs.join(", "));
+        }
+    }
+    for (rule, why) in &d.failed {
+        let _ = writeln!(out, "  - {rule}: failed: {why}");
+    }
+    if !d.findings.is_empty() {
+        let _ = writeln!(out, "\nReferences");
+        for f in &d.findings {
+            let _ = writeln!(out, "  - {}: {}", f.rule, f.reference);
+        }
+    }
+}
+
+/// Each fired rule's advice once, highest priority first.
+fn next_steps(d: &Diagnosis) -> Vec<&str> {
+    let mut v: Vec<&str> = Vec::new();
+    for f in &d.findings {
+        if let Some(n) = f.next.as_deref()
+            && !v.contains(&n)
+        {
+            v.push(n);
+        }
+    }
+    v
+}
+
+fn primary(d: &Diagnosis) -> Option<&Observation> {
+    d.primary.and_then(|i| d.evidence.observations.get(i))
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Oom => "caching-allocator OOM",
+        Kind::NonAllocatorOom => "out of memory outside the caching allocator",
+        Kind::MemorySummary => "memory_summary()",
+        Kind::MemoryStats => "memory_stats()",
+        Kind::Snapshot => "snapshot",
+    }
+}
+
+/// `train.log:812: caching-allocator OOM (PyTorch 2.4+ format), cuda:0, rank 3`.
+fn describe(o: &Observation) -> String {
+    let mut s = o.input.clone();
+    if let Some(l) = o.line {
+        let _ = write!(s, ":{l}");
+    }
+    let _ = write!(s, ": {}", kind_name(o.kind));
+    if let Some(e) = &o.format_era {
+        let _ = write!(s, " (PyTorch {e} format)");
+    }
+    if let Some(dk) = o.device_kind {
+        let name = serde_json::to_value(dk).ok();
+        let name = name.as_ref().and_then(|v| v.as_str()).unwrap_or("device");
+        match o.device_index {
+            Some(i) => {
+                let _ = write!(s, ", {name}:{i}");
+            }
+            None => {
+                let _ = write!(s, ", {name}");
+            }
+        }
+    }
+    if let Some(r) = o.rank {
+        let _ = write!(s, ", rank {r}");
+    }
+    if let Some(src) = o.source
+        && let Some(v) = serde_json::to_value(src)
+            .ok()
+            .as_ref()
+            .and_then(|v| v.as_str().map(str::to_string))
+    {
+        let _ = write!(s, ", from {v}");
+    }
+    s
+}
+
+fn sizes(o: &Observation) -> Vec<String> {
+    let fields: [(&str, Option<u64>); 8] = [
+        ("requested", o.requested_bytes),
+        ("capacity", o.total_capacity_bytes),
+        ("free", o.free_bytes),
+        ("allocated", o.allocated_bytes),
+        ("reserved", o.reserved_bytes.or(o.cached_bytes)),
+        ("reserved but unallocated", o.reserved_unallocated_bytes),
+        ("allowed", o.allowed_bytes),
+        ("private pools", o.private_pools_bytes),
+    ];
+    fields
+        .iter()
+        .filter_map(|(n, v)| v.map(|v| format!("{n} {}", format_size(v))))
+        .collect()
+}
+
+pub fn json(d: &Diagnosis) -> String {
+    let value = json!({
+        "observations": d.evidence.observations,
+        "cause": d.cause.as_str(),
+        "verdict": d.verdict,
+        "findings": d.findings,
+        "recommendation": d.recommendation,
+        "ranks": super::ranks::rank_table(&d.evidence),
+        "next_steps": next_steps(d),
+        "not_evaluated": d.not_evaluated,
+    });
+    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+pub fn markdown(d: &Diagnosis) -> String {
+    let mut out = String::from("## allocdoc diagnosis\n\n");
+    let _ = writeln!(out, "**Cause: `{}`.** {}\n", d.cause.as_str(), d.verdict);
+    if let Some(p) = primary(d) {
+        let _ = writeln!(out, "Evidence: `{}`", describe(p));
+        let sizes = sizes(p);
+        if !sizes.is_empty() {
+            let _ = writeln!(out, "({})", sizes.join(", "));
+        }
+        out.push('\n');
+    }
+    if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
+        let t = ranks.table();
+        let _ = writeln!(out, "{}", super::markdown::table(&t));
+    }
+    if !d.findings.is_empty() {
+        out.push_str("| severity | rule | finding |\n|---|---|---|\n");
+        for f in &d.findings {
+            let _ = writeln!(
+                out,
+                "| {} | [`{}`]({}) | {} |",
+                f.severity.as_str(),
+                f.rule,
+                f.reference,
+                f.message.replace('|', "\\|")
+            );
+        }
+        out.push('\n');
+    }
+    match &d.recommendation {
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "### Recommended\n\n```sh\n{}\n```\n\nOr in Python, before the first `import torch`:\n\n```python\n{}\n```\n",
+                r.line, r.python
+            );
+            if let Some(n) = &r.note {
+                let _ = writeln!(out, "> {n}\n");
+            }
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "No allocator setting is recommended: the findings say what will help.\n"
+            );
+        }
+    }
+    let next = next_steps(d);
+    if !next.is_empty() {
+        out.push_str("### What to check next\n\n");
+        for n in next {
+            let _ = writeln!(out, "- {n}");
+        }
+    }
+    out
+}
+
+/// `diagnose --report`: the verdict, the export line, the primary
+/// observation's figures, the findings with the values they read, the
+/// per-rank table and every observation.
+pub fn html(d: &Diagnosis) -> String {
+    use super::html::{self, Figure, ReportData, TableRow, Tone, Verdict};
+    use crate::units::human;
+    let tone = if d.recommendation.is_some() {
+        Tone::Good
+    } else if d.cause.rules_out_settings() {
+        Tone::Bad
+    } else {
+        Tone::Neutral
+    };
+    let figures = primary(d)
+        .map(|p| {
+            let fields: [(&str, Option<u64>); 6] = [
+                ("requested", p.requested_bytes),
+                ("allocated", p.allocated_bytes),
+                ("reserved", p.reserved_bytes.or(p.cached_bytes)),
+                ("reserved − allocated", p.reserved_unallocated_bytes),
+                ("free on the card", p.free_bytes),
+                ("capacity", p.total_capacity_bytes),
+            ];
+            fields
+                .iter()
+                .filter_map(|(label, v)| {
+                    v.map(|v| Figure {
+                        label: (*label).into(),
+                        value: human(v),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let findings = d
+        .findings
+        .iter()
+        .map(|f| html::Finding {
+            rule: f.rule.clone(),
+            severity: f.severity.as_str().into(),
+            message: f.message.clone(),
+            evidence: f
+                .evidence
+                .iter()
+                .map(|(k, v)| {
+                    // Facts carry no unit; integers of a MiB or more under a
+                    // name that is not a count are byte sizes.
+                    let count = ["retries", "ooms", "segments", "count", "events"]
+                        .iter()
+                        .any(|c| k.contains(c));
+                    let shown = match v {
+                        crate::rules::expr::Value::Num(n)
+                            if !count && n.fract() == 0.0 && *n >= 1048576.0 =>
+                        {
+                            format!("{} ({} bytes)", human(*n as u64), *n as u64)
+                        }
+                        crate::rules::expr::Value::Num(n) => format!("{n}"),
+                        crate::rules::expr::Value::Bool(b) => b.to_string(),
+                    };
+                    (k.clone(), shown)
+                })
+                .collect(),
+        })
+        .collect();
+    let mut tables = Vec::new();
+    if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
+        tables.push(ranks.table());
+    }
+    tables.push(html::Table {
+        title: "Observations".into(),
+        headers: vec!["where".into(), "figures".into()],
+        rows: d
+            .evidence
+            .observations
+            .iter()
+            .map(|o| TableRow {
+                cells: vec![describe(o), sizes(o).join(" · ")],
+                flag: None,
+            })
+            .collect(),
+        note: d
+            .current_conf
+            .as_ref()
+            .map(|(value, source)| format!("Current config ({source}): {value}")),
+    });
+    let mut subtitle = format!("cause: {}", d.cause.as_str());
+    let inputs: Vec<&str> = d
+        .evidence
+        .observations
+        .iter()
+        .map(|o| o.input.as_str())
+        .fold(Vec::new(), |mut v, i| {
+            if !v.contains(&i) {
+                v.push(i);
+            }
+            v
+        });
+    if !inputs.is_empty() {
+        let _ = write!(subtitle, " · inputs: {}", inputs.join(", "));
+    }
+    html::render(&ReportData {
+        title: "allocdoc diagnose".into(),
+        subtitle: Some(subtitle),
+        verdict: Verdict {
+            headline: d.verdict.clone(),
+            tone,
+        },
+        export_line: d.recommendation.as_ref().map(|r| r.line.clone()),
+        figures,
+        findings,
+        tables,
+        ..ReportData::default()
+    })
+}

@@ -28,6 +28,8 @@ pub struct ReportData {
     pub segment_map: Option<SegmentMap>,
     pub findings: Vec<Finding>,
     pub top_sites: Vec<Site>,
+    /// Heading of the sites table (default "Top allocation sites").
+    pub sites_title: Option<String>,
     pub tables: Vec<Table>,
 }
 
@@ -77,6 +79,17 @@ impl Timeline {
         self.allocated.push(x, allocated);
         self.reserved.push(x, reserved);
     }
+
+    /// The timeline of one replay (`ReplayOptions::timeline`), one point per
+    /// event, with the OOM marked at the failing event.
+    pub fn from_run(name: impl Into<String>, run: &crate::workload::RunResult) -> Self {
+        let mut t = Timeline::new(name);
+        for (x, p) in (0u64..).zip(&run.timeline) {
+            t.push(x, p.allocated, p.reserved);
+        }
+        t.oom_at = run.oom.as_ref().map(|o| o.event_index);
+        t
+    }
 }
 
 /// The allocator's segments at one moment (the peak or the OOM).
@@ -98,6 +111,68 @@ pub struct MapSegment {
 impl MapSegment {
     pub fn total_size(&self) -> u64 {
         self.blocks.iter().map(|b| b.size).sum()
+    }
+}
+
+impl SegmentMap {
+    /// The bundled allocator's segments (`CachingAllocator::segments`).
+    pub fn from_allocator(
+        at: impl Into<String>,
+        segments: &[crate::allocator::SegmentInfo],
+    ) -> Self {
+        SegmentMap {
+            at: at.into(),
+            segments: segments.iter().map(MapSegment::from_allocator).collect(),
+        }
+    }
+
+    /// The allocated blocks grouped by size, largest total first: what fills
+    /// the memory at this moment when a trace carries no stack frames.
+    pub fn live_by_size(&self, top: usize) -> Vec<Site> {
+        let mut by_size: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        for b in self.segments.iter().flat_map(|s| &s.blocks) {
+            if b.state == BlockState::Allocated {
+                *by_size.entry(b.size).or_default() += 1;
+            }
+        }
+        let mut sites: Vec<Site> = by_size
+            .into_iter()
+            .map(|(size, count)| Site {
+                site: format!("blocks of {}", human(size)),
+                bytes: size * count,
+                count,
+            })
+            .collect();
+        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+        sites.truncate(top);
+        sites
+    }
+}
+
+impl MapSegment {
+    /// A segment of the bundled allocator as the map draws it. A free block
+    /// is "inactive split" when its segment holds other blocks (PyTorch's
+    /// `inactive_split`: it cannot be released), else a free segment.
+    pub fn from_allocator(s: &crate::allocator::SegmentInfo) -> Self {
+        use crate::allocator::BlockState as A;
+        let split = s.blocks.len() > 1;
+        MapSegment {
+            address: s.address,
+            stream: s.stream,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|b| MapBlock {
+                    size: b.size,
+                    state: match b.state {
+                        A::ActiveAllocated => BlockState::Allocated,
+                        A::ActivePendingFree => BlockState::PendingFree,
+                        A::Inactive if split => BlockState::InactiveSplit,
+                        A::Inactive => BlockState::Free,
+                    },
+                })
+                .collect(),
+        }
     }
 }
 
@@ -170,7 +245,11 @@ impl Table {
     pub fn to_text(&self) -> String {
         let flagged = self.rows.iter().any(|r| r.flag.is_some());
         let mut t = comfy_table::Table::new();
-        t.load_style(comfy_table::presets::UTF8_HORIZONTAL_ONLY);
+        // Fixed width, so the output is the same on every terminal.
+        t.load_style(comfy_table::presets::UTF8_FULL_CONDENSED)
+            .force_no_tty()
+            .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+            .set_width(110);
         let mut headers = self.headers.clone();
         if flagged {
             headers.push("flag".into());
@@ -252,7 +331,7 @@ svg{width:100%;height:auto;display:block}
 table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
 th,td{text-align:left;padding:5px 10px;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{background:var(--bg);font-weight:600}
-td.n,th.n{text-align:right}
+td.n,th.n{text-align:right;white-space:nowrap}
 tr.flag td{background:#fff8c5}
 .note{color:var(--muted);font-size:13px;margin:6px 0 0}
 .finding{border:1px solid var(--line);border-left:4px solid var(--muted);border-radius:6px;padding:8px 12px;margin:8px 0}
@@ -311,7 +390,13 @@ pub fn render(data: &ReportData) -> String {
         segment_section(&mut h, map);
     }
     findings_section(&mut h, &data.findings);
-    sites_section(&mut h, &data.top_sites);
+    sites_section(
+        &mut h,
+        data.sites_title
+            .as_deref()
+            .unwrap_or("Top allocation sites"),
+        &data.top_sites,
+    );
     for t in &data.tables {
         table_section(&mut h, t);
     }
@@ -436,12 +521,16 @@ fn findings_section(h: &mut String, findings: &[Finding]) {
     h.push_str("</section>");
 }
 
-fn sites_section(h: &mut String, sites: &[Site]) {
+fn sites_section(h: &mut String, title: &str, sites: &[Site]) {
     if sites.is_empty() {
         return;
     }
     let top = sites.iter().map(|s| s.bytes).max().unwrap_or(0).max(1);
-    h.push_str("<section id=\"sites\"><h2>Top allocation sites</h2><table><thead><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">allocations</th><th style=\"width:30%\"></th></tr></thead><tbody>");
+    let _ = write!(
+        h,
+        "<section id=\"sites\"><h2>{}</h2><table><thead><tr><th>site</th><th class=\"n\">bytes</th><th class=\"n\">allocations</th><th style=\"width:30%\"></th></tr></thead><tbody>",
+        escape(title)
+    );
     for s in sites {
         let pct = s.bytes as f64 / top as f64 * 100.0;
         let _ = write!(

@@ -10,4 +10,5 @@ pub mod parse;
 pub mod ranks;
 pub mod recommend;
 pub mod replay;
+pub mod rules;
 pub mod svg;

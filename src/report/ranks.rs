@@ -6,29 +6,47 @@
 use super::html::{Table, TableRow};
 use crate::evidence::{Evidence, Kind, Observation};
 use crate::units::human;
+use serde::Serialize;
 
 /// A rank whose reserved or allocated bytes differ from the median by more
 /// than this fraction is flagged.
 pub const DEVIATION: f64 = 0.10;
+/// …and by at least this many bytes, so small figures (a few MiB of gap) do not flag.
+pub const MIN_DEVIATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
 
 /// One rank's memory at its failure (or, without an OOM, at its last table).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Serialised with the contract's `_bytes` names, for `diagnose --format json`'s `ranks`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RankRow {
     /// `None` when the rows are told apart by input file only.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     pub input: String,
     pub oom: bool,
+    #[serde(rename = "requested_bytes", skip_serializing_if = "Option::is_none")]
     pub requested: Option<u64>,
+    #[serde(rename = "allocated_bytes", skip_serializing_if = "Option::is_none")]
     pub allocated: Option<u64>,
+    #[serde(rename = "reserved_bytes", skip_serializing_if = "Option::is_none")]
     pub reserved: Option<u64>,
+    #[serde(
+        rename = "reserved_unallocated_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reserved_unallocated: Option<u64>,
+    #[serde(rename = "free_bytes", skip_serializing_if = "Option::is_none")]
     pub free: Option<u64>,
+    #[serde(
+        rename = "total_capacity_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub capacity: Option<u64>,
     /// Why this rank stands out, empty when it does not.
     pub flags: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
 pub struct RankTable {
     pub rows: Vec<RankRow>,
 }
@@ -90,9 +108,11 @@ fn row(rank: Option<u32>, input: String, obs: &[&Observation]) -> Option<RankRow
     let allocated = pick
         .allocated_bytes
         .or_else(|| current(pick, "allocated_bytes"));
+    // PyTorch ≥ 2.4 prints allocated and reserved-but-unallocated, not reserved.
     let reserved = pick
         .reserved_bytes
-        .or_else(|| current(pick, "reserved_bytes"));
+        .or_else(|| current(pick, "reserved_bytes"))
+        .or_else(|| Some(allocated? + pick.reserved_unallocated_bytes?));
     let reserved_unallocated = pick
         .reserved_unallocated_bytes
         .or_else(|| Some(reserved?.saturating_sub(allocated?)));
@@ -124,7 +144,11 @@ fn median(mut values: Vec<u64>) -> Option<f64> {
 
 fn flag(rows: &mut [RankRow]) {
     type Get = fn(&RankRow) -> Option<u64>;
-    let metrics: [(&str, Get); 2] = [("reserved", |r| r.reserved), ("allocated", |r| r.allocated)];
+    let metrics: [(&str, Get); 3] = [
+        ("reserved", |r| r.reserved),
+        ("allocated", |r| r.allocated),
+        ("reserved − allocated", |r| r.reserved_unallocated),
+    ];
     for (name, get) in metrics {
         let values: Vec<u64> = rows.iter().filter_map(get).collect();
         if values.len() < 2 {
@@ -136,7 +160,7 @@ fn flag(rows: &mut [RankRow]) {
         for r in rows.iter_mut() {
             let Some(v) = get(r) else { continue };
             let dev = (v as f64 - med) / med;
-            if dev.abs() > DEVIATION {
+            if dev.abs() > DEVIATION && (v as f64 - med).abs() >= MIN_DEVIATION_BYTES {
                 let dir = if dev > 0.0 { "above" } else { "below" };
                 r.flags.push(format!(
                     "{name} {:.0} % {dir} the median ({})",
@@ -186,6 +210,8 @@ impl RankTable {
     /// As a plain table for the HTML, Markdown or text renderers.
     pub fn table(&self) -> Table {
         let by_rank = self.rows.iter().any(|r| r.rank.is_some());
+        // One log with rank prefixes: the input column would repeat one name.
+        let one_input = self.rows.windows(2).all(|w| w[0].input == w[1].input);
         let headers = [
             if by_rank { "rank" } else { "#" },
             "input",
@@ -215,17 +241,27 @@ impl RankTable {
                 ],
                 flag: (!r.flags.is_empty()).then(|| r.flags.join("; ")),
             })
+            .map(|mut row| {
+                if one_input {
+                    row.cells.remove(1);
+                }
+                row
+            })
             .collect();
+        let mut headers: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
+        if one_input {
+            headers.remove(1);
+        }
         let flagged = self.flagged().count();
         Table {
             title: "Ranks".into(),
-            headers: headers.iter().map(|h| (*h).to_owned()).collect(),
+            headers,
             rows,
             note: Some(if flagged == 0 {
                 format!("{} ranks, none stands out.", self.rows.len())
             } else {
                 format!(
-                    "{flagged} of {} ranks stand out (more than {:.0} % off the median, or alone in running out of memory).",
+                    "{flagged} of {} ranks stand out (more than {:.0} % off the median, alone in running out of memory, or on a different card).",
                     self.rows.len(),
                     DEVIATION * 100.0
                 )
@@ -259,6 +295,7 @@ mod tests {
                 oom(1, 78 * GIB, 61 * GIB),
                 oom(3, 60 * GIB, 59 * GIB),
             ],
+            ..Default::default()
         };
         let t = rank_table(&ev).unwrap();
         let ranks: Vec<_> = t.rows.iter().map(|r| r.rank).collect();
@@ -266,16 +303,20 @@ mod tests {
         // Median reserved = (70 + 71) / 2 = 70.5 GiB: rank 1 is +10.6 %, rank 3 −14.9 %.
         let flagged: Vec<_> = t.flagged().map(|r| r.rank).collect();
         assert_eq!(flagged, vec![Some(1), Some(3)]);
+        // Gaps 11, 17, 10, 1 GiB: median 10.5, so ranks 1 (+62 %) and 3 (−90 %) again.
         assert_eq!(
             t.rows[3].flags,
-            vec!["reserved 15 % below the median (70.50 GiB)"]
+            vec![
+                "reserved 15 % below the median (70.50 GiB)",
+                "reserved − allocated 90 % below the median (10.50 GiB)"
+            ]
         );
         assert_eq!(t.rows[0].reserved_unallocated, Some(11 * GIB));
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json[3]["reserved_bytes"], 60 * GIB);
+        assert_eq!(json[3]["rank"], 3);
         let text = t.table().to_text();
-        assert!(
-            text.contains("reserved 11 % above the median (70.50 GiB)"),
-            "{text}"
-        );
+        assert!(text.contains("reserved 11 % above"), "{text}");
         assert!(text.contains("2 of 4 ranks stand out"), "{text}");
     }
 
@@ -298,6 +339,7 @@ mod tests {
         failed.input = "rank0.log".into();
         let ev = Evidence {
             observations: vec![failed.clone(), summary],
+            ..Default::default()
         };
         let t = rank_table(&ev).unwrap();
         assert_eq!(t.rows.len(), 2);
@@ -307,7 +349,8 @@ mod tests {
         assert_eq!(t.table().rows[0].cells[0], "0");
         assert_eq!(
             rank_table(&Evidence {
-                observations: vec![failed]
+                observations: vec![failed],
+                ..Default::default()
             }),
             None
         );

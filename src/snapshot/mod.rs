@@ -1,17 +1,32 @@
-//! Torch memory snapshots: a pickle decoder that never executes anything, the
-//! snapshot model, and the evidence drawn from it.
+//! Torch memory snapshots: a pickle decoder that never executes anything
+//! ([`pickle`]), the snapshot model ([`model`]), and the evidence drawn from
+//! it ([`evidence`]).
+
+pub mod evidence;
+pub mod model;
+pub mod pickle;
 
 use crate::Error;
 use crate::evidence::Observation;
+pub use model::Snapshot;
 
 /// True when `data` starts like a pickle (PROTO opcode with protocol 2..=5).
 pub fn is_pickle(data: &[u8]) -> bool {
     data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1])
 }
 
+/// Decodes and models a snapshot; errors name the input and the byte offset or
+/// the path of the bad field.
+pub fn load<'a>(input_name: &str, data: &'a [u8]) -> Result<Snapshot<'a>, Error> {
+    let p = pickle::decode(data)
+        .map_err(|e| Error::Input(format!("{input_name}: not a readable snapshot pickle: {e}")))?;
+    Snapshot::from_pickle(p)
+        .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
+}
+
 /// One `snapshot` observation per device present in the snapshot.
 pub fn observations(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, Error> {
-    let _ = (input_name, data);
-    Err(Error::Usage("snapshot support is not built yet".into()))
+    let snap = load(input_name, data)?;
+    Ok(evidence::device_observations(input_name, &snap))
 }
 pub mod writer;

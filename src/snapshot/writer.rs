@@ -113,6 +113,68 @@ pub struct TraceEntry {
     pub time_us: i64,
 }
 
+impl Snapshot {
+    /// The bundled allocator's segments and recorded trace as a snapshot of
+    /// device 0 (the replay has one device and the default pools). The
+    /// simulation has no clock, so `time_us` counts trace entries from 0.
+    pub fn from_allocator(
+        segments: &[crate::allocator::SegmentInfo],
+        trace: &[crate::allocator::TraceEntry],
+        alloc_conf: Option<String>,
+    ) -> Snapshot {
+        use crate::allocator::{BlockState as A, TraceAction as T};
+        let segments = segments
+            .iter()
+            .map(|s| Segment {
+                device: 0,
+                address: s.address,
+                stream: s.stream,
+                is_large: !s.small,
+                pool_id: (0, 0),
+                is_expandable: s.is_expandable,
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| Block {
+                        size: b.size,
+                        requested_size: b.requested_size,
+                        state: match b.state {
+                            A::ActiveAllocated => BlockState::ActiveAllocated,
+                            A::ActivePendingFree => BlockState::ActivePendingFree,
+                            A::Inactive => BlockState::Inactive,
+                        },
+                    })
+                    .collect(),
+            })
+            .collect();
+        let trace = trace
+            .iter()
+            .zip(0i64..)
+            .map(|(e, t)| TraceEntry {
+                action: match e.action {
+                    T::Alloc => Action::Alloc,
+                    T::FreeRequested => Action::FreeRequested,
+                    T::FreeCompleted => Action::FreeCompleted,
+                    T::SegmentAlloc => Action::SegmentAlloc,
+                    T::SegmentFree => Action::SegmentFree,
+                    T::SegmentMap => Action::SegmentMap,
+                    T::SegmentUnmap => Action::SegmentUnmap,
+                    T::Oom => Action::Oom,
+                },
+                addr: e.addr,
+                size: e.size,
+                stream: e.stream,
+                time_us: t,
+            })
+            .collect();
+        Snapshot {
+            segments,
+            device_traces: vec![trace],
+            alloc_conf,
+        }
+    }
+}
+
 /// Serialises `snapshot` as a protocol-4 pickle into `out`.
 pub fn write<W: Write>(snapshot: &Snapshot, out: W) -> io::Result<()> {
     let mut p = Pickler::new(out);

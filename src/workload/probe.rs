@@ -5,14 +5,8 @@
 //! is then appended. Everything a probe says is synthetic, and the fit (observed
 //! vs reproduced) is part of the result.
 
+use super::trace::{Event, Trace};
 use rayon::prelude::*;
-
-/// One step of a probe: the same vocabulary as a trace CSV's `alloc` / `free`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Alloc { id: u32, size: u64 },
-    Free { id: u32 },
-}
 
 /// The workload shapes behind most fragmentation reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,9 +72,9 @@ impl Rng {
     }
 }
 
-/// Hands out ids and writes the ops.
+/// Hands out ids (dense, never reused) and writes the events, all on stream 0.
 struct Builder {
-    ops: Vec<Op>,
+    events: Vec<Event>,
     next: u32,
 }
 
@@ -88,21 +82,22 @@ impl Builder {
     fn alloc(&mut self, size: u64) -> u32 {
         let id = self.next;
         self.next += 1;
-        self.ops.push(Op::Alloc {
+        self.events.push(Event::Alloc {
             id,
             size: size.max(1),
+            stream: 0,
         });
         id
     }
     fn free(&mut self, id: u32) {
-        self.ops.push(Op::Free { id });
+        self.events.push(Event::Free { id });
     }
 }
 
-/// The family's trace for `p`. Deterministic: the same inputs give the same ops.
-pub fn generate(family: Family, p: &Params) -> Vec<Op> {
+/// The family's events for `p`. Deterministic: the same inputs give the same events.
+pub fn generate(family: Family, p: &Params) -> Vec<Event> {
     let mut b = Builder {
-        ops: Vec::with_capacity(p.steps as usize * 6),
+        events: Vec::with_capacity(p.steps as usize * 6),
         next: 0,
     };
     let mut rng = Rng::new(p.seed);
@@ -163,46 +158,54 @@ pub fn generate(family: Family, p: &Params) -> Vec<Op> {
             }
         }
     }
-    b.ops
+    b.events
 }
 
-/// `epochs` back-to-back runs of `ops`, each ending by freeing what it left
-/// live (like a training loop whose steps release everything): a long trace
-/// whose live set stays bounded. Ids are renumbered per epoch.
-pub fn epochs(ops: &[Op], epochs: u32) -> Vec<Op> {
-    let span = ops
+/// One past the largest id the events use.
+fn id_span(events: &[Event]) -> u32 {
+    events
         .iter()
-        .map(|op| match *op {
-            Op::Alloc { id, .. } | Op::Free { id } => id + 1,
+        .filter_map(|e| match *e {
+            Event::Alloc { id, .. } | Event::Free { id } | Event::RecordStream { id, .. } => {
+                Some(id + 1)
+            }
+            Event::EmptyCache | Event::SynchronizeStream { .. } => None,
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// A trace of generated events (valid by construction: dense ids, frees of live ids).
+pub fn trace(events: Vec<Event>) -> Trace {
+    Trace::from_events(events).unwrap_or_default()
+}
+
+/// `epochs` back-to-back runs of `events`, each ending by freeing what it left
+/// live (like a training loop whose steps release everything): a long trace
+/// whose live set stays bounded. Ids are renumbered per epoch.
+pub fn epochs(events: &[Event], epochs: u32) -> Vec<Event> {
+    let span = id_span(events);
     let mut live = vec![false; span as usize];
-    let mut out = Vec::with_capacity((ops.len() + span as usize) * epochs as usize);
+    let mut out = Vec::with_capacity((events.len() + span as usize) * epochs as usize);
     for e in 0..epochs {
-        let base = e.wrapping_mul(span);
-        for op in ops {
-            match *op {
-                Op::Alloc { id, size } => {
+        let base = e.saturating_mul(span);
+        for event in events {
+            out.push(match *event {
+                Event::Alloc { id, size, stream } => {
                     live[id as usize] = true;
-                    out.push(Op::Alloc {
-                        id: base.wrapping_add(id),
-                        size,
-                    });
+                    Event::Alloc { id: base + id, size, stream }
                 }
-                Op::Free { id } => {
+                Event::Free { id } => {
                     live[id as usize] = false;
-                    out.push(Op::Free {
-                        id: base.wrapping_add(id),
-                    });
+                    Event::Free { id: base + id }
                 }
-            }
+                Event::RecordStream { id, stream } => Event::RecordStream { id: base + id, stream },
+                other => other,
+            });
         }
         for (id, l) in live.iter_mut().enumerate() {
             if std::mem::take(l) {
-                out.push(Op::Free {
-                    id: base.wrapping_add(id as u32),
-                });
+                out.push(Event::Free { id: base + id as u32 });
             }
         }
     }
@@ -255,7 +258,7 @@ pub struct Calibration {
     pub reproduces_oom: bool,
     pub capacity: u64,
     /// The probe itself, the request last when there is one.
-    pub ops: Vec<Op>,
+    pub trace: Trace,
 }
 
 fn rel_err(got: u64, want: u64) -> f64 {
@@ -277,13 +280,13 @@ fn fit_steps(
     unit: u64,
     seed: u64,
     allocated: u64,
-    replay: &(impl Fn(&[Op], u64) -> ReplayFigures + Sync),
+    replay: &(impl Fn(&Trace, u64) -> ReplayFigures + Sync),
 ) -> u32 {
     const PILOT: u32 = 64;
     const MAX_STEPS: u32 = 1 << 18;
     let at = |steps: u32| {
         let p = Params { steps, unit, seed };
-        replay(&generate(family, &p), crate::device::NO_LIMIT).allocated_bytes
+        replay(&trace(generate(family, &p)), crate::device::NO_LIMIT).allocated_bytes
     };
     let pilot = at(PILOT).max(1);
     let guess =
@@ -301,12 +304,12 @@ fn fit_steps(
 }
 
 /// Fits every family over a range of tensor sizes and keeps the best fit.
-/// `replay(ops, capacity)` runs the ops through the bundled allocator under the
-/// current config and reports where it ended.
+/// `replay(trace, capacity)` runs a trace through the bundled allocator under
+/// the current config and reports where it ended.
 pub fn calibrate(
     target: &Target,
     seed: u64,
-    replay: impl Fn(&[Op], u64) -> ReplayFigures + Sync,
+    replay: impl Fn(&Trace, u64) -> ReplayFigures + Sync,
 ) -> Option<Calibration> {
     let want = target.observed;
     if want.allocated_bytes == 0 {
@@ -333,24 +336,18 @@ pub fn calibrate(
         .map(|&(family, unit)| {
             let steps = fit_steps(family, unit, seed, want.allocated_bytes, &replay);
             let params = Params { steps, unit, seed };
-            let mut ops = generate(family, &params);
-            let got = replay(&ops, crate::device::NO_LIMIT);
+            let mut events = generate(family, &params);
+            let got = replay(&trace(events.clone()), crate::device::NO_LIMIT);
             let error = fit_error(&got, &want);
             let reproduces_oom = match want.requested_bytes {
                 Some(size) => {
-                    let id = ops
-                        .iter()
-                        .map(|op| match *op {
-                            Op::Alloc { id, .. } | Op::Free { id } => id + 1,
-                        })
-                        .max()
-                        .unwrap_or(0);
-                    ops.push(Op::Alloc { id, size });
-                    replay(&ops, target.capacity).oom
+                    let id = id_span(&events);
+                    events.push(Event::Alloc { id, size, stream: 0 });
+                    replay(&trace(events.clone()), target.capacity).oom
                 }
                 None => false,
             };
-            (error, reproduces_oom, family, params, got, ops)
+            (error, reproduces_oom, family, params, got, events)
         })
         // Best: within tolerance, then reproducing the OOM, then the smallest
         // error; ties go to the first family and the smaller unit (deterministic).
@@ -362,7 +359,7 @@ pub fn calibrate(
                 .then(a.2.cmp(&b.2))
                 .then(a.3.unit.cmp(&b.3.unit))
         })?;
-    let (error, reproduces_oom, family, params, got, ops) = best;
+    let (error, reproduces_oom, family, params, got, events) = best;
     Some(Calibration {
         family,
         params,
@@ -376,7 +373,7 @@ pub fn calibrate(
         within_tolerance: error <= TOLERANCE,
         reproduces_oom,
         capacity: target.capacity,
-        ops,
+        trace: trace(events),
     })
 }
 
@@ -393,7 +390,7 @@ mod tests {
         };
         let one = generate(Family::DynamicBatch, &p);
         let three = epochs(&one, 3);
-        let allocs = |ops: &[Op]| ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count();
+        let allocs = |ev: &[Event]| ev.iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
         assert_eq!(allocs(&three), 3 * allocs(&one));
         // Balanced: every alloc is freed once, so nothing is live at the end.
         assert_eq!(three.len(), 2 * allocs(&three));
@@ -417,11 +414,12 @@ mod tests {
             let mut live = std::collections::HashSet::new();
             for op in &a {
                 match *op {
-                    Op::Alloc { id, size } => {
+                    Event::Alloc { id, size, .. } => {
                         assert!(size > 0);
                         assert!(live.insert(id), "{family:?}: id {id} reused");
                     }
-                    Op::Free { id } => assert!(live.remove(&id), "{family:?}: free of dead {id}"),
+                    Event::Free { id } => assert!(live.remove(&id), "{family:?}: free of dead {id}"),
+                    other => panic!("{family:?}: unexpected {other:?}"),
                 }
             }
             assert!(!live.is_empty(), "{family:?} keeps something live");

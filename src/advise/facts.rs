@@ -1,0 +1,366 @@
+//! From evidence to [`Facts`]: the metric values rules read (see
+//! `rules::catalog` for their definitions). With several observations the
+//! most relevant one is diagnosed (the last OOM, else the last summary/stats,
+//! else the last snapshot); series come from every summary and stats dump.
+
+use super::context::Context;
+use crate::conf::TorchVersion;
+use crate::evidence::{Backend, DeviceKind, Evidence, Kind, Observation, OomSource};
+use crate::rules::{Fact, Facts, VersionRange};
+
+/// The observation a diagnosis is about: the last OOM of any kind, else the
+/// last summary/stats, else the last snapshot.
+pub fn primary(evidence: &Evidence) -> Option<&Observation> {
+    let obs = &evidence.observations;
+    obs.iter()
+        .rev()
+        .find(|o| matches!(o.kind, Kind::Oom | Kind::NonAllocatorOom))
+        .or_else(|| {
+            obs.iter()
+                .rev()
+                .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats))
+        })
+        .or_else(|| obs.last())
+}
+
+/// The facts for `evidence` plus what the surrounding text and the user said.
+pub fn facts(evidence: &Evidence, ctx: &Context) -> Facts {
+    let mut f = Facts::default();
+    for o in &evidence.observations {
+        if !f.kinds.contains(&o.kind) {
+            f.kinds.push(o.kind);
+        }
+    }
+    let primary = primary(evidence);
+    f.torch = ctx
+        .torch
+        .unwrap_or_else(|| primary.map(era_range).unwrap_or_default());
+    f.backend = primary
+        .and_then(|p| p.backend)
+        .or(ctx.current.as_ref().map(|c| c.backend));
+    if let Some(p) = primary {
+        scalars(&mut f, p, evidence);
+    }
+    series(&mut f, evidence);
+    context_facts(&mut f, ctx, primary);
+    f
+}
+
+fn bytes(f: &mut Facts, name: &str, v: Option<u64>) {
+    if let Some(v) = v {
+        f.set(name, Fact::Num(v as f64));
+    }
+}
+
+fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
+    bytes(f, "requested", p.requested_bytes);
+    bytes(f, "capacity", p.total_capacity_bytes);
+    bytes(f, "free", p.free_bytes);
+    bytes(f, "private_pools", p.private_pools_bytes);
+    bytes(f, "process_in_use", p.process_in_use_bytes);
+    let (allocated, reserved) = match p.kind {
+        Kind::MemorySummary | Kind::MemoryStats => (
+            stat(p, "allocated_bytes", "all").or(p.allocated_bytes),
+            stat(p, "reserved_bytes", "all").or(p.reserved_bytes),
+        ),
+        _ => (p.allocated_bytes, p.reserved_bytes.or(p.cached_bytes)),
+    };
+    // 2.1+ messages print allocated and reserved-unallocated; older ones allocated and reserved.
+    let reserved = reserved.or_else(|| Some(allocated? + p.reserved_unallocated_bytes?));
+    let unallocated = p
+        .reserved_unallocated_bytes
+        .or_else(|| Some(reserved?.saturating_sub(allocated?)));
+    bytes(f, "allocated", allocated);
+    bytes(f, "reserved", reserved);
+    bytes(f, "reserved_unallocated", unallocated);
+    if let (Some(c), Some(fr), Some(r)) = (p.total_capacity_bytes, p.free_bytes, reserved) {
+        bytes(
+            f,
+            "non_pytorch",
+            Some(c.saturating_sub(fr).saturating_sub(r)),
+        );
+    }
+    if let (Some(u), Some(r)) = (p.process_in_use_bytes, reserved) {
+        bytes(f, "non_pytorch_in_process", Some(u.saturating_sub(r)));
+    }
+    if !p.other_processes.is_empty() || p.process_in_use_bytes.is_some() {
+        let others: u64 = p
+            .other_processes
+            .iter()
+            .filter(|u| u.pid.is_some())
+            .map(|u| u.bytes)
+            .sum();
+        bytes(f, "other_processes_bytes", Some(others));
+    }
+    if p.kind == Kind::Oom {
+        let listed = !p.other_processes.is_empty() || p.process_in_use_bytes.is_some();
+        f.set("process_info", Fact::Bool(listed));
+        bytes(f, "allowed", p.allowed_bytes);
+        // A native OOM message prints "… allowed;" exactly when a fraction is set.
+        f.set("fraction_set", Fact::Bool(p.allowed_bytes.is_some()));
+    }
+    let non_allocator = p.kind == Kind::NonAllocatorOom;
+    f.set("non_allocator_oom", Fact::Bool(non_allocator));
+    if non_allocator {
+        let src = p.source;
+        let is = |s: &[OomSource]| Fact::Bool(src.is_some_and(|x| s.contains(&x)));
+        f.set("source_cublas", is(&[OomSource::Cublas]));
+        f.set("source_cudnn", is(&[OomSource::Cudnn]));
+        f.set("source_nccl", is(&[OomSource::Nccl]));
+        f.set("source_host", is(&[OomSource::Host]));
+        f.set(
+            "source_runtime",
+            Fact::Bool(src.is_none_or(|x| {
+                matches!(
+                    x,
+                    OomSource::CudaRuntime | OomSource::Mps | OomSource::LegacyThc | OomSource::Xpu
+                )
+            })),
+        );
+    }
+    let latest = evidence
+        .observations
+        .iter()
+        .rev()
+        .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats));
+    if let Some(s) = latest {
+        bytes(f, "inactive_split", stat(s, "inactive_split_bytes", "all"));
+        bytes(
+            f,
+            "inactive_split_small",
+            stat(s, "inactive_split_bytes", "small_pool"),
+        );
+        bytes(
+            f,
+            "inactive_split_large",
+            stat(s, "inactive_split_bytes", "large_pool"),
+        );
+        bytes(
+            f,
+            "small_pool_reserved",
+            stat(s, "reserved_bytes", "small_pool"),
+        );
+        bytes(f, "oversize_segments", stat(s, "oversize_segments", "all"));
+        bytes(f, "retries", retries(s));
+    }
+    let ooms = latest
+        .and_then(|s| s.cuda_ooms.or(s.num_ooms))
+        .unwrap_or_else(|| {
+            evidence
+                .observations
+                .iter()
+                .filter(|o| o.kind == Kind::Oom)
+                .count() as u64
+        });
+    f.set("ooms", Fact::Num(ooms as f64));
+}
+
+fn retries(o: &Observation) -> Option<u64> {
+    o.alloc_retries.or(o.num_alloc_retries)
+}
+
+fn stat(o: &Observation, name: &str, pool: &str) -> Option<u64> {
+    let v = o.metrics.as_ref()?.get(name)?.get(pool)?.current?;
+    u64::try_from(v).ok()
+}
+
+fn series(f: &mut Facts, evidence: &Evidence) {
+    let dumps: Vec<&Observation> = evidence
+        .observations
+        .iter()
+        .filter(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats))
+        .collect();
+    if dumps.is_empty() {
+        return;
+    }
+    let collect = |get: &dyn Fn(&Observation) -> Option<u64>| -> Vec<f64> {
+        dumps
+            .iter()
+            .filter_map(|o| get(o))
+            .map(|v| v as f64)
+            .collect()
+    };
+    let sets: [(&str, Vec<f64>); 5] = [
+        (
+            "inactive_split_series",
+            collect(&|o| stat(o, "inactive_split_bytes", "all")),
+        ),
+        (
+            "reserved_series",
+            collect(&|o| stat(o, "reserved_bytes", "all")),
+        ),
+        (
+            "allocated_series",
+            collect(&|o| stat(o, "allocated_bytes", "all")),
+        ),
+        (
+            "reserved_unallocated_series",
+            collect(&|o| {
+                Some(stat(o, "reserved_bytes", "all")?.saturating_sub(stat(
+                    o,
+                    "allocated_bytes",
+                    "all",
+                )?))
+            }),
+        ),
+        ("retries_series", collect(&retries)),
+    ];
+    for (name, values) in sets {
+        if !values.is_empty() {
+            f.set(name, Fact::Series(values));
+        }
+    }
+}
+
+/// The PyTorch versions a message's format (and exception name) allows.
+fn era_range(o: &Observation) -> VersionRange {
+    let mut r = o.format_era.as_deref().map(parse_era).unwrap_or_default();
+    // §7.3: torch.OutOfMemoryError is 2.4+, torch.cuda.OutOfMemoryError 1.13-2.3.
+    let by_exception = match o.exception.as_deref() {
+        Some("torch.OutOfMemoryError") => Some((TorchVersion::new(2, 4), None)),
+        Some("torch.cuda.OutOfMemoryError") => {
+            Some((TorchVersion::new(1, 13), Some(TorchVersion::new(2, 3))))
+        }
+        _ => None,
+    };
+    if let Some((lo, hi)) = by_exception {
+        r.lo = Some(r.lo.map_or(lo, |x| x.max(lo)));
+        if let Some(hi) = hi {
+            r.hi = Some(r.hi.map_or(hi, |x| x.min(hi)));
+        }
+        if let (Some(lo), Some(hi)) = (r.lo, r.hi)
+            && lo > hi
+        {
+            // Contradictory hints (a re-raised exception): trust the format.
+            return o.format_era.as_deref().map(parse_era).unwrap_or_default();
+        }
+    }
+    r
+}
+
+/// "2.1" → [2.1, 2.1], "1.10-2.0" → [1.10, 2.0], "2.4+" → [2.4, …), "pre-1.0" → (…, 0.4].
+pub fn parse_era(era: &str) -> VersionRange {
+    let v = |s: &str| crate::rules::parse_version(s.trim());
+    let era = era.trim();
+    if let Some(rest) = era.strip_prefix("pre-") {
+        let hi = v(rest).map(|x| TorchVersion::new(x.major.saturating_sub(1), 99));
+        return VersionRange { lo: None, hi };
+    }
+    if let Some(lo) = era.strip_suffix('+') {
+        return VersionRange {
+            lo: v(lo),
+            hi: None,
+        };
+    }
+    if let Some((a, b)) = era.split_once('-') {
+        return VersionRange { lo: v(a), hi: v(b) };
+    }
+    match v(era) {
+        Some(x) => VersionRange::exact(x),
+        None => VersionRange::default(),
+    }
+}
+
+fn context_facts(f: &mut Facts, ctx: &Context, primary: Option<&Observation>) {
+    let rocm = primary.and_then(|p| p.device_kind) == Some(DeviceKind::Hip);
+    f.set("rocm", Fact::Bool(rocm));
+    f.set("windows", Fact::Bool(ctx.windows));
+    f.set("ipc_user", Fact::Bool(ctx.ipc_user));
+    let current = ctx.current.as_ref();
+    f.set(
+        "expandable_segments_on",
+        Fact::Bool(current.is_some_and(|c| c.expandable_segments)),
+    );
+    f.set(
+        "max_split_set",
+        Fact::Bool(current.is_some_and(|c| c.max_split_size != u64::MAX)),
+    );
+    f.set(
+        "backend_async",
+        Fact::Bool(f.backend == Some(Backend::CudaMallocAsync)),
+    );
+    // §5: expandable segments need 2.1+, Linux CUDA driver API, ROCm from 2.12
+    // (UNVERIFIED in the spec), and no CUDA IPC user that breaks with them.
+    let version_ok = |min: TorchVersion| match (f.torch.lo, f.torch.hi) {
+        (Some(lo), _) if lo >= min => Some(true),
+        (_, Some(hi)) if hi < min => Some(false),
+        _ => None,
+    };
+    let blocked = ctx.windows || ctx.ipc_user;
+    let supported = if blocked {
+        Some(false)
+    } else if rocm {
+        version_ok(TorchVersion::new(2, 12))
+    } else {
+        version_ok(TorchVersion::new(2, 1))
+    };
+    if let Some(s) = supported {
+        f.set("expandable_segments_supported", Fact::Bool(s));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eras_become_ranges() {
+        let v = |a, b| Some(TorchVersion::new(a, b));
+        assert_eq!(
+            parse_era("2.1"),
+            VersionRange {
+                lo: v(2, 1),
+                hi: v(2, 1)
+            }
+        );
+        assert_eq!(
+            parse_era("1.10-2.0"),
+            VersionRange {
+                lo: v(1, 10),
+                hi: v(2, 0)
+            }
+        );
+        assert_eq!(
+            parse_era("2.4+"),
+            VersionRange {
+                lo: v(2, 4),
+                hi: None
+            }
+        );
+        assert_eq!(
+            parse_era("pre-1.0"),
+            VersionRange {
+                lo: None,
+                hi: v(0, 99)
+            }
+        );
+        assert_eq!(parse_era("whatever"), VersionRange::default());
+    }
+
+    #[test]
+    fn oom_2_1_message_facts() {
+        // "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.20 GiB is free.
+        //  Of the allocated memory 14.00 GiB is allocated by PyTorch, and 6.20 GiB is reserved by PyTorch but unallocated."
+        let mut o = Observation::new(Kind::Oom, "t.log");
+        o.requested_bytes = Some(2147483648);
+        o.total_capacity_bytes = Some(25393692058);
+        o.free_bytes = Some(1288490189);
+        o.allocated_bytes = Some(15032385536);
+        o.reserved_unallocated_bytes = Some(6657199309);
+        o.format_era = Some("2.2-2.3".into());
+        let ev = Evidence {
+            observations: vec![o],
+            ..Default::default()
+        };
+        let f = facts(&ev, &Context::default());
+        assert_eq!(f.values.get("reserved"), Some(&Fact::Num(21689584845.0)));
+        // 23.65 − 1.20 − 20.20 GiB held outside PyTorch's cache.
+        assert_eq!(f.values.get("non_pytorch"), Some(&Fact::Num(2415617024.0)));
+        assert_eq!(
+            f.values.get("expandable_segments_supported"),
+            Some(&Fact::Bool(true))
+        );
+        assert_eq!(f.values.get("fraction_set"), Some(&Fact::Bool(false)));
+        assert!(!f.values.contains_key("other_processes_bytes"));
+    }
+}

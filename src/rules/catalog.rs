@@ -1,0 +1,219 @@
+//! The metric names rule expressions may use, with their definitions. The
+//! values are derived from the evidence by `advise::facts`; this list is what
+//! the parser checks names against and what `allocdoc rules list -v` and
+//! rules/README.md document.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A size in bytes.
+    Bytes,
+    /// A plain number (a count, a version).
+    Number,
+    Bool,
+    /// One value per `memory_summary()`/`memory_stats()` observation, in input order.
+    Series,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MetricDef {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    pub definition: &'static str,
+}
+
+const fn m(name: &'static str, kind: MetricKind, definition: &'static str) -> MetricDef {
+    MetricDef {
+        name,
+        kind,
+        definition,
+    }
+}
+
+use MetricKind::{Bool, Bytes, Number, Series};
+
+pub const METRICS: &[MetricDef] = &[
+    m(
+        "requested",
+        Bytes,
+        "what the OOM message says it tried to allocate (the rounded block or segment size, e.g. 20 MiB for a 1-10 MiB tensor)",
+    ),
+    m("capacity", Bytes, "total device memory ('total capacity')"),
+    m(
+        "free",
+        Bytes,
+        "device memory free according to cudaMemGetInfo after the allocator's retries",
+    ),
+    m(
+        "allocated",
+        Bytes,
+        "memory in live tensors ('already allocated' / 'allocated by PyTorch')",
+    ),
+    m(
+        "reserved",
+        Bytes,
+        "memory held by the caching allocator: allocated plus cached ('reserved in total by PyTorch'); 1.0-1.3 'cached'",
+    ),
+    m(
+        "reserved_unallocated",
+        Bytes,
+        "reserved - allocated: cached memory no live tensor uses; at OOM time whole free segments were already released, so this sits in split segments",
+    ),
+    m(
+        "process_in_use",
+        Bytes,
+        "this process's total device memory including non-PyTorch memory (NVML, 2.1+)",
+    ),
+    m(
+        "other_processes_bytes",
+        Bytes,
+        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed",
+    ),
+    m(
+        "non_pytorch",
+        Bytes,
+        "capacity - free - reserved: device memory outside this process's PyTorch cache (CUDA context, other libraries, other processes)",
+    ),
+    m(
+        "non_pytorch_in_process",
+        Bytes,
+        "process_in_use - reserved: this process's memory outside PyTorch's cache (CUDA context, NCCL, cuBLAS/cuDNN handles, other allocators)",
+    ),
+    m(
+        "process_info",
+        Bool,
+        "the OOM message lists per-process memory (NVML lines, 2.1+)",
+    ),
+    m(
+        "allowed",
+        Bytes,
+        "the per-process cap set with set_per_process_memory_fraction ('... allowed;')",
+    ),
+    m(
+        "private_pools",
+        Bytes,
+        "free memory kept in private pools such as CUDA graph pools",
+    ),
+    m(
+        "inactive_split",
+        Bytes,
+        "inactive_split_bytes (Non-releasable memory) of the latest summary/stats: free pieces of split blocks that cannot be released",
+    ),
+    m(
+        "inactive_split_small",
+        Bytes,
+        "inactive_split_bytes of the small pool (latest summary/stats)",
+    ),
+    m(
+        "inactive_split_large",
+        Bytes,
+        "inactive_split_bytes of the large pool (latest summary/stats)",
+    ),
+    m(
+        "small_pool_reserved",
+        Bytes,
+        "reserved_bytes of the small pool (latest summary/stats)",
+    ),
+    m(
+        "oversize_segments",
+        Number,
+        "oversize GPU segments currently held (latest summary/stats; exist only with max_split_size_mb)",
+    ),
+    m(
+        "retries",
+        Number,
+        "cudaMalloc retries: failed cudaMalloc calls that freed the cache and tried again (latest summary/stats)",
+    ),
+    m(
+        "ooms",
+        Number,
+        "OOMs counted by the allocator (latest summary/stats), else the number of OOM messages seen",
+    ),
+    m(
+        "expandable_segments_on",
+        Bool,
+        "expandable_segments:True is in effect (from --conf, a PYTORCH_CUDA_ALLOC_CONF in the text, or the snapshot's allocator_settings)",
+    ),
+    m(
+        "expandable_segments_supported",
+        Bool,
+        "expandable_segments can be used: PyTorch >= 2.1, Linux CUDA (not Windows), ROCm only from 2.12, and no IPC user that breaks with it",
+    ),
+    m(
+        "max_split_set",
+        Bool,
+        "max_split_size_mb is set in the current config",
+    ),
+    m(
+        "ipc_user",
+        Bool,
+        "the text shows a component that shares CUDA memory between processes (vLLM custom all-reduce/CuMemAllocator, torch_memory_saver)",
+    ),
+    m("windows", Bool, "the text shows Windows paths"),
+    m("rocm", Bool, "the device is an AMD GPU (HIP)"),
+    m(
+        "backend_async",
+        Bool,
+        "the cudaMallocAsync backend raised the OOM or is configured",
+    ),
+    m(
+        "fraction_set",
+        Bool,
+        "a per-process memory fraction is in effect ('allowed' printed)",
+    ),
+    m(
+        "non_allocator_oom",
+        Bool,
+        "the failure is out of memory outside the caching allocator",
+    ),
+    m(
+        "source_cublas",
+        Bool,
+        "non-allocator OOM from cuBLAS (CUBLAS_STATUS_ALLOC_FAILED, workspace)",
+    ),
+    m("source_cudnn", Bool, "non-allocator OOM from cuDNN"),
+    m("source_nccl", Bool, "non-allocator OOM from NCCL"),
+    m(
+        "source_host",
+        Bool,
+        "host (CPU) RAM exhausted (DefaultCPUAllocator, pinned memory)",
+    ),
+    m(
+        "source_runtime",
+        Bool,
+        "non-allocator OOM from the CUDA/HIP runtime, MPS, XPU or the pre-1.0 THC allocator",
+    ),
+    m(
+        "torch_version",
+        Number,
+        "PyTorch version as major*100+minor (2.1 -> 201); compare with version literals like v2.1",
+    ),
+    m(
+        "inactive_split_series",
+        Series,
+        "inactive_split_bytes.all.current of every summary/stats, in order",
+    ),
+    m(
+        "reserved_series",
+        Series,
+        "reserved_bytes.all.current of every summary/stats",
+    ),
+    m(
+        "allocated_series",
+        Series,
+        "allocated_bytes.all.current of every summary/stats",
+    ),
+    m(
+        "reserved_unallocated_series",
+        Series,
+        "reserved - allocated of every summary/stats",
+    ),
+    m(
+        "retries_series",
+        Series,
+        "cudaMalloc retries of every summary/stats",
+    ),
+];
+
+pub fn lookup(name: &str) -> Option<&'static MetricDef> {
+    METRICS.iter().find(|d| d.name == name)
+}

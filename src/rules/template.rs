@@ -1,0 +1,222 @@
+//! Message templates (`"{reserved_unallocated|size} is reserved but unallocated"`)
+//! and recommended values (`"True"`, or `"= max(21, floor_pow2(mib(requested)))"`).
+
+use super::expr::{self, Env, EvalError, Expr, ParseError, Span, Value};
+use crate::units::format_size;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fmt {
+    /// PyTorch's `format_size`: "6.20 GiB", the way the OOM message prints sizes.
+    Size,
+    /// A fraction as a percentage: 0.734 → "73%".
+    Pct,
+    Num,
+}
+
+#[derive(Debug, Clone)]
+enum Piece {
+    Text(String),
+    Expr(Expr, Fmt),
+}
+
+/// A parsed message template.
+#[derive(Debug, Clone)]
+pub struct Template {
+    pieces: Vec<Piece>,
+    pub source: String,
+}
+
+impl Template {
+    /// `{expr}` or `{expr|size}` / `{expr|pct}` / `{expr|num}`; `{{` and `}}` are literal braces.
+    pub fn parse(src: &str) -> Result<Template, ParseError> {
+        let mut pieces = Vec::new();
+        let mut text = String::new();
+        let mut rest = src;
+        let mut offset = 0;
+        while let Some(i) = rest.find(['{', '}']) {
+            text.push_str(&rest[..i]);
+            let brace = rest.as_bytes()[i];
+            if rest.as_bytes().get(i + 1) == Some(&brace) {
+                text.push(brace as char);
+                rest = &rest[i + 2..];
+                offset += i + 2;
+                continue;
+            }
+            if brace == b'}' {
+                return Err(ParseError {
+                    message: "unmatched '}' (write '}}' for a literal brace)".into(),
+                    span: Span {
+                        start: offset + i,
+                        end: offset + i + 1,
+                    },
+                });
+            }
+            let Some(close) = rest[i..].find('}') else {
+                return Err(ParseError {
+                    message: "unclosed '{'".into(),
+                    span: Span {
+                        start: offset + i,
+                        end: src.len(),
+                    },
+                });
+            };
+            let inner = &rest[i + 1..i + close];
+            let (body, fmt) = match inner.rsplit_once('|') {
+                Some((b, "size")) => (b, Fmt::Size),
+                Some((b, "pct")) => (b, Fmt::Pct),
+                Some((b, "num")) => (b, Fmt::Num),
+                Some((_, f)) => {
+                    return Err(ParseError {
+                        message: format!("unknown format '{f}' (use size, pct or num)"),
+                        span: Span {
+                            start: offset + i,
+                            end: offset + i + close + 1,
+                        },
+                    });
+                }
+                None => (inner, Fmt::Num),
+            };
+            let e = expr::parse(body).map_err(|mut e| {
+                e.span.start += offset + i + 1;
+                e.span.end += offset + i + 1;
+                e
+            })?;
+            if !text.is_empty() {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            pieces.push(Piece::Expr(e, fmt));
+            rest = &rest[i + close + 1..];
+            offset += i + close + 1;
+        }
+        text.push_str(rest);
+        if !text.is_empty() {
+            pieces.push(Piece::Text(text));
+        }
+        Ok(Template {
+            pieces,
+            source: src.to_string(),
+        })
+    }
+
+    /// The message with every placeholder filled; a value the evidence lacks shows as "?".
+    pub fn render(&self, env: &dyn Env) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Expr(e, fmt) => match e.eval(env) {
+                    Ok(Value::Num(n)) => out.push_str(&match fmt {
+                        Fmt::Size => format_size(n.max(0.0).round() as u64),
+                        Fmt::Pct => format!("{:.0}%", n * 100.0),
+                        Fmt::Num => expr::format_number(n),
+                    }),
+                    Ok(v) => out.push_str(&v.to_string()),
+                    Err(_) => out.push('?'),
+                },
+            }
+        }
+        out
+    }
+}
+
+/// A recommended setting's value: literal text, or an expression after `=`
+/// (numbers are written as integers, since every numeric allocator key is).
+#[derive(Debug, Clone)]
+pub enum ValueTemplate {
+    Literal(String),
+    Expr(Expr, String),
+}
+
+impl ValueTemplate {
+    pub fn parse(src: &str) -> Result<ValueTemplate, ParseError> {
+        match src.trim_start().strip_prefix('=') {
+            Some(body) => expr::parse(body)
+                .map(|e| ValueTemplate::Expr(e, src.to_string()))
+                .map_err(|mut e| {
+                    let shift = src.len() - body.len();
+                    e.span.start += shift;
+                    e.span.end += shift;
+                    e
+                }),
+            None => Ok(ValueTemplate::Literal(src.to_string())),
+        }
+    }
+
+    pub fn render_value(&self, env: &dyn Env) -> Result<String, EvalError> {
+        match self {
+            ValueTemplate::Literal(s) => Ok(s.clone()),
+            ValueTemplate::Expr(e, _) => Ok(match e.eval(env)? {
+                Value::Num(n) => format!("{}", n.round() as i64),
+                Value::Bool(true) => "True".into(),
+                Value::Bool(false) => "False".into(),
+            }),
+        }
+    }
+
+    pub fn source(&self) -> &str {
+        match self {
+            ValueTemplate::Literal(s) | ValueTemplate::Expr(_, s) => s,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Fact, Facts};
+
+    fn facts() -> Facts {
+        let mut f = Facts::default();
+        f.set("reserved_unallocated", Fact::Num(6657199309.0));
+        f.set("requested", Fact::Num(2147483648.0));
+        f.set("capacity", Fact::Num(25769803776.0));
+        f
+    }
+
+    #[test]
+    fn renders_sizes_percentages_and_braces() {
+        let t = Template::parse(
+            "{reserved_unallocated|size} unallocated, {ratio(reserved_unallocated, capacity)|pct} of the card, {{x}} {requested / 1GiB}x",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&facts()),
+            "6.20 GiB unallocated, 26% of the card, {x} 2x"
+        );
+        assert_eq!(
+            Template::parse("{free|size} free")
+                .unwrap()
+                .render(&facts()),
+            "? free"
+        );
+    }
+
+    #[test]
+    fn template_errors_point_into_the_text() {
+        let e = Template::parse("ok {requested|bytes}").unwrap_err();
+        assert!(e.message.contains("unknown format 'bytes'"));
+        let e = Template::parse("ok {requested +}").unwrap_err();
+        assert_eq!(e.span.start, 15);
+        assert!(
+            Template::parse("ok {requested")
+                .unwrap_err()
+                .message
+                .contains("unclosed")
+        );
+        assert!(
+            Template::parse("ok }")
+                .unwrap_err()
+                .message
+                .contains("unmatched")
+        );
+    }
+
+    #[test]
+    fn values_are_literal_or_computed() {
+        let v = ValueTemplate::parse("= max(21, floor_pow2(mib(requested) / 2))").unwrap();
+        assert_eq!(v.render_value(&facts()).unwrap(), "1024");
+        let v = ValueTemplate::parse("True").unwrap();
+        assert_eq!(v.render_value(&facts()).unwrap(), "True");
+        assert!(ValueTemplate::parse("= 1 +").is_err());
+    }
+}

@@ -1,0 +1,411 @@
+//! Evidence drawn from a snapshot: one `snapshot` observation per device, with
+//! the per-pool/stream breakdown, `segsum`'s free-memory split, segment size
+//! classes, top allocation sites, `oom` trace entries and the allocator
+//! settings in `detail`.
+
+use super::model::{Action, BlockState, Frame, Frames, Segment, Snapshot};
+use crate::evidence::{DeviceKind, Kind, Observation};
+use serde_json::{Value as J, json};
+use std::collections::{BTreeMap, HashMap};
+
+const MIB: u64 = 1 << 20;
+/// How many allocation sites `detail.top_sites` lists.
+const TOP_SITES: usize = 10;
+/// Frames kept per listed site (innermost first; C++ stacks run to 60+).
+const SITE_FRAMES: usize = 12;
+
+/// One observation per device present (segments or trace entries).
+pub fn device_observations(input_name: &str, snap: &Snapshot) -> Vec<Observation> {
+    let settings_json = settings_json(snap);
+    let settings_note = settings_json.as_ref().and_then(settings_mismatch);
+    snap.devices()
+        .into_iter()
+        .map(|device| {
+            let segs: Vec<&Segment> = snap
+                .segments
+                .iter()
+                .filter(|s| s.device == device)
+                .collect();
+            let mut o = Observation::new(Kind::Snapshot, input_name);
+            o.device_kind = Some(DeviceKind::Cuda);
+            o.device_index = Some(device);
+            o.segments = Some(segs.len() as u64);
+            o.blocks = Some(segs.iter().map(|s| s.blocks.len() as u64).sum());
+            o.reserved_bytes = Some(segs.iter().map(|s| s.total_size).sum());
+            o.allocated_bytes = Some(segs.iter().map(|s| s.allocated_size).sum());
+            o.active_bytes = Some(segs.iter().map(|s| s.active_size).sum());
+            o.requested_bytes = Some(segs.iter().map(|s| segment_requested(snap, s)).sum());
+            o.trace_events = Some(snap.trace(device).len() as u64);
+            o.allocator_settings = settings_json.clone();
+            o.detail = Some(detail(snap, device, &segs, settings_note.as_deref()));
+            o
+        })
+        .collect()
+}
+
+/// Σ requested bytes of the segment's active blocks (recorded, or from the blocks).
+fn segment_requested(snap: &Snapshot, s: &Segment) -> u64 {
+    s.requested_size.unwrap_or_else(|| {
+        snap.blocks_of(s)
+            .iter()
+            .filter(|b| b.state != BlockState::Inactive)
+            .map(|b| b.requested_size)
+            .sum()
+    })
+}
+
+/// Free memory as `_memory_viz.segsum` splits it (allocator.md §10):
+/// allocated = requested bytes of `active_allocated` blocks, internal = their
+/// rounding slack (size − requested), external = every other block.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SegSum {
+    pub reserved: u64,
+    pub allocated: u64,
+    pub internal_free: u64,
+    pub external_free: u64,
+    /// The largest single `inactive` block: the biggest request the segment
+    /// could serve without a new cudaMalloc. (segsum prints no such figure.)
+    pub largest_free_block: u64,
+}
+
+impl SegSum {
+    pub fn of(snap: &Snapshot, s: &Segment) -> SegSum {
+        let mut r = SegSum {
+            reserved: s.total_size,
+            ..SegSum::default()
+        };
+        for b in snap.blocks_of(s) {
+            if b.state == BlockState::ActiveAllocated {
+                // segsum trusts requested ≤ size; clamp so a corrupt file cannot underflow.
+                let req = b.requested_size.min(b.size);
+                r.allocated += req;
+                r.internal_free += b.size - req;
+            } else {
+                r.external_free += b.size;
+                if b.state == BlockState::Inactive {
+                    r.largest_free_block = r.largest_free_block.max(b.size);
+                }
+            }
+        }
+        r
+    }
+
+    fn add(&mut self, o: SegSum) {
+        self.reserved += o.reserved;
+        self.allocated += o.allocated;
+        self.internal_free += o.internal_free;
+        self.external_free += o.external_free;
+        self.largest_free_block = self.largest_free_block.max(o.largest_free_block);
+    }
+
+    /// segsum's assertion: "Segment size mismatch" when this fails.
+    pub fn balanced(&self) -> bool {
+        self.allocated + self.internal_free + self.external_free == self.reserved
+    }
+
+    fn json(&self) -> J {
+        let free = self.internal_free + self.external_free;
+        json!({
+            "reserved_bytes": self.reserved,
+            "allocated_bytes": self.allocated,
+            "internal_free_bytes": self.internal_free,
+            "external_free_bytes": self.external_free,
+            "free_bytes": free,
+            "internal_free_pct": if free == 0 { 0.0 } else {
+                (self.internal_free as f64 * 1000.0 / free as f64).round() / 10.0
+            },
+            "largest_free_block_bytes": self.largest_free_block,
+            "balanced": self.balanced(),
+        })
+    }
+}
+
+/// Per (pool, segment type, stream) totals.
+#[derive(Default)]
+struct PoolTotals {
+    segments: u64,
+    blocks: u64,
+    reserved: u64,
+    allocated: u64,
+    active: u64,
+    requested: u64,
+    inactive: u64,
+    /// Inactive bytes in segments split into several blocks (PyTorch's
+    /// `inactive_split_bytes`: what fragmentation holds).
+    inactive_split: u64,
+    segsum: SegSum,
+}
+
+fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option<&str>) -> J {
+    let mut pools: BTreeMap<(String, &'static str, u64), PoolTotals> = BTreeMap::new();
+    let mut total = SegSum::default();
+    let mut unbalanced = Vec::new();
+    let mut classes: BTreeMap<(u8, &'static str), (u64, u64)> = BTreeMap::new();
+    let mut expandable = 0u64;
+    for s in segs {
+        let pool = match s.segment_pool_id {
+            Some(id) if s.is_private_pool() => format!("private({},{})", id.0, id.1),
+            _ => "default".to_string(),
+        };
+        let t = pools
+            .entry((pool, s.segment_type.as_str(), s.stream))
+            .or_default();
+        let blocks = snap.blocks_of(s);
+        let inactive: u64 = blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .sum();
+        t.segments += 1;
+        t.blocks += blocks.len() as u64;
+        t.reserved += s.total_size;
+        t.allocated += s.allocated_size;
+        t.active += s.active_size;
+        t.requested += segment_requested(snap, s);
+        t.inactive += inactive;
+        if blocks.len() > 1 {
+            t.inactive_split += inactive;
+        }
+        let ss = SegSum::of(snap, s);
+        if !ss.balanced() {
+            unbalanced.push(s.address);
+        }
+        t.segsum.add(ss);
+        total.add(ss);
+        let class = size_class(s.total_size);
+        let c = classes.entry(class).or_default();
+        c.0 += 1;
+        c.1 += s.total_size;
+        expandable += u64::from(s.is_expandable == Some(true));
+    }
+
+    let pools_json: Vec<J> = pools
+        .iter()
+        .map(|((pool, kind, stream), t)| {
+            json!({
+                "pool": pool, "segment_type": kind, "stream": stream,
+                "segments": t.segments, "blocks": t.blocks,
+                "reserved_bytes": t.reserved, "allocated_bytes": t.allocated,
+                "active_bytes": t.active, "requested_bytes": t.requested,
+                "inactive_bytes": t.inactive, "inactive_split_bytes": t.inactive_split,
+                "segsum": t.segsum.json(),
+            })
+        })
+        .collect();
+    let classes_json: Vec<J> = classes
+        .iter()
+        .map(|((_, name), (n, bytes))| json!({"class": name, "segments": n, "bytes": bytes}))
+        .collect();
+
+    let trace = snap.trace(device);
+    let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut ooms = Vec::new();
+    for (i, e) in trace.iter().enumerate() {
+        *actions.entry(action_name(e.action)).or_default() += 1;
+        if e.action == Action::Oom {
+            ooms.push(json!({
+                "event_index": i, "size": e.size, "device_free": e.device_free,
+                "stream": e.stream,
+            }));
+        }
+    }
+
+    let mut d = json!({
+        "form": match snap.form {
+            super::model::Form::Dict => "dict",
+            super::model::Form::SegmentList => "segment_list",
+        },
+        "protocol": snap.pickle.protocol,
+        "pools": pools_json,
+        "segsum": total.json(),
+        "segments_by_size": classes_json,
+        "expandable_segments": expandable,
+        "top_sites": top_sites(snap, segs),
+        "trace_actions": actions,
+        "oom_events": ooms,
+    });
+    if let Some(map) = d.as_object_mut() {
+        if !unbalanced.is_empty() {
+            map.insert("segsum_mismatch_segments".into(), json!(unbalanced));
+        }
+        if let Some(note) = settings_note {
+            map.insert("allocator_settings_note".into(), json!(note));
+        }
+        if let Some(n) = snap.external_annotations {
+            map.insert("external_annotations".into(), json!(n));
+        }
+    }
+    d
+}
+
+fn action_name(a: Action) -> &'static str {
+    match a {
+        Action::Alloc => "alloc",
+        Action::FreeRequested => "free_requested",
+        Action::FreeCompleted => "free_completed",
+        Action::SegmentAlloc => "segment_alloc",
+        Action::SegmentFree => "segment_free",
+        Action::SegmentMap => "segment_map",
+        Action::SegmentUnmap => "segment_unmap",
+        Action::Snapshot => "snapshot",
+        Action::Oom => "oom",
+        Action::Annotate => "annotate",
+        Action::Other => "other",
+    }
+}
+
+/// Segment size classes that follow the allocator's segment sizing
+/// (`get_allocation_size`: 2 MiB small buffers, 20 MiB large buffers, larger
+/// requests rounded to 2 MiB).
+fn size_class(size: u64) -> (u8, &'static str) {
+    match size {
+        s if s == 2 * MIB => (0, "2 MiB (small pool buffer)"),
+        s if s < 20 * MIB => (1, "under 20 MiB"),
+        s if s == 20 * MIB => (2, "20 MiB (large pool buffer)"),
+        s if s < 100 * MIB => (3, "20-100 MiB"),
+        s if s < 1024 * MIB => (4, "100 MiB-1 GiB"),
+        _ => (5, "1 GiB and over"),
+    }
+}
+
+/// `_memory_viz._frame_filter`: frames it hides from stacks.
+fn frame_shown(f: &Frame) -> bool {
+    const OMIT_FUNCTIONS: [&str; 8] = [
+        "unwind::unwind",
+        "CapturedTraceback::gather",
+        "gather_with_cpp",
+        "_start",
+        "__libc_start_main",
+        "PyEval_",
+        "PyObject_",
+        "PyFunction_",
+    ];
+    const OMIT_FILENAMES: [&str; 10] = [
+        "core/boxing",
+        "/Register",
+        "/Redispatch",
+        "pythonrun.c",
+        "Modules/main.c",
+        "Objects/call.c",
+        "Objects/methodobject.c",
+        "pycore_ceval.h",
+        "ceval.c",
+        "cpython/abstract.h",
+    ];
+    !OMIT_FUNCTIONS.iter().any(|o| f.name.contains(o))
+        && !OMIT_FILENAMES.iter().any(|o| f.filename.contains(o))
+}
+
+/// `_memory_viz._frame_fmt`: `basename(filename):line:name`.
+fn frame_text(f: &Frame) -> String {
+    let base = f.filename.rsplit(['/', '\\']).next().unwrap_or(f.filename);
+    format!("{base}:{}:{}", f.line, f.name)
+}
+
+/// The top allocation sites of live (`active_allocated`) blocks by bytes.
+/// A site is the filtered stack; identical stacks recorded as different
+/// list objects are merged by their text.
+fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
+    // Format each distinct frames list once (torch shares them between blocks).
+    let mut by_list: HashMap<Option<u32>, usize> = HashMap::new();
+    let mut sites: Vec<(Vec<String>, u64, u64)> = Vec::new();
+    let mut by_text: HashMap<Vec<String>, usize> = HashMap::new();
+    for s in segs {
+        for b in snap.blocks_of(s) {
+            if b.state != BlockState::ActiveAllocated {
+                continue;
+            }
+            let key = Snapshot::frames_id(b.frames);
+            let idx = match by_list.get(&key) {
+                Some(&i) => i,
+                None => {
+                    let text = site_frames(snap, b.frames);
+                    let i = *by_text.entry(text.clone()).or_insert_with(|| {
+                        sites.push((text, 0, 0));
+                        sites.len() - 1
+                    });
+                    by_list.insert(key, i);
+                    i
+                }
+            };
+            if let Some(site) = sites.get_mut(idx) {
+                site.1 += b.size;
+                site.2 += 1;
+            }
+        }
+    }
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    sites
+        .into_iter()
+        .take(TOP_SITES)
+        .map(|(frames, bytes, blocks)| {
+            json!({
+                "site": frames.first().cloned().unwrap_or_else(|| "<non-python>".into()),
+                "bytes": bytes,
+                "blocks": blocks,
+                "frames": frames,
+            })
+        })
+        .collect()
+}
+
+/// The shown frames of a stack, innermost first, starting at the first Python
+/// frame when there is one (the C++ frames above it are the allocator itself).
+fn site_frames(snap: &Snapshot, frames: Frames) -> Vec<String> {
+    let shown: Vec<Frame> = snap.frames(frames).filter(frame_shown).collect();
+    let first_py = shown
+        .iter()
+        .position(|f| f.filename.ends_with(".py"))
+        .unwrap_or(0);
+    shown
+        .iter()
+        .skip(first_py)
+        .take(SITE_FRAMES)
+        .map(frame_text)
+        .collect()
+}
+
+/// Compares the `PYTORCH_CUDA_ALLOC_CONF` string recorded in
+/// `allocator_settings` with the values that took effect (pytorch#183387:
+/// keys silently ignored). Returns a note when they disagree.
+fn settings_mismatch(settings: &J) -> Option<String> {
+    let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")?.as_str()?;
+    let mut notes = Vec::new();
+    for item in conf.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((key, value)) = item.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let effective = settings.get(match key {
+            "max_split_size_mb" => "max_split_size",
+            k => k,
+        });
+        let differs = match (key, effective) {
+            ("expandable_segments" | "release_lock_on_cudamalloc", Some(J::Bool(b))) => {
+                !value.eq_ignore_ascii_case(if *b { "true" } else { "false" })
+            }
+            ("max_split_size_mb", Some(v)) => {
+                let want = value.parse::<u64>().ok().map(|mb| (mb * MIB) as i64);
+                want.is_some() && v.as_i64() != want
+            }
+            ("garbage_collection_threshold", Some(v)) => value
+                .parse::<f64>()
+                .ok()
+                .zip(v.as_f64())
+                .is_some_and(|(a, b)| (a - b).abs() > 1e-9),
+            _ => false,
+        };
+        if differs {
+            notes.push(format!(
+                "{key}:{value} is in PYTORCH_CUDA_ALLOC_CONF but the allocator ran with {}",
+                effective.map(J::to_string).unwrap_or_default()
+            ));
+        }
+    }
+    (!notes.is_empty()).then(|| notes.join("; "))
+}
+
+/// The recorded allocator settings, decoded (for replay's `--fidelity`).
+pub fn settings_json(snap: &Snapshot) -> Option<J> {
+    snap.allocator_settings.map(|v| snap.pickle.to_json(v, 8))
+}

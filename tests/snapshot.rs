@@ -1,0 +1,403 @@
+//! Snapshots: the real fixtures load with the figures their README states, the
+//! decoder refuses code and survives hostile input, and traced snapshots replay
+//! at the recorded addresses.
+
+use allocdoc::Error;
+use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
+use allocdoc::snapshot::{self, Snapshot};
+use std::path::Path;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots")
+        .join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The figures fixtures/snapshots/README.md (from the shared README) states for a file.
+struct Expected {
+    name: &'static str,
+    devices: &'static [u32],
+    segments: u64,
+    reserved: u64,
+    allocated: u64,
+    blocks: u64,
+    /// Entries in each `device_traces` list.
+    traces: &'static [usize],
+}
+
+#[rustfmt::skip]
+const REAL: &[Expected] = &[
+    Expected { name: "muduard-layoutediting_memory_snapshot.pkl", devices: &[1], segments: 255, reserved: 3649044480, allocated: 3353639424, blocks: 2140, traces: &[] },
+    Expected { name: "muduard-layoutediting_dump_snapshot.pickle", devices: &[0], segments: 368, reserved: 5475663872, allocated: 3848104960, blocks: 2530, traces: &[0, 0] },
+    Expected { name: "maphsge4-select_n_snapshot_traced.pickle", devices: &[0], segments: 82, reserved: 2776629248, allocated: 1875182080, blocks: 415, traces: &[4496, 0, 0, 0] },
+    Expected { name: "magma27-assignment2-systems_memory_snapshot.pickle", devices: &[0], segments: 216, reserved: 14180941824, allocated: 1377753600, blocks: 455, traces: &[5163] },
+    Expected { name: "yiyi-llm-inference_oom_snapshot.pickle", devices: &[0], segments: 176, reserved: 11844714496, allocated: 11840159744, blocks: 463, traces: &[1] },
+    Expected { name: "maphsge4-select_n_snapshot_dev1.pickle", devices: &[1], segments: 40, reserved: 5559549952, allocated: 545266688, blocks: 213, traces: &[0, 0, 0, 0] },
+    Expected { name: "wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle", devices: &[0], segments: 98, reserved: 1763704832, allocated: 1703276544, blocks: 230, traces: &[3840] },
+];
+
+#[test]
+fn every_real_snapshot_loads_with_the_readme_figures() {
+    for e in REAL {
+        let &Expected {
+            name,
+            devices,
+            segments,
+            reserved,
+            allocated,
+            blocks,
+            traces,
+        } = e;
+        let data = fixture(name);
+        let snap = snapshot::load(name, &data).unwrap();
+        let lens: Vec<usize> = snap.device_traces.iter().map(Vec::len).collect();
+        assert_eq!(lens, traces, "{name}");
+        let obs = snapshot::observations(name, &data).unwrap();
+        let got: Vec<u32> = obs.iter().map(|o| o.device_index.unwrap()).collect();
+        assert_eq!(got, devices, "{name}");
+        let o = &obs[0];
+        assert_eq!(o.segments, Some(segments), "{name}");
+        assert_eq!(o.reserved_bytes, Some(reserved), "{name}");
+        assert_eq!(o.allocated_bytes, Some(allocated), "{name}");
+        assert_eq!(o.blocks, Some(blocks), "{name}");
+        let dev = devices[0] as usize;
+        assert_eq!(
+            o.trace_events,
+            Some(traces.get(dev).copied().unwrap_or(0) as u64),
+            "{name}"
+        );
+        let d = o.detail.as_ref().unwrap();
+        assert_eq!(d["segsum"]["balanced"], true, "{name}");
+        assert_eq!(d["segsum"]["reserved_bytes"], reserved, "{name}");
+    }
+}
+
+#[test]
+fn generated_snapshots_read_the_same_under_every_protocol() {
+    // Everything but the recorded protocol number must agree.
+    let read = |name: &str| {
+        let mut obs = snapshot::observations("p", &fixture(name)).unwrap();
+        for o in &mut obs {
+            o.detail.as_mut().unwrap()["protocol"] = serde_json::Value::Null;
+        }
+        obs
+    };
+    let reference = read("gen-small-p4.pickle");
+    // Written by scripts/gen_snapshot.py (see fixtures/snapshots/README.md); figures from
+    // Python's own pickle.load of the same file.
+    assert_eq!(reference.len(), 2);
+    let d0 = &reference[0];
+    assert_eq!((d0.segments, d0.blocks), (Some(8), Some(26)));
+    assert_eq!(d0.reserved_bytes, Some(1673596928));
+    assert_eq!(d0.allocated_bytes, Some(1101008896));
+    assert_eq!(d0.active_bytes, Some(1453330432));
+    assert_eq!(d0.requested_bytes, Some(1453324558));
+    assert_eq!(d0.trace_events, Some(40));
+    let d1 = &reference[1];
+    assert_eq!(
+        (d1.segments, d1.blocks, d1.reserved_bytes),
+        (Some(7), Some(34), Some(2510290944))
+    );
+    for p in [0, 1, 2, 3, 5] {
+        let name = format!("gen-small-p{p}.pickle");
+        assert_eq!(read(&name), reference, "protocol {p}");
+        let decoded = pickle::decode(&fixture(&name)).unwrap().protocol;
+        assert_eq!(decoded, if p >= 2 { p } else { 0 });
+    }
+    let plain = snapshot::observations("plain", &fixture("gen-small-plain.pickle")).unwrap();
+    assert_eq!(plain[0].blocks, Some(60));
+    assert_eq!(plain[0].reserved_bytes, Some(4183887872));
+    assert_eq!(plain[0].allocated_bytes, Some(2495614976));
+}
+
+#[test]
+fn shared_frames_stay_shared() {
+    let data = fixture("gen-small-p4.pickle");
+    let snap = snapshot::load("p4", &data).unwrap();
+    let with_frames: Vec<_> = snap
+        .blocks
+        .iter()
+        .filter(|b| snap.frames(b.frames).next().is_some())
+        .collect();
+    let ids: std::collections::HashSet<u32> = with_frames
+        .iter()
+        .filter_map(|b| Snapshot::frames_id(b.frames))
+        .collect();
+    // 10 shared tracebacks in the generator: blocks reuse those list objects.
+    assert!(ids.len() <= 10, "{} distinct frame lists", ids.len());
+    assert!(with_frames.len() > 40, "{}", with_frames.len());
+}
+
+#[test]
+fn old_schema_takes_sizes_and_frames_from_history() {
+    let data = fixture("yiyi-llm-inference_oom_snapshot.pickle");
+    let snap = snapshot::load("yiyi", &data).unwrap();
+    let seg = &snap.segments[0];
+    assert_eq!(seg.is_expandable, None);
+    assert_eq!(seg.segment_pool_id, None);
+    // Blocks carry no address in this schema: computed from the segment's.
+    assert_eq!(snap.blocks_of(seg)[0].address, seg.address);
+    let f: Vec<_> = snap.frames(snap.blocks_of(seg)[0].frames).collect();
+    assert_eq!(f[0].name, "allocate");
+    assert_eq!(f[0].line, 190);
+    let obs = snapshot::observations("yiyi", &data).unwrap();
+    let d = obs[0].detail.as_ref().unwrap();
+    assert_eq!(d["trace_actions"]["snapshot"], 1);
+    assert_eq!(d["top_sites"][0]["site"], "pytorch_backend.py:190:allocate");
+}
+
+#[test]
+fn recorded_allocator_settings_are_reported() {
+    let data = fixture("magma27-assignment2-systems_memory_snapshot.pickle");
+    let obs = snapshot::observations("m", &data).unwrap();
+    let s = obs[0].allocator_settings.as_ref().unwrap();
+    assert_eq!(s["PYTORCH_CUDA_ALLOC_CONF"], "");
+    assert_eq!(s["max_split_size"], -1);
+    assert_eq!(s["expandable_segments"], false);
+    assert_eq!(s["roundup_power2_divisions"]["32768"], 0);
+    assert!(
+        obs[0]
+            .detail
+            .as_ref()
+            .unwrap()
+            .get("allocator_settings_note")
+            .is_none()
+    );
+}
+
+// ---- safety ----------------------------------------------------------------
+
+/// `os.system("touch <marker>")` as protocol 2 writes it: GLOBAL, args tuple, REDUCE.
+fn os_system_pickle(marker: &str) -> Vec<u8> {
+    let mut p = b"\x80\x02cos\nsystem\nq\x00X".to_vec();
+    let cmd = format!("touch {marker}");
+    p.extend_from_slice(&(cmd.len() as u32).to_le_bytes());
+    p.extend_from_slice(cmd.as_bytes());
+    p.extend_from_slice(b"q\x01\x85q\x02Rq\x03.");
+    p
+}
+
+#[test]
+fn a_pickle_that_calls_os_system_is_refused_and_nothing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let data = os_system_pickle(&marker.display().to_string());
+    let e = pickle::decode(&data).unwrap_err();
+    assert_eq!(
+        e,
+        DecodeError::Code {
+            offset: 2,
+            opcode: "GLOBAL",
+            callable: "os system".into()
+        }
+    );
+    let err = snapshot::observations("evil.pickle", &data).unwrap_err();
+    assert!(matches!(err, Error::Input(_)));
+    assert_eq!(err.exit_code(), 2);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("evil.pickle") && msg.contains("byte 2") && msg.contains("GLOBAL"),
+        "{msg}"
+    );
+    assert!(msg.contains("os system"), "{msg}");
+    assert!(!marker.exists());
+
+    // Protocol 4 spells it STACK_GLOBAL; REDUCE of a non-global is refused too.
+    let p4 = b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94.";
+    assert_eq!(
+        pickle::decode(p4).unwrap_err(),
+        DecodeError::Code {
+            offset: 16,
+            opcode: "STACK_GLOBAL",
+            callable: "os system".into()
+        }
+    );
+    let reduce = b"\x80\x02X\x04\x00\x00\x00evil)R.";
+    let e = pickle::decode(reduce).unwrap_err();
+    assert_eq!(
+        e,
+        DecodeError::Code {
+            offset: 12,
+            opcode: "REDUCE",
+            callable: "evil".into()
+        }
+    );
+    for (bytes, opcode) in [
+        (&b"\x80\x02]}b."[..], "BUILD"),
+        (&b"(ios\nsystem\n."[..], "INST"),
+        (&b"\x80\x02(X\x01\x00\x00\x00fo."[..], "OBJ"),
+        (&b"\x80\x02X\x01\x00\x00\x00f)\x81."[..], "NEWOBJ"),
+        (&b"\x80\x04X\x01\x00\x00\x00f)}\x92."[..], "NEWOBJ_EX"),
+        (&b"Pid\n."[..], "PERSID"),
+        (&b"\x80\x02\x82\x01."[..], "EXT1"),
+    ] {
+        match pickle::decode(bytes) {
+            Err(DecodeError::Code { opcode: o, .. }) => assert_eq!(o, opcode),
+            other => panic!("{opcode}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn every_truncation_of_a_real_snapshot_is_an_error_with_an_offset() {
+    let data = fixture("maphsge4-select_n_snapshot_dev1.pickle");
+    for n in 0..data.len() {
+        let e = pickle::decode(&data[..n]).expect_err("a prefix cannot decode");
+        let at = e.offset();
+        assert!(at <= n, "prefix {n}: offset {at}");
+        assert!(snapshot::observations("cut", &data[..n]).is_err());
+    }
+    assert!(pickle::decode(&data).is_ok());
+}
+
+#[test]
+fn unknown_protocols_and_opcodes_are_refused() {
+    assert_eq!(
+        pickle::decode(b"\x80\x06N.").unwrap_err(),
+        DecodeError::Protocol {
+            offset: 0,
+            protocol: 6
+        }
+    );
+    assert_eq!(
+        pickle::decode(b"\x80\x04\xff").unwrap_err(),
+        DecodeError::UnknownOpcode {
+            offset: 2,
+            opcode: 0xff
+        }
+    );
+    assert!(
+        snapshot::observations("x", b"\x80\x04N.").is_err(),
+        "None is not a snapshot"
+    );
+}
+
+#[test]
+fn two_hundred_thousand_nested_marks() {
+    let depth = 200_000;
+    let mut data = vec![b'('; depth];
+    data.extend(std::iter::repeat_n(b'l', depth));
+    data.push(b'.');
+    // The default limit refuses it at the first MARK past the limit.
+    let e = pickle::decode(&data).unwrap_err();
+    let limit = Limits::default().max_marks;
+    assert_eq!(
+        e,
+        DecodeError::Limit {
+            offset: limit,
+            what: "MARK nesting",
+            limit: limit as u64
+        }
+    );
+    // With the limit raised, it decodes iteratively into 200 000 nested lists,
+    // and walking it is iterative too.
+    let p = pickle::decode_with(
+        &data,
+        Limits {
+            max_marks: 1 << 20,
+            ..Limits::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.reachable_objects(), depth);
+    assert!(snapshot::observations("deep", &data).is_err());
+}
+
+#[test]
+fn huge_declared_lengths_are_checked_before_anything_is_allocated() {
+    let mut d = b"\x80\x04\x8d".to_vec(); // BINUNICODE8 of 2^60 bytes
+    d.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    d.extend_from_slice(b"abc.");
+    assert_eq!(
+        pickle::decode(&d).unwrap_err(),
+        DecodeError::Truncated {
+            offset: 2,
+            what: "BINUNICODE8"
+        }
+    );
+    for (op, name) in [(0x8eu8, "BINBYTES8"), (0x96, "BYTEARRAY8"), (0x95, "FRAME")] {
+        let mut d = vec![0x80, 5, op];
+        d.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            pickle::decode(&d).unwrap_err(),
+            DecodeError::Truncated {
+                offset: 2,
+                what: name
+            }
+        );
+    }
+    // LONG4 and BINUNICODE with 2^31-1 / 2^32-1 bytes declared.
+    assert!(matches!(
+        pickle::decode(b"\x80\x02\x8b\xff\xff\xff\x7f\x00.").unwrap_err(),
+        DecodeError::Truncated { offset: 2, .. }
+    ));
+    assert!(matches!(
+        pickle::decode(b"\x80\x02X\xff\xff\xff\xff.").unwrap_err(),
+        DecodeError::Truncated { offset: 2, .. }
+    ));
+}
+
+#[test]
+fn memo_bombs_stay_bounded() {
+    // A GET of an index never stored.
+    let e = pickle::decode(b"\x80\x02j\xff\xff\xff\xff.").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DecodeError::Malformed {
+                offset: 2,
+                opcode: "LONG_BINGET",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A PUT at index 2^32-1 does not size a 64 GiB memo, and the GET finds it.
+    let p = pickle::decode(b"\x80\x02Nr\xff\xff\xff\xff0j\xff\xff\xff\xff.").unwrap();
+    assert_eq!(p.root, Value::None);
+    // A million DUPs: fine within the default limits, refused under a small one.
+    let mut d = b"\x80\x02]".to_vec();
+    d.extend(std::iter::repeat_n(b'2', 1_000_000));
+    d.push(b'.');
+    assert!(pickle::decode(&d).is_ok());
+    let small = Limits {
+        max_values: 10_000,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        pickle::decode_with(&d, small).unwrap_err(),
+        DecodeError::Limit {
+            what: "number of values",
+            ..
+        }
+    ));
+    // Doubling a shared list 60 times: 2^60 leaves as a tree, 61 objects as a DAG.
+    let mut d = b"\x80\x02]".to_vec();
+    for _ in 0..60 {
+        d.extend_from_slice(b"2\x86"); // DUP, TUPLE2
+    }
+    d.push(b'.');
+    let p = pickle::decode(&d).unwrap();
+    assert_eq!(p.reachable_objects(), 61);
+}
+
+#[test]
+fn ints_up_to_u64_max_and_beyond() {
+    // MAX_UINT64 as torch writes it: LONG1 with 9 bytes (pytorch#115234).
+    let p = pickle::decode(b"\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00.").unwrap();
+    assert_eq!(p.root, Value::UInt(u64::MAX));
+    assert_eq!(pickle::Pickle::u64(p.root), Some(u64::MAX));
+    let p = pickle::decode(b"\x80\x02\x8a\x01\xff.").unwrap();
+    assert_eq!(p.root, Value::Int(-1));
+    // 2^70 stays a big int, not a wrong u64.
+    let p = pickle::decode(b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x40.").unwrap();
+    assert!(matches!(p.obj(p.root), Some(Obj::BigInt(_))));
+    assert_eq!(pickle::Pickle::u64(p.root), None);
+    // Protocol 0 text ints.
+    assert_eq!(
+        pickle::decode(b"L18446744073709551615L\n.").unwrap().root,
+        Value::UInt(u64::MAX)
+    );
+    assert_eq!(pickle::decode(b"I-7\n.").unwrap().root, Value::Int(-7));
+}
