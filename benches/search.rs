@@ -11,7 +11,7 @@ use allocdoc::advise::search::{self, space};
 use allocdoc::app::validate::replay;
 use allocdoc::conf::{MIB, Settings};
 use allocdoc::workload::Trace;
-use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
+use allocdoc::workload::probe::{self, Family, Params, epochs, generate};
 use std::sync::OnceLock;
 
 fn main() {
@@ -32,7 +32,7 @@ fn trace() -> &'static Trace {
         );
         let ops = epochs(&epoch, 100);
         assert!(ops.len() >= 1_000_000, "{} events", ops.len());
-        trace(ops)
+        probe::trace(ops)
     })
 }
 

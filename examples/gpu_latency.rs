@@ -65,11 +65,11 @@ fn main() -> std::process::ExitCode {
         }));
     }
     let json = serde_json::json!({"device": ordinal, "results": rows});
-    if let Some(path) = out {
-        if let Err(e) = std::fs::write(&path, format!("{json:#}\n")) {
-            eprintln!("gpu_latency: {path}: {e}");
-            return std::process::ExitCode::from(2);
-        }
+    if let Some(path) = out
+        && let Err(e) = std::fs::write(&path, format!("{json:#}\n"))
+    {
+        eprintln!("gpu_latency: {path}: {e}");
+        return std::process::ExitCode::from(2);
     }
     std::process::ExitCode::SUCCESS
 }

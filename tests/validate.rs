@@ -7,10 +7,10 @@ use allocdoc::advise::search::space;
 use allocdoc::app::recommend::recommend;
 use allocdoc::app::validate::{Workload, replay};
 use allocdoc::conf::{MIB, Settings};
-use allocdoc::workload::{Event, Trace};
 use allocdoc::workload::probe::{
     self, Family, Figures, Params, ReplayFigures, Target, epochs, generate,
 };
+use allocdoc::workload::{Event, Trace};
 use assert_cmd::Command;
 use std::path::Path;
 

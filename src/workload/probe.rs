@@ -193,19 +193,28 @@ pub fn epochs(events: &[Event], epochs: u32) -> Vec<Event> {
             out.push(match *event {
                 Event::Alloc { id, size, stream } => {
                     live[id as usize] = true;
-                    Event::Alloc { id: base + id, size, stream }
+                    Event::Alloc {
+                        id: base + id,
+                        size,
+                        stream,
+                    }
                 }
                 Event::Free { id } => {
                     live[id as usize] = false;
                     Event::Free { id: base + id }
                 }
-                Event::RecordStream { id, stream } => Event::RecordStream { id: base + id, stream },
+                Event::RecordStream { id, stream } => Event::RecordStream {
+                    id: base + id,
+                    stream,
+                },
                 other => other,
             });
         }
         for (id, l) in live.iter_mut().enumerate() {
             if std::mem::take(l) {
-                out.push(Event::Free { id: base + id as u32 });
+                out.push(Event::Free {
+                    id: base + id as u32,
+                });
             }
         }
     }
@@ -342,7 +351,11 @@ pub fn calibrate(
             let reproduces_oom = match want.requested_bytes {
                 Some(size) => {
                     let id = id_span(&events);
-                    events.push(Event::Alloc { id, size, stream: 0 });
+                    events.push(Event::Alloc {
+                        id,
+                        size,
+                        stream: 0,
+                    });
                     replay(&trace(events.clone()), target.capacity).oom
                 }
                 None => false,
@@ -390,7 +403,11 @@ mod tests {
         };
         let one = generate(Family::DynamicBatch, &p);
         let three = epochs(&one, 3);
-        let allocs = |ev: &[Event]| ev.iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
+        let allocs = |ev: &[Event]| {
+            ev.iter()
+                .filter(|e| matches!(e, Event::Alloc { .. }))
+                .count()
+        };
         assert_eq!(allocs(&three), 3 * allocs(&one));
         // Balanced: every alloc is freed once, so nothing is live at the end.
         assert_eq!(three.len(), 2 * allocs(&three));
@@ -418,7 +435,9 @@ mod tests {
                         assert!(size > 0);
                         assert!(live.insert(id), "{family:?}: id {id} reused");
                     }
-                    Event::Free { id } => assert!(live.remove(&id), "{family:?}: free of dead {id}"),
+                    Event::Free { id } => {
+                        assert!(live.remove(&id), "{family:?}: free of dead {id}")
+                    }
                     other => panic!("{family:?}: unexpected {other:?}"),
                 }
             }
