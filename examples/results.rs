@@ -104,6 +104,7 @@ fn main() {
                 trace: trace.clone(),
                 implied_capacity: Some(capacity),
                 probe: None,
+                advice: None,
             };
             let r = recommend(&workload, Some(capacity), "", &defaults, &|_| {});
             let ours = match (&r.recommendation, r.candidates.first()) {

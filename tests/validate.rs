@@ -31,6 +31,7 @@ fn workload(family: Family, steps: u32, unit: u64) -> Workload {
         trace: probe::trace(events),
         implied_capacity: None,
         probe: None,
+        advice: None,
     }
 }
 
@@ -235,16 +236,7 @@ fn validate_text_evidence_uses_a_labelled_probe() {
 /// validate on a trace: exit 0 when the candidate runs, 1 when it still OOMs.
 #[test]
 fn validate_exit_codes_follow_the_candidate() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let csv = dir.path().join("t.csv");
-    // Four 16 MiB blocks, free #0 and #2, then 32 MiB (the devlog's interleaved
-    // case): at 200 MiB every config fits; at 40 MiB not even the four blocks do.
-    std::fs::write(
-        &csv,
-        "action,id,size,stream\nalloc,a,16777216,0\nalloc,b,16777216,0\nalloc,c,16777216,0\nalloc,d,16777216,0\nfree,a,,0\nfree,c,,0\nalloc,e,33554432,0\n",
-    )
-    .expect("write");
-    let csv = csv.to_string_lossy().into_owned();
+    let csv = fixture("interleaved_16mib.csv");
     let ok = bin()
         .args([
             "validate",
@@ -314,10 +306,7 @@ fn validate_on_cuda_without_a_driver_exits_3() {
 /// recommend's JSON carries the contract's fields and exits 1 when every candidate OOMs.
 #[test]
 fn recommend_json_and_exit_code() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let csv = dir.path().join("t.csv");
-    std::fs::write(&csv, "action,id,size,stream\nalloc,a,16777216,0\nalloc,b,16777216,0\nalloc,c,16777216,0\nalloc,d,16777216,0\nfree,a,,0\nfree,c,,0\nalloc,e,33554432,0\n").expect("write");
-    let csv = csv.to_string_lossy().into_owned();
+    let csv = fixture("interleaved_16mib.csv");
     let out = bin()
         .args(["recommend", &csv, "--capacity", "84MiB", "--format", "json"])
         .output()
@@ -394,4 +383,75 @@ fn gpu_cuda_replay_matches_the_simulated_card() {
         );
         assert!(cuda.driver_time_us > 0.0, "driver calls are timed");
     }
+}
+
+/// `replay --compare-with`: figures that match PyTorch's are not flagged, one
+/// that differs is.
+#[test]
+fn replay_compare_with_flags_differences() {
+    let csv = fixture("interleaved_16mib.csv");
+    let out = bin()
+        .args(["replay", &csv, "--capacity", "200MiB", "--format", "json"])
+        .output()
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let mut stats = v["runs"][0]["stats"].clone();
+    let allocs = stats["num_device_alloc"]
+        .as_i64()
+        .expect("num_device_alloc");
+    stats["num_device_alloc"] = serde_json::json!(allocs + 1);
+    let torch = serde_json::json!({
+        "torch_version": "2.6.0", "device_name": "fake", "conf": "", "oom": null,
+        "memory_stats": stats,
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("torch.json");
+    std::fs::write(&path, torch.to_string()).expect("write");
+    let out = bin()
+        .args(["replay", &csv, "--capacity", "200MiB", "--compare-with"])
+        .arg(&path)
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("1 figure(s) differ"), "{text}");
+    let flagged: Vec<&str> = text.lines().filter(|l| l.contains("differs")).collect();
+    assert_eq!(flagged.len(), 1, "{text}");
+    assert!(flagged[0].contains("num_device_alloc"), "{text}");
+}
+
+/// What users read: recommend's and validate's text on fixtures (reviewed snapshots).
+#[test]
+fn text_output_snapshots() {
+    let run = |args: &[&str]| {
+        let out = bin()
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .expect("runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    insta::assert_snapshot!(
+        "recommend_interleaved",
+        run(&[
+            "recommend",
+            "fixtures/validate/interleaved_16mib.csv",
+            "--capacity",
+            "84MiB"
+        ])
+    );
+    insta::assert_snapshot!(
+        "validate_oom_probe",
+        run(&[
+            "validate",
+            "fixtures/validate/oom_fragmented_2.5.txt",
+            "--conf",
+            "expandable_segments:True"
+        ])
+    );
 }

@@ -51,6 +51,8 @@ pub struct RecommendResult {
     pub events: u64,
     /// The current config's run (also among the candidates when it is in the space).
     pub current: RunSummary,
+    /// The rule engine's advice (`diagnose`) replayed the same way, when it gave one.
+    pub advice: Option<RunSummary>,
     /// Why parts are missing (no rule advice, no GC thresholds, …).
     pub notes: Vec<String>,
     #[serde(skip)]
@@ -107,8 +109,23 @@ pub fn recommend(
     // The current config is in the space unless it sets keys the search does not vary.
     let mut current_run = current_run.unwrap_or_else(|| replay(trace, current, current_conf, cap));
     current_run.conf = current_conf.to_string();
+    let advice = match &workload.advice {
+        Some(value) => crate::conf::parse(value, current.version)
+            .ok()
+            .map(|p| replay(trace, &p.settings, value, cap)),
+        None => {
+            notes.push(if workload.probe.is_some() {
+                "the rule engine recommends no allocator setting for this evidence".to_string()
+            } else {
+                "no rule-engine row: `diagnose` reads text evidence, and a trace holds none"
+                    .to_string()
+            });
+            None
+        }
+    };
     RecommendResult {
         capacity_bytes: capacity,
+        advice,
         events: current_run.events,
         candidates,
         recommendation,
@@ -131,7 +148,7 @@ pub fn run_with_progress(
 ) -> Result<Outcome, Error> {
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
-    let workload = load_workload(&opts.input, opts.capacity, &current)?;
+    let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
     let capacity = opts.capacity.or(workload.implied_capacity);
     let result = recommend(&workload, capacity, &current_conf, &current, progress);
     let stdout = crate::report::recommend::recommendation(&result, opts.format);

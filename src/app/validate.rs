@@ -81,6 +81,9 @@ pub struct Workload {
     pub implied_capacity: Option<u64>,
     /// Set when the workload is a synthetic probe fitted to text evidence.
     pub probe: Option<Calibration>,
+    /// The rule engine's recommended value for the text evidence (`None` for
+    /// a trace, which holds no observations, or when no setting would help).
+    pub advice: Option<String>,
 }
 
 /// Reads `input` (a path, or `-` for standard input).
@@ -148,6 +151,7 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
 pub fn load_workload(
     input: &str,
     capacity: Option<u64>,
+    current_conf: &str,
     current: &Settings,
 ) -> Result<Workload, Error> {
     let data = read_input(input)?;
@@ -160,6 +164,7 @@ pub fn load_workload(
                 implied_capacity: trace.capacity_hint(),
                 trace,
                 probe: None,
+                advice: None,
             });
         }
         crate::ingest::InputKind::Pickle | crate::ingest::InputKind::RmmLog => {
@@ -195,7 +200,27 @@ pub fn load_workload(
         trace: calibration.trace.clone(),
         implied_capacity: (target.capacity != crate::device::NO_LIMIT).then_some(target.capacity),
         probe: Some(calibration),
+        advice: rule_advice(observations, current_conf)?,
     })
+}
+
+/// What `diagnose` would recommend for these observations, with the built-in rules.
+fn rule_advice(
+    observations: Vec<Observation>,
+    current_conf: &str,
+) -> Result<Option<String>, Error> {
+    let rules = crate::rules::RuleSet::with_dir(None)?;
+    let mut ctx = crate::advise::Context::default();
+    if !current_conf.is_empty() {
+        ctx.set_current(current_conf, "--current");
+    }
+    let evidence = crate::evidence::Evidence {
+        observations,
+        notes: Vec::new(),
+    };
+    Ok(crate::advise::diagnose(evidence, &ctx, &rules)
+        .recommendation
+        .map(|r| r.value))
 }
 
 /// Replays `trace` on the simulated card under `settings` at `capacity`.
@@ -341,7 +366,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
     let candidate = parse_conf("--conf", &opts.conf)?;
-    let workload = load_workload(&opts.input, opts.capacity, &current)?;
+    let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
     let capacity = opts.capacity.or(workload.implied_capacity);
     let before = replay_on(spec, &workload.trace, &current, &current_conf, capacity)?;
     let after = replay_on(spec, &workload.trace, &candidate, &opts.conf, capacity)?;
@@ -395,13 +420,13 @@ pub struct TorchComparison {
     pub figures: Vec<ComparedFigure>,
 }
 
-/// Compares a run (its summary and flat `memory_stats()`) with the JSON that
-/// `scripts/torch_crosscheck.py` wrote for the same trace and config.
+/// Compares a run with the JSON that `scripts/torch_crosscheck.py` wrote for
+/// the same trace and config.
 pub fn compare_with_torch(
-    run: &RunSummary,
-    stats: &std::collections::BTreeMap<String, i64>,
+    run: &crate::workload::RunResult,
     path: &std::path::Path,
 ) -> Result<TorchComparison, Error> {
+    let stats = &run.stats;
     let bad = |what: String| Error::Input(format!("{}: {what}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let json: serde_json::Value = serde_json::from_str(&text)
@@ -458,6 +483,36 @@ pub fn compare_with_torch(
         conf: text_of("conf"),
         figures,
     })
+}
+
+/// `replay --compare-with`: adds the comparison of the last run with PyTorch's
+/// figures to `stdout` (inside the JSON object for `--format json`).
+pub fn append_torch_comparison(
+    stdout: &mut String,
+    run: &crate::workload::RunResult,
+    path: &std::path::Path,
+    format: Format,
+) -> Result<(), Error> {
+    let comparison = compare_with_torch(run, path)?;
+    if format == Format::Json {
+        let mut value: serde_json::Value =
+            serde_json::from_str(stdout).map_err(|e| Error::Input(format!("replay JSON: {e}")))?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "compare_with".into(),
+                serde_json::to_value(&comparison).unwrap_or_default(),
+            );
+        }
+        *stdout = serde_json::to_string_pretty(&value).unwrap_or_default();
+        stdout.push('\n');
+    } else {
+        stdout.push('\n');
+        stdout.push_str(&crate::report::recommend::torch_comparison(
+            &comparison,
+            format,
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -148,7 +148,7 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
         .iter()
         .take(SHOWN)
         .enumerate()
-        .map(|(i, c)| run_row(format!("{}. {}", i + 1, conf_label(&c.conf)), c, None))
+        .map(|(i, c)| run_row(format!("#{} {}", i + 1, conf_label(&c.conf)), c, None))
         .collect();
     tables.push(runs_table(
         &format!("Best {} of {} configs, ranked", SHOWN.min(r.candidates.len()), r.candidates.len()),
@@ -164,6 +164,13 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
         rows.push(run_row(
             format!("recommended: {}", conf_label(&best.conf)),
             best,
+            None,
+        ));
+    }
+    if let Some(a) = &r.advice {
+        rows.push(run_row(
+            format!("rule engine (diagnose): {}", conf_label(&a.conf)),
+            a,
             None,
         ));
     }
@@ -211,11 +218,7 @@ fn recommendation_headline(r: &RecommendResult) -> String {
 /// `recommend`'s output in `format`.
 pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     match format {
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(r).unwrap_or_default();
-            s.push('\n');
-            s
-        }
+        Format::Json => json_with_probe(r, r.probe.as_ref()),
         Format::Text => {
             let mut s = format!(
                 "recommend: {} ({} events), capacity {}\n{}\n\n",
@@ -329,15 +332,7 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
 /// `validate`'s output in `format`.
 pub fn validation(v: &Validation, format: Format) -> String {
     match format {
-        Format::Json => {
-            let mut value = serde_json::to_value(v).unwrap_or_default();
-            if let (Some(p), Some(obj)) = (&v.probe, value.as_object_mut()) {
-                obj.insert("probe".into(), probe_json(p));
-            }
-            let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
-            s.push('\n');
-            s
-        }
+        Format::Json => json_with_probe(v, v.probe.as_ref()),
         Format::Text => {
             let mut s = format!(
                 "validate: {} on {}, capacity {}\nVerdict: {}\n\n",
@@ -369,6 +364,17 @@ pub fn validation(v: &Validation, format: Format) -> String {
             s
         }
     }
+}
+
+/// `value` as pretty JSON, with the probe's fit under `probe` when there is one.
+fn json_with_probe(value: &impl serde::Serialize, probe: Option<&Calibration>) -> String {
+    let mut value = serde_json::to_value(value).unwrap_or_default();
+    if let (Some(p), Some(obj)) = (probe, value.as_object_mut()) {
+        obj.insert("probe".into(), probe_json(p));
+    }
+    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
+    s.push('\n');
+    s
 }
 
 fn probe_json(p: &Calibration) -> serde_json::Value {
