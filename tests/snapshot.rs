@@ -3,8 +3,11 @@
 //! at the recorded addresses.
 
 use allocdoc::Error;
+use allocdoc::allocator::CachingAllocator;
+use allocdoc::device::sim::SimDevice;
 use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
-use allocdoc::snapshot::{self, Snapshot};
+use allocdoc::snapshot;
+use allocdoc::workload::snapshot_trace::{self, Fidelity, SnapshotTrace};
 use std::path::Path;
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -120,10 +123,7 @@ fn shared_frames_stay_shared() {
         .iter()
         .filter(|b| snap.frames(b.frames).next().is_some())
         .collect();
-    let ids: std::collections::HashSet<u32> = with_frames
-        .iter()
-        .filter_map(|b| Snapshot::frames_id(b.frames))
-        .collect();
+    let ids: std::collections::HashSet<_> = with_frames.iter().map(|b| b.frames).collect();
     // 10 shared tracebacks in the generator: blocks reuse those list objects.
     assert!(ids.len() <= 10, "{} distinct frame lists", ids.len());
     assert!(with_frames.len() > 40, "{}", with_frames.len());
@@ -355,7 +355,7 @@ fn memo_bombs_stay_bounded() {
     );
     // A PUT at index 2^32-1 does not size a 64 GiB memo, and the GET finds it.
     let p = pickle::decode(b"\x80\x02Nr\xff\xff\xff\xff0j\xff\xff\xff\xff.").unwrap();
-    assert_eq!(p.root, Value::None);
+    assert_eq!(p.value(p.root), Value::None);
     // A million DUPs: fine within the default limits, refused under a small one.
     let mut d = b"\x80\x02]".to_vec();
     d.extend(std::iter::repeat_n(b'2', 1_000_000));
@@ -386,18 +386,87 @@ fn memo_bombs_stay_bounded() {
 fn ints_up_to_u64_max_and_beyond() {
     // MAX_UINT64 as torch writes it: LONG1 with 9 bytes (pytorch#115234).
     let p = pickle::decode(b"\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00.").unwrap();
-    assert_eq!(p.root, Value::UInt(u64::MAX));
-    assert_eq!(pickle::Pickle::u64(p.root), Some(u64::MAX));
+    assert_eq!(p.value(p.root), Value::UInt(u64::MAX));
+    assert_eq!(p.u64(p.root), Some(u64::MAX));
     let p = pickle::decode(b"\x80\x02\x8a\x01\xff.").unwrap();
-    assert_eq!(p.root, Value::Int(-1));
+    assert_eq!(p.value(p.root), Value::Int(-1));
     // 2^70 stays a big int, not a wrong u64.
     let p = pickle::decode(b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x40.").unwrap();
     assert!(matches!(p.obj(p.root), Some(Obj::BigInt(_))));
-    assert_eq!(pickle::Pickle::u64(p.root), None);
-    // Protocol 0 text ints.
+    assert_eq!(p.u64(p.root), None);
+    // Protocol 0 text ints; inline ints end at 2^60, larger ones are boxed.
+    for (text, value) in [
+        (&b"L18446744073709551615L\n."[..], Value::UInt(u64::MAX)),
+        (b"I-7\n.", Value::Int(-7)),
+        (b"I1152921504606846976\n.", Value::Int(1 << 60)),
+        (b"I-1152921504606846977\n.", Value::Int(-(1 << 60) - 1)),
+        (b"I1152921504606846975\n.", Value::Int((1 << 60) - 1)),
+    ] {
+        let p = pickle::decode(text).unwrap();
+        assert_eq!(p.value(p.root), value);
+    }
+}
+
+// ---- replay fidelity -------------------------------------------------------
+
+fn fidelity(name: &str) -> Fidelity {
+    let data = fixture(name);
+    let snap = snapshot::load(name, &data).unwrap();
+    let settings = snapshot_trace::recorded_settings(&snap);
+    let device = snapshot_trace::traced_device(&snap).unwrap();
+    let trace = SnapshotTrace::new(&snap, device, &settings).unwrap();
+    let sim = SimDevice::new(1 << 50).with_recorded_addresses(trace.recorded_addresses(true));
+    let mut alloc = CachingAllocator::new(settings, sim);
+    let run = trace.run(&mut alloc, true).unwrap();
+    assert_eq!(run.oom, None, "{name}");
+    alloc.check_invariants().unwrap();
+    run.fidelity.unwrap()
+}
+
+#[test]
+fn traced_snapshots_replay_at_the_recorded_addresses() {
+    for (name, allocs) in [
+        ("maphsge4-select_n_snapshot_traced.pickle", 1497),
+        ("magma27-assignment2-systems_memory_snapshot.pickle", 1721),
+        (
+            "wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle",
+            1280,
+        ),
+    ] {
+        let f = fidelity(name);
+        assert_eq!(f.alloc_events, allocs, "{name}");
+        assert_eq!(f.address_matches, allocs, "{name}: {f:#?}");
+        assert_eq!(f.first_divergence, None, "{name}");
+        assert_eq!(f.entries_equal, f.entries_compared, "{name}");
+        assert_eq!(f.segment_matches, f.segment_events, "{name}");
+        assert!(f.final_segments_equal, "{name}: {:?}", f.final_difference);
+    }
+}
+
+#[test]
+fn another_config_diverges_and_the_report_says_where() {
+    let name = "maphsge4-select_n_snapshot_traced.pickle";
+    let data = fixture(name);
+    let snap = snapshot::load(name, &data).unwrap();
+    let recorded = snapshot_trace::recorded_settings(&snap);
+    let trace = SnapshotTrace::new(&snap, 0, &recorded).unwrap();
+    // Sizes rounded up to half powers of two (roundup_power2_divisions:2): other sizes,
+    // other addresses.
+    let mut settings = recorded.clone();
+    settings.roundup_power2_divisions = [2; 16];
+    let sim = SimDevice::new(1 << 50).with_recorded_addresses(trace.recorded_addresses(true));
+    let mut alloc = CachingAllocator::new(settings, sim);
+    let f = trace.run(&mut alloc, true).unwrap().fidelity.unwrap();
+    assert_eq!(f.alloc_events, 1497);
+    assert_eq!(f.address_matches, 1275);
+    let d = f.first_divergence.unwrap();
+    // The third trace entry is the first alloc placed elsewhere; the report
+    // names it with its recorded stack.
+    assert_eq!((d.event_index, d.action, d.size), (2, "alloc", 16));
+    assert_eq!(d.recorded_addr, 140650101506560);
     assert_eq!(
-        pickle::decode(b"L18446744073709551615L\n.").unwrap().root,
-        Value::UInt(u64::MAX)
+        d.frames[0],
+        "modeling_utils.py:3490:warn_if_padding_and_no_attention_mask"
     );
-    assert_eq!(pickle::decode(b"I-7\n.").unwrap().root, Value::Int(-7));
+    assert!(!f.final_segments_equal);
 }

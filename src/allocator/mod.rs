@@ -16,6 +16,7 @@ pub mod events;
 pub mod expandable;
 pub mod native;
 pub mod oom;
+pub mod seed;
 pub mod segments;
 pub mod sizes;
 pub mod stats;

@@ -62,7 +62,7 @@ pub struct CachingAllocator<D: Device> {
     pub(super) large_blocks: BlockPool,
     pub(super) small_blocks: BlockPool,
     /// `allocated_blocks`: address → allocated block.
-    allocated_blocks: AddrMap,
+    pub(super) allocated_blocks: AddrMap,
     pub(super) stats: DeviceStats,
     /// Bytes obtained from the device (cudaMalloc'd plus mapped).
     pub(super) total_allocated_memory: u64,

@@ -307,7 +307,7 @@ fn frame_text(f: &Frame) -> String {
 /// list objects are merged by their text.
 fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
     // Format each distinct frames list once (torch shares them between blocks).
-    let mut by_list: HashMap<Option<u32>, usize> = HashMap::new();
+    let mut by_list: HashMap<Frames, usize> = HashMap::new();
     let mut sites: Vec<(Vec<String>, u64, u64)> = Vec::new();
     let mut by_text: HashMap<Vec<String>, usize> = HashMap::new();
     for s in segs {
@@ -315,11 +315,11 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
             if b.state != BlockState::ActiveAllocated {
                 continue;
             }
-            let key = Snapshot::frames_id(b.frames);
+            let key = b.frames;
             let idx = match by_list.get(&key) {
                 Some(&i) => i,
                 None => {
-                    let text = site_frames(snap, b.frames);
+                    let text = stack_text(snap, b.frames);
                     let i = *by_text.entry(text.clone()).or_insert_with(|| {
                         sites.push((text, 0, 0));
                         sites.len() - 1
@@ -349,9 +349,9 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
         .collect()
 }
 
-/// The shown frames of a stack, innermost first, starting at the first Python
+/// The shown frames of a stack (`_memory_viz` filter and format), innermost first, starting at the first Python
 /// frame when there is one (the C++ frames above it are the allocator itself).
-fn site_frames(snap: &Snapshot, frames: Frames) -> Vec<String> {
+pub fn stack_text(snap: &Snapshot, frames: Frames) -> Vec<String> {
     let shown: Vec<Frame> = snap.frames(frames).filter(frame_shown).collect();
     let first_py = shown
         .iter()

@@ -6,7 +6,7 @@
 //! no `is_expandable`, legacy `history` on blocks) and new ones (extra keys are
 //! ignored) alike (allocator.md §9).
 
-use super::pickle::{Pickle, Value};
+use super::pickle::{Pickle, V};
 use std::ops::Range;
 use thiserror::Error;
 
@@ -57,9 +57,21 @@ pub enum BlockState {
     Inactive,
 }
 
-/// The frames list of a block, segment or trace entry, as an arena value.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Frames(pub Option<Value>);
+/// The frames list of a block, segment or trace entry: its arena id
+/// ([`Frames::NONE`] when not recorded). Equal ids are the same recorded list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frames(pub u32);
+
+impl Frames {
+    pub const NONE: Frames = Frames(u32::MAX);
+
+    fn of(p: &Pickle, v: V) -> Frames {
+        match v.id() {
+            Some(id) if p.items(v).is_some() => Frames(id),
+            _ => Frames::NONE,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Segment {
@@ -112,23 +124,6 @@ pub enum Action {
     Other,
 }
 
-impl Action {
-    fn parse(s: &str) -> Action {
-        match s {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            "snapshot" => Action::Snapshot,
-            "oom" => Action::Oom,
-            "annotate" => Action::Annotate,
-            _ => Action::Other,
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceEntry {
@@ -136,9 +131,10 @@ pub struct TraceEntry {
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
-    /// `oom` entries only: what cudaMemGetInfo reported free.
-    pub device_free: Option<u64>,
-    pub time_us: Option<i64>,
+    /// `oom` entries: what cudaMemGetInfo reported free (0 for other actions).
+    pub device_free: u64,
+    /// µs since the epoch; 0 when not recorded (before about 2.2).
+    pub time_us: i64,
     pub frames: Frames,
 }
 
@@ -151,7 +147,7 @@ pub struct Snapshot<'a> {
     pub blocks: Vec<Block>,
     /// One list per device allocator, index = device ordinal.
     pub device_traces: Vec<Vec<TraceEntry>>,
-    pub allocator_settings: Option<Value>,
+    pub allocator_settings: Option<V>,
     pub external_annotations: Option<usize>,
 }
 
@@ -174,7 +170,7 @@ impl<'a> Snapshot<'a> {
             let annotations = pickle
                 .get(root, "external_annotations")
                 .and_then(|v| pickle.items(v))
-                .map(<[Value]>::len);
+                .map(<[V]>::len);
             (
                 Form::Dict,
                 segs,
@@ -194,14 +190,15 @@ impl<'a> Snapshot<'a> {
         let seg_items = pickle
             .items(segs_v)
             .ok_or_else(|| err("segments", "not a list"))?;
+        let mut reader = Reader::new();
         let mut segments = Vec::with_capacity(seg_items.len());
         let mut blocks = Vec::new();
         for (i, &s) in seg_items.iter().enumerate() {
-            segments.push(read_segment(&pickle, s, i, &mut blocks)?);
+            segments.push(reader.segment(&pickle, s, i, &mut blocks)?);
         }
 
         let mut device_traces = Vec::new();
-        if let Some(tv) = traces_v.filter(|v| *v != Value::None) {
+        if let Some(tv) = traces_v.filter(|v| *v != V::NONE) {
             let per_device = pickle
                 .items(tv)
                 .ok_or_else(|| err("device_traces", "not a list"))?;
@@ -211,7 +208,7 @@ impl<'a> Snapshot<'a> {
                     .ok_or_else(|| err(format!("device_traces[{d}]"), "not a list"))?;
                 let mut out = Vec::with_capacity(entries.len());
                 for (j, &e) in entries.iter().enumerate() {
-                    out.push(read_trace_entry(&pickle, e, d, j)?);
+                    out.push(reader.trace_entry(&pickle, e, d, j)?);
                 }
                 device_traces.push(out);
             }
@@ -223,7 +220,7 @@ impl<'a> Snapshot<'a> {
             segments,
             blocks,
             device_traces,
-            allocator_settings: settings.filter(|v| *v != Value::None),
+            allocator_settings: settings.filter(|v| *v != V::NONE),
             external_annotations: annotations,
         })
     }
@@ -254,166 +251,341 @@ impl<'a> Snapshot<'a> {
 
     /// The frames of a list, skipping entries that are not frame dicts.
     pub fn frames(&self, f: Frames) -> impl Iterator<Item = Frame<'_>> + '_ {
-        let items = f.0.and_then(|v| self.pickle.items(v)).unwrap_or_default();
-        items.iter().filter_map(|&fr| {
-            let p = &self.pickle;
-            Some(Frame {
-                filename: p.get(fr, "filename").and_then(|v| p.str(v)).unwrap_or(""),
-                line: p.get(fr, "line").and_then(Pickle::i64).unwrap_or(0),
-                name: p.get(fr, "name").and_then(|v| p.str(v))?,
-            })
+        let p = &self.pickle;
+        let list = (f != Frames::NONE)
+            .then(|| p.items(V::object(f.0)))
+            .flatten();
+        list.unwrap_or_default().iter().filter_map(move |&fr| {
+            let mut frame = Frame {
+                filename: "",
+                line: 0,
+                name: "",
+            };
+            let mut named = false;
+            for (k, v) in p.dict(fr)?.iter() {
+                match p.str(k) {
+                    Some("filename") => frame.filename = p.str(v).unwrap_or(""),
+                    Some("line") => frame.line = p.i64(v).unwrap_or(0),
+                    Some("name") => {
+                        frame.name = p.str(v).unwrap_or("");
+                        named = true;
+                    }
+                    _ => {}
+                }
+            }
+            named.then_some(frame)
         })
     }
+}
 
-    /// The arena id of a frames list (equal ids = the same recorded stack).
-    pub fn frames_id(f: Frames) -> Option<u32> {
-        match f.0 {
-            Some(Value::Ref(r)) => Some(r),
-            _ => None,
+/// Resolves dict keys to known fields. Keys are shared str objects, so each
+/// distinct key object is compared as text once and then by arena id.
+struct Keys<K: Copy + 'static> {
+    names: &'static [(&'static str, K)],
+    seen: Vec<(V, Option<K>)>,
+}
+
+impl<K: Copy + 'static> Keys<K> {
+    fn new(names: &'static [(&'static str, K)]) -> Self {
+        Keys {
+            names,
+            seen: Vec::new(),
         }
+    }
+
+    fn field(&mut self, p: &Pickle, k: V) -> Option<K> {
+        if let Some(&(_, f)) = self.seen.iter().find(|(seen, _)| *seen == k) {
+            return f;
+        }
+        let f = p
+            .str(k)
+            .and_then(|s| self.names.iter().find(|(n, _)| *n == s).map(|(_, f)| *f));
+        // Keys are few; a hostile file with many distinct key objects only
+        // loses the cache.
+        if self.seen.len() < 64 {
+            self.seen.push((k, f));
+        }
+        f
+    }
+
+    /// The known fields of dict `d` with their values; `path` names it in errors.
+    fn pairs<'p>(
+        &'p mut self,
+        p: &'p Pickle,
+        d: V,
+        path: &dyn Fn() -> String,
+    ) -> Result<impl Iterator<Item = (K, V)> + 'p, ModelError> {
+        let pairs = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
+        Ok(pairs
+            .iter()
+            .filter_map(move |(k, v)| Some((self.field(p, k)?, v))))
     }
 }
 
-fn req_u64(p: &Pickle, d: Value, key: &str, path: &dyn Fn() -> String) -> Result<u64, ModelError> {
-    let v = p
-        .get(d, key)
-        .ok_or_else(|| err(path(), format!("missing '{key}'")))?;
-    Pickle::u64(v).ok_or_else(|| err(path(), format!("'{key}' is not a non-negative int")))
-}
-
-fn opt_u64(p: &Pickle, d: Value, key: &str) -> Option<u64> {
-    p.get(d, key).and_then(Pickle::u64)
+fn need(v: Option<u64>, key: &str, path: &dyn Fn() -> String) -> Result<u64, ModelError> {
+    v.ok_or_else(|| err(path(), format!("missing '{key}' (a non-negative int)")))
 }
 
 /// A `cudaStream_t` as recorded: an int (pointer value), 0 for the default stream.
-fn stream_of(p: &Pickle, d: Value) -> u64 {
-    p.get(d, "stream")
-        .and_then(|v| Pickle::u64(v).or_else(|| Pickle::i64(v).map(|i| i as u64)))
-        .unwrap_or(0)
+fn stream_of(p: &Pickle, v: V) -> u64 {
+    p.u64(v).or_else(|| p.i64(v).map(|i| i as u64)).unwrap_or(0)
 }
 
-fn frames_of(p: &Pickle, d: Value, key: &str) -> Frames {
-    Frames(p.get(d, key).filter(|v| p.items(*v).is_some()))
+#[derive(Clone, Copy)]
+enum SegKey {
+    Address,
+    TotalSize,
+    Device,
+    AllocatedSize,
+    ActiveSize,
+    RequestedSize,
+    Stream,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Frames,
+    Blocks,
 }
 
-fn read_segment(
-    p: &Pickle,
-    s: Value,
-    i: usize,
-    blocks: &mut Vec<Block>,
-) -> Result<Segment, ModelError> {
-    let path = || format!("segments[{i}]");
-    if p.dict(s).is_none() {
-        return Err(err(path(), "not a dict"));
-    }
-    let address = req_u64(p, s, "address", &path)?;
-    let total_size = req_u64(p, s, "total_size", &path)?;
-    let device = p
-        .get(s, "device")
-        .and_then(Pickle::u64)
-        .and_then(|d| u32::try_from(d).ok())
-        .unwrap_or(0);
-    let segment_type = match p.get(s, "segment_type").and_then(|v| p.str(v)) {
-        Some("small") => PoolKind::Small,
-        _ => PoolKind::Large,
-    };
-    let segment_pool_id = p.get(s, "segment_pool_id").and_then(|v| {
-        let t = p.items(v)?;
-        Some((Pickle::i64(*t.first()?)?, Pickle::i64(*t.get(1)?)?))
-    });
-    let blist = p
-        .get(s, "blocks")
-        .and_then(|v| p.items(v))
-        .ok_or_else(|| err(path(), "missing 'blocks' list"))?;
-    let start = blocks.len();
-    let mut offset = 0u64;
-    for (j, &b) in blist.iter().enumerate() {
-        let bpath = || format!("segments[{i}].blocks[{j}]");
-        if p.dict(b).is_none() {
-            return Err(err(bpath(), "not a dict"));
+const SEG_KEYS: &[(&str, SegKey)] = &[
+    ("address", SegKey::Address),
+    ("total_size", SegKey::TotalSize),
+    ("device", SegKey::Device),
+    ("allocated_size", SegKey::AllocatedSize),
+    ("active_size", SegKey::ActiveSize),
+    ("requested_size", SegKey::RequestedSize),
+    ("stream", SegKey::Stream),
+    ("segment_type", SegKey::SegmentType),
+    ("segment_pool_id", SegKey::SegmentPoolId),
+    ("is_expandable", SegKey::IsExpandable),
+    ("frames", SegKey::Frames),
+    ("blocks", SegKey::Blocks),
+];
+
+#[derive(Clone, Copy)]
+enum BlockKey {
+    Size,
+    Address,
+    RequestedSize,
+    State,
+    Frames,
+    History,
+}
+
+const BLOCK_KEYS: &[(&str, BlockKey)] = &[
+    ("size", BlockKey::Size),
+    ("address", BlockKey::Address),
+    ("requested_size", BlockKey::RequestedSize),
+    ("state", BlockKey::State),
+    ("frames", BlockKey::Frames),
+    ("history", BlockKey::History),
+];
+
+const STATES: &[(&str, BlockState)] = &[
+    ("active_allocated", BlockState::ActiveAllocated),
+    ("active_pending_free", BlockState::ActivePendingFree),
+    // The docstring's spelling (allocator.md §9.2).
+    ("active_awaiting_free", BlockState::ActivePendingFree),
+    ("inactive", BlockState::Inactive),
+];
+
+#[derive(Clone, Copy)]
+enum TraceKey {
+    Action,
+    Addr,
+    Size,
+    Stream,
+    DeviceFree,
+    TimeUs,
+    Frames,
+}
+
+const TRACE_KEYS: &[(&str, TraceKey)] = &[
+    ("action", TraceKey::Action),
+    ("addr", TraceKey::Addr),
+    ("size", TraceKey::Size),
+    ("stream", TraceKey::Stream),
+    ("device_free", TraceKey::DeviceFree),
+    ("time_us", TraceKey::TimeUs),
+    ("frames", TraceKey::Frames),
+];
+
+const ACTIONS: &[(&str, Action)] = &[
+    ("alloc", Action::Alloc),
+    ("free_requested", Action::FreeRequested),
+    ("free_completed", Action::FreeCompleted),
+    ("segment_alloc", Action::SegmentAlloc),
+    ("segment_free", Action::SegmentFree),
+    ("segment_map", Action::SegmentMap),
+    ("segment_unmap", Action::SegmentUnmap),
+    ("snapshot", Action::Snapshot),
+    ("oom", Action::Oom),
+    ("annotate", Action::Annotate),
+];
+
+/// The key resolvers of one model build.
+struct Reader {
+    seg: Keys<SegKey>,
+    block: Keys<BlockKey>,
+    state: Keys<BlockState>,
+    trace: Keys<TraceKey>,
+    action: Keys<Action>,
+}
+
+impl Reader {
+    fn new() -> Self {
+        Reader {
+            seg: Keys::new(SEG_KEYS),
+            block: Keys::new(BLOCK_KEYS),
+            state: Keys::new(STATES),
+            trace: Keys::new(TRACE_KEYS),
+            action: Keys::new(ACTIONS),
         }
-        let size = req_u64(p, b, "size", &bpath)?;
-        let state = match p.get(b, "state").and_then(|v| p.str(v)) {
-            Some("active_allocated") => BlockState::ActiveAllocated,
-            Some("active_pending_free" | "active_awaiting_free") => BlockState::ActivePendingFree,
-            Some("inactive") => BlockState::Inactive,
-            Some(other) => return Err(err(bpath(), format!("unknown state '{other}'"))),
-            None => return Err(err(bpath(), "missing 'state'")),
-        };
+    }
+
+    fn segment(
+        &mut self,
+        p: &Pickle,
+        s: V,
+        i: usize,
+        blocks: &mut Vec<Block>,
+    ) -> Result<Segment, ModelError> {
+        let path = || format!("segments[{i}]");
+        let (mut address, mut total_size, mut device) = (None, None, 0u32);
+        let (mut allocated_size, mut active_size, mut requested_size) = (None, None, None);
+        let mut stream = 0;
+        let mut segment_type = PoolKind::Large;
+        let mut segment_pool_id = None;
+        let mut is_expandable = None;
+        let mut frames = Frames::NONE;
+        let mut blist = None;
+        for (k, v) in self.seg.pairs(p, s, &path)? {
+            match k {
+                SegKey::Address => address = p.u64(v),
+                SegKey::TotalSize => total_size = p.u64(v),
+                SegKey::Device => {
+                    device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0)
+                }
+                SegKey::AllocatedSize => allocated_size = p.u64(v),
+                SegKey::ActiveSize => active_size = p.u64(v),
+                SegKey::RequestedSize => requested_size = p.u64(v),
+                SegKey::Stream => stream = stream_of(p, v),
+                SegKey::SegmentType => {
+                    if p.str(v) == Some("small") {
+                        segment_type = PoolKind::Small;
+                    }
+                }
+                SegKey::SegmentPoolId => {
+                    segment_pool_id = p
+                        .items(v)
+                        .and_then(|t| Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?)))
+                }
+                SegKey::IsExpandable => is_expandable = p.bool(v),
+                SegKey::Frames => frames = Frames::of(p, v),
+                SegKey::Blocks => blist = p.items(v),
+            }
+        }
+        let address = need(address, "address", &path)?;
+        let total_size = need(total_size, "total_size", &path)?;
+        let blist = blist.ok_or_else(|| err(path(), "missing 'blocks' list"))?;
+        let start = blocks.len();
+        let mut offset = 0u64;
+        for (j, &b) in blist.iter().enumerate() {
+            let block = self.block(p, b, (i, j), address.saturating_add(offset))?;
+            offset = offset.saturating_add(block.size);
+            blocks.push(block);
+        }
+        let seg_blocks = blocks.get(start..).unwrap_or_default();
+        // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
+        let sum =
+            |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
+        Ok(Segment {
+            device,
+            address,
+            total_size,
+            allocated_size: allocated_size
+                .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated)),
+            active_size: active_size.unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive)),
+            requested_size,
+            stream,
+            segment_type,
+            segment_pool_id,
+            is_expandable,
+            frames,
+            blocks: start..blocks.len(),
+        })
+    }
+
+    /// Block `j` of segment `i`; `at` is its address by position (old schemas
+    /// record none).
+    fn block(&mut self, p: &Pickle, b: V, (i, j): (usize, usize), at: u64) -> Result<Block, ModelError> {
+        let path = || format!("segments[{i}].blocks[{j}]");
+        let (mut size, mut state, mut address, mut requested) = (None, None, None, None);
+        let (mut frames, mut has_frames, mut history, mut state_v) =
+            (Frames::NONE, false, None, None);
+        for (k, v) in self.block.pairs(p, b, &path)? {
+            match k {
+                BlockKey::Size => size = p.u64(v),
+                BlockKey::Address => address = p.u64(v),
+                BlockKey::RequestedSize => requested = p.u64(v),
+                BlockKey::State => state_v = Some(v),
+                BlockKey::Frames => {
+                    has_frames = true;
+                    frames = Frames::of(p, v);
+                }
+                BlockKey::History => history = p.items(v).and_then(|h| h.first().copied()),
+            }
+        }
+        if let Some(v) = state_v {
+            state = Some(self.state.field(p, v).ok_or_else(|| {
+                err(path(), format!("unknown state '{}'", p.str(v).unwrap_or("?")))
+            })?);
+        }
+        let size = need(size, "size", &path)?;
+        let state = state.ok_or_else(|| err(path(), "missing 'state'"))?;
         // _memory_viz._block_extra: frames and requested size, from history[0] in
         // the legacy schema (no 'frames' key on blocks).
-        let (requested_size, frames) = if p.get(b, "frames").is_some() {
-            (
-                opt_u64(p, b, "requested_size").unwrap_or(size),
-                frames_of(p, b, "frames"),
-            )
-        } else {
-            let h0 = p
-                .get(b, "history")
-                .and_then(|h| p.items(h))
-                .and_then(|h| h.first().copied());
-            match h0 {
-                Some(h) => (
-                    opt_u64(p, h, "real_size").unwrap_or(size),
-                    frames_of(p, h, "frames"),
-                ),
-                None => (
-                    opt_u64(p, b, "requested_size").unwrap_or(size),
-                    Frames(None),
-                ),
+        let requested_size = match history.filter(|_| !has_frames) {
+            Some(h) => {
+                frames = p.get(h, "frames").map_or(Frames::NONE, |f| Frames::of(p, f));
+                p.get(h, "real_size").and_then(|v| p.u64(v)).unwrap_or(size)
             }
+            None => requested.unwrap_or(size),
         };
-        let block_address =
-            opt_u64(p, b, "address").unwrap_or_else(|| address.saturating_add(offset));
-        offset = offset.saturating_add(size);
-        blocks.push(Block {
-            address: block_address,
+        Ok(Block {
+            address: address.unwrap_or(at),
             size,
             requested_size,
             state,
             frames,
-        });
+        })
     }
-    let seg_blocks = blocks.get(start..).unwrap_or_default();
-    // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
-    let sum = |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
-    let allocated_size = opt_u64(p, s, "allocated_size")
-        .unwrap_or_else(|| sum(&|b| b.state == BlockState::ActiveAllocated));
-    let active_size =
-        opt_u64(p, s, "active_size").unwrap_or_else(|| sum(&|b| b.state != BlockState::Inactive));
-    Ok(Segment {
-        device,
-        address,
-        total_size,
-        allocated_size,
-        active_size,
-        requested_size: opt_u64(p, s, "requested_size"),
-        stream: stream_of(p, s),
-        segment_type,
-        segment_pool_id,
-        is_expandable: p.get(s, "is_expandable").and_then(Pickle::bool),
-        frames: frames_of(p, s, "frames"),
-        blocks: start..blocks.len(),
-    })
-}
 
-fn read_trace_entry(p: &Pickle, e: Value, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
-    let path = || format!("device_traces[{d}][{j}]");
-    if p.dict(e).is_none() {
-        return Err(err(path(), "not a dict"));
+    fn trace_entry(&mut self, p: &Pickle, e: V, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
+        let path = || format!("device_traces[{d}][{j}]");
+        let mut t = TraceEntry {
+            action: Action::Other,
+            addr: 0,
+            size: 0,
+            stream: 0,
+            device_free: 0,
+            time_us: 0,
+            frames: Frames::NONE,
+        };
+        let mut action = None;
+        for (k, v) in self.trace.pairs(p, e, &path)? {
+            match k {
+                TraceKey::Action => action = Some(v),
+                TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
+                TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
+                TraceKey::Stream => t.stream = stream_of(p, v),
+                TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
+                TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
+                TraceKey::Frames => t.frames = Frames::of(p, v),
+            }
+        }
+        let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
+        t.action = self.action.field(p, action).unwrap_or(Action::Other);
+        Ok(t)
     }
-    let action = p
-        .get(e, "action")
-        .and_then(|v| p.str(v))
-        .map(Action::parse)
-        .ok_or_else(|| err(path(), "missing 'action'"))?;
-    Ok(TraceEntry {
-        action,
-        addr: opt_u64(p, e, "addr").unwrap_or(0),
-        size: opt_u64(p, e, "size").unwrap_or(0),
-        stream: stream_of(p, e),
-        device_free: opt_u64(p, e, "device_free"),
-        time_us: p.get(e, "time_us").and_then(Pickle::i64),
-        frames: frames_of(p, e, "frames"),
-    })
 }

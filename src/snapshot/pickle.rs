@@ -1,9 +1,12 @@
 //! A pickle decoder for data-only pickles (protocols 0–5) that never executes
 //! anything.
 //!
-//! Objects live in an arena ([`Pickle::objs`]); values refer to them by index,
-//! so the memo keeps shared references shared (torch dedupes frame objects, and
-//! the result must stay a DAG, not be expanded). Strings borrow from the input.
+//! Objects live in an arena ([`Pickle::objs`]) and values refer to them by
+//! index, so the memo keeps shared references shared (torch dedupes frame
+//! objects: the result must stay a DAG, not be expanded). Values are 8 bytes
+//! ([`V`]: small ints, None and bools inline, everything else an arena index);
+//! container items live in one pool, so a dict costs no allocation of its own;
+//! strings borrow from the input.
 //!
 //! Anything that would call code (GLOBAL, REDUCE, BUILD, …) makes the input
 //! invalid: the error names the opcode, its byte offset and the callable.
@@ -15,7 +18,55 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use thiserror::Error;
 
-/// A decoded value: small scalars inline, everything else an arena index.
+/// A compact value: the low 3 bits are a tag; ints in [-2^60, 2^60) are inline,
+/// other numbers and every object are arena indices.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct V(u64);
+
+const TAG_REF: u64 = 0;
+const TAG_INT: u64 = 1;
+const INLINE_INT: std::ops::Range<i64> = -(1 << 60)..(1 << 60);
+
+impl V {
+    pub const NONE: V = V(2);
+    pub const FALSE: V = V(3);
+    pub const TRUE: V = V(4);
+
+    /// The value of arena object `id`.
+    #[inline]
+    pub fn object(id: u32) -> V {
+        V(u64::from(id) << 3 | TAG_REF)
+    }
+    #[inline]
+    fn int(i: i64) -> Option<V> {
+        INLINE_INT.contains(&i).then_some(V(((i << 3) as u64) | TAG_INT))
+    }
+    #[inline]
+    fn small(u: u32) -> V {
+        V((u64::from(u) << 3) | TAG_INT)
+    }
+    /// The arena index, for objects.
+    #[inline]
+    pub fn id(self) -> Option<u32> {
+        (self.0 & 7 == TAG_REF).then_some((self.0 >> 3) as u32)
+    }
+}
+
+impl std::fmt::Debug for V {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 & 7 {
+            TAG_REF => write!(f, "#{}", self.0 >> 3),
+            TAG_INT => write!(f, "{}", (self.0 as i64) >> 3),
+            _ => match *self {
+                V::NONE => f.write_str("None"),
+                V::TRUE => f.write_str("True"),
+                _ => f.write_str("False"),
+            },
+        }
+    }
+}
+
+/// A value as callers see it, numbers unboxed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value {
     None,
@@ -24,24 +75,58 @@ pub enum Value {
     /// An int in [2^63, 2^64): torch writes `MAX_UINT64` this way (pytorch#115234).
     UInt(u64),
     Float(f64),
+    /// Any other object: an arena index.
     Ref(u32),
+}
+
+/// Which Python container an object is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    List,
+    Tuple,
+    /// Items are flattened `key, value, key, value, …`.
+    Dict,
+    Set,
+    FrozenSet,
+}
+
+/// Where a container's items are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `len` items at `start` in [`Pickle::pool`].
+    Pool,
+    /// A vector of its own (`start` indexes [`Pickle::owned`]): it grew in
+    /// several batches while other objects were being built.
+    Owned,
+    /// A dict whose keys are shape `len` ([`Pickle::shapes`]); its values
+    /// are at `start` in the pool. Torch's dicts share a handful of key
+    /// sequences, so each stores only its values.
+    Shaped,
+}
+
+/// A container's kind and where its items are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Container {
+    pub kind: Kind,
+    layout: Layout,
+    len: u32,
+    start: u64,
 }
 
 /// A heap object in the arena.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Obj<'a> {
-    Str(Cow<'a, str>),
+    Str(&'a str),
+    OwnedStr(Box<str>),
     Bytes(Cow<'a, [u8]>),
-    /// An int outside the u64/i64 range: little-endian two's complement.
+    /// An int outside [-2^60, 2^64): little-endian two's complement when
+    /// wider than 64 bits.
     BigInt(Box<[u8]>),
-    List(Vec<Value>),
-    Tuple(Box<[Value]>),
-    /// Key/value pairs in insertion order; a later duplicate key wins on lookup.
-    Dict(Vec<(Value, Value)>),
-    Set(Vec<Value>),
-    FrozenSet(Box<[Value]>),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Container(Container),
 }
-
 /// Why decoding stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
@@ -92,7 +177,7 @@ impl DecodeError {
 pub struct Limits {
     /// Open MARKs at once (the nesting depth of MARK-built containers).
     pub max_marks: usize,
-    /// Values held in total (stack, memo and containers), 16 bytes each.
+    /// Values held in total (stack, memo and containers), 8 bytes each.
     pub max_values: u64,
 }
 
@@ -107,11 +192,17 @@ impl Default for Limits {
     }
 }
 
-/// A decoded pickle: the arena and the root value.
+/// A decoded pickle: the arena, the item pool and the root value.
 #[derive(Debug, Clone)]
 pub struct Pickle<'a> {
     pub objs: Vec<Obj<'a>>,
-    pub root: Value,
+    /// Items of containers that were built in one go.
+    pool: Vec<V>,
+    /// Items of containers that grew in several batches between other objects.
+    owned: Vec<Vec<V>>,
+    /// Key sequences shared by dicts (see [`Layout::Shaped`]).
+    shapes: Vec<Box<[V]>>,
+    pub root: V,
     /// The protocol named by the PROTO opcode (0 when absent).
     pub protocol: u8,
 }
@@ -131,10 +222,18 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         marks: Vec::new(),
         memo: Vec::new(),
         sparse_memo: HashMap::new(),
-        objs: Vec::new(),
+        p: Pickle {
+            objs: Vec::new(),
+            pool: Vec::new(),
+            owned: Vec::new(),
+            shapes: Vec::new(),
+            root: V::NONE,
+            protocol: 0,
+        },
+        shape_ids: HashMap::new(),
+        recent_shapes: [u32::MAX; 4],
         values: 0,
         limits,
-        protocol: 0,
     }
     .run()
 }
@@ -142,17 +241,19 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
 struct Decoder<'a> {
     data: &'a [u8],
     pos: usize,
-    stack: Vec<Value>,
+    stack: Vec<V>,
     marks: Vec<usize>,
     /// Dense memo (MEMOIZE and in-order PUTs); out-of-order indices go to `sparse_memo`
     /// so a huge declared index cannot size an allocation.
-    memo: Vec<Value>,
-    sparse_memo: HashMap<u64, Value>,
-    objs: Vec<Obj<'a>>,
+    memo: Vec<V>,
+    sparse_memo: HashMap<u64, V>,
+    p: Pickle<'a>,
+    shape_ids: HashMap<Box<[V]>, u32>,
+    /// The shapes used last, checked before `shape_ids`.
+    recent_shapes: [u32; 4],
     /// Values created so far (a running bound on memory).
     values: u64,
     limits: Limits,
-    protocol: u8,
 }
 
 /// Opcode names as `pickletools` spells them (used in errors).
@@ -230,6 +331,7 @@ fn opcode_name(op: u8) -> &'static str {
     }
 }
 
+
 impl<'a> Decoder<'a> {
     fn run(mut self) -> Result<Pickle<'a>, DecodeError> {
         loop {
@@ -242,30 +344,45 @@ impl<'a> Decoder<'a> {
             };
             self.pos += 1;
             match op {
-                0x80 => {
-                    let p = self.take(1, at, op)?[0];
-                    if p > 5 {
-                        return Err(DecodeError::Protocol {
-                            offset: at,
-                            protocol: p,
-                        });
-                    }
-                    self.protocol = p;
+                // The hot opcodes of a snapshot first.
+                0x94 => {
+                    let v = self.top(at, op)?;
+                    let idx = self.memo.len() as u64;
+                    self.memo_put(idx, v, at)?;
                 }
-                0x95 => {
-                    // FRAME: the input is contiguous, so only check the length fits.
-                    let len = self.le_u64(8, at, op)?;
-                    if len > self.remaining() as u64 {
-                        return Err(self.truncated(at, op));
-                    }
+                b'h' => {
+                    let idx = self.take(1, at, op)?[0].into();
+                    self.get(idx, at, op)?;
                 }
-                b'.' => {
-                    let root = self.pop(at, op)?;
-                    return Ok(Pickle {
-                        objs: self.objs,
-                        root,
-                        protocol: self.protocol,
-                    });
+                b'j' => {
+                    let idx = self.le_u64(4, at, op)?;
+                    self.get(idx, at, op)?;
+                }
+                b'K' => {
+                    let v = self.take(1, at, op)?[0];
+                    self.push(V::small(v.into()), at)?;
+                }
+                b'J' => {
+                    let b = self.take(4, at, op)?;
+                    let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    let v = self.int(v.into(), at)?;
+                    self.push(v, at)?;
+                }
+                b'M' => {
+                    let b = self.take(2, at, op)?;
+                    let v = u16::from_le_bytes([b[0], b[1]]);
+                    self.push(V::small(v.into()), at)?;
+                }
+                0x8a => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let b = self.take(n, at, op)?;
+                    let v = self.long_le(b, at)?;
+                    self.push(v, at)?;
+                }
+                0x8c => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let b = self.take(n, at, op)?;
+                    self.push_utf8(b, at)?;
                 }
                 b'(' => {
                     if self.marks.len() >= self.limits.max_marks {
@@ -277,6 +394,82 @@ impl<'a> Decoder<'a> {
                     }
                     self.marks.push(self.stack.len());
                 }
+                b'}' => self.new_container(Kind::Dict, at)?,
+                b']' => self.new_container(Kind::List, at)?,
+                0x8f => self.new_container(Kind::Set, at)?,
+                b')' => self.new_container(Kind::Tuple, at)?,
+                b'u' => self.extend_marked(Kind::Dict, at, op)?,
+                b'e' => self.extend_marked(Kind::List, at, op)?,
+                0x90 => self.extend_marked(Kind::Set, at, op)?,
+                b's' => {
+                    let n = self.stack.len();
+                    if n < 3 || n - 2 <= self.floor() {
+                        return Err(self.empty(at, op));
+                    }
+                    let target = self.stack[n - 3];
+                    self.extend(target, Kind::Dict, n - 2, at, op)?;
+                }
+                b'a' => {
+                    let n = self.stack.len();
+                    if n < 2 || n - 1 <= self.floor() {
+                        return Err(self.empty(at, op));
+                    }
+                    let target = self.stack[n - 2];
+                    self.extend(target, Kind::List, n - 1, at, op)?;
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let from = self
+                        .stack
+                        .len()
+                        .checked_sub(n)
+                        .filter(|&f| f >= self.floor())
+                        .ok_or_else(|| self.empty(at, op))?;
+                    self.build(Kind::Tuple, from, at)?;
+                }
+                b't' => {
+                    let m = self.pop_mark(at, op)?;
+                    self.build(Kind::Tuple, m, at)?;
+                }
+                b'l' => {
+                    let m = self.pop_mark(at, op)?;
+                    self.build(Kind::List, m, at)?;
+                }
+                0x91 => {
+                    let m = self.pop_mark(at, op)?;
+                    self.build(Kind::FrozenSet, m, at)?;
+                }
+                b'd' => {
+                    let m = self.pop_mark(at, op)?;
+                    if (self.stack.len() - m) % 2 != 0 {
+                        return Err(self.malformed(at, op, "odd number of items"));
+                    }
+                    self.build(Kind::Dict, m, at)?;
+                }
+                0x88 => self.push(V::TRUE, at)?,
+                0x89 => self.push(V::FALSE, at)?,
+                b'N' => self.push(V::NONE, at)?,
+                0x80 => {
+                    let p = self.take(1, at, op)?[0];
+                    if p > 5 {
+                        return Err(DecodeError::Protocol {
+                            offset: at,
+                            protocol: p,
+                        });
+                    }
+                    self.p.protocol = p;
+                }
+                0x95 => {
+                    // FRAME: the input is contiguous, so only check the length fits.
+                    let len = self.le_u64(8, at, op)?;
+                    if len > self.remaining() as u64 {
+                        return Err(self.truncated(at, op));
+                    }
+                }
+                b'.' => {
+                    self.p.root = self.pop(at, op)?;
+                    return Ok(self.p);
+                }
                 b'0' => {
                     self.pop(at, op)?;
                 }
@@ -285,29 +478,7 @@ impl<'a> Decoder<'a> {
                     self.stack.truncate(m);
                 }
                 b'2' => {
-                    let v = *self.stack.last().ok_or_else(|| self.empty(at, op))?;
-                    self.push(v, at)?;
-                }
-                b'N' => self.push(Value::None, at)?,
-                0x88 => self.push(Value::Bool(true), at)?,
-                0x89 => self.push(Value::Bool(false), at)?,
-                b'J' => {
-                    let b = self.take(4, at, op)?;
-                    let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    self.push(Value::Int(v.into()), at)?;
-                }
-                b'K' => {
-                    let v = self.take(1, at, op)?[0];
-                    self.push(Value::Int(v.into()), at)?;
-                }
-                b'M' => {
-                    let b = self.take(2, at, op)?;
-                    self.push(Value::Int(u16::from_le_bytes([b[0], b[1]]).into()), at)?;
-                }
-                0x8a => {
-                    let n = self.take(1, at, op)?[0] as usize;
-                    let b = self.take(n, at, op)?;
-                    let v = self.long_le(b, at)?;
+                    let v = self.top(at, op)?;
                     self.push(v, at)?;
                 }
                 0x8b => {
@@ -320,13 +491,14 @@ impl<'a> Decoder<'a> {
                     let b = self.take(8, at, op)?;
                     let mut a = [0u8; 8];
                     a.copy_from_slice(b);
-                    self.push(Value::Float(f64::from_be_bytes(a)), at)?;
+                    let v = self.alloc(Obj::Float(f64::from_be_bytes(a)), at)?;
+                    self.push(v, at)?;
                 }
                 b'I' => {
                     let line = self.line(at, op)?;
                     let v = match line {
-                        b"01" => Value::Bool(true),
-                        b"00" => Value::Bool(false),
+                        b"01" => V::TRUE,
+                        b"00" => V::FALSE,
                         _ => self.decimal(line, at, op)?,
                     };
                     self.push(v, at)?;
@@ -339,44 +511,40 @@ impl<'a> Decoder<'a> {
                 }
                 b'F' => {
                     let line = self.line(at, op)?;
-                    let v = std::str::from_utf8(line)
+                    let f = std::str::from_utf8(line)
                         .ok()
                         .and_then(|s| s.trim().parse::<f64>().ok())
                         .ok_or_else(|| self.malformed(at, op, "not a float"))?;
-                    self.push(Value::Float(v), at)?;
+                    let v = self.alloc(Obj::Float(f), at)?;
+                    self.push(v, at)?;
                 }
                 // Byte strings: Python 3 decodes protocol 0–2 `str` as ASCII by default.
                 b'T' => {
                     let n = self.len_i32(at, op)?;
                     let b = self.take(n, at, op)?;
-                    self.push_str_bytes(b, at)?;
+                    self.push_utf8(b, at)?;
                 }
                 b'U' => {
                     let n = self.take(1, at, op)?[0] as usize;
                     let b = self.take(n, at, op)?;
-                    self.push_str_bytes(b, at)?;
+                    self.push_utf8(b, at)?;
                 }
                 b'S' => {
                     let line = self.line(at, op)?;
                     let s = unquote_string(line).ok_or_else(|| {
                         self.malformed(at, op, "the STRING opcode argument must be quoted")
                     })?;
-                    let v = self.alloc(Obj::Str(Cow::Owned(s)), at)?;
+                    let v = self.alloc(Obj::OwnedStr(s.into_boxed_str()), at)?;
                     self.push(v, at)?;
                 }
                 b'V' => {
                     let line = self.line(at, op)?;
                     let s = raw_unicode_unescape(line);
-                    let v = self.alloc(Obj::Str(Cow::Owned(s)), at)?;
+                    let v = self.alloc(Obj::OwnedStr(s.into_boxed_str()), at)?;
                     self.push(v, at)?;
                 }
                 b'X' => {
                     let n = self.len_u32(at, op)?;
-                    let b = self.take(n, at, op)?;
-                    self.push_utf8(b, at)?;
-                }
-                0x8c => {
-                    let n = self.take(1, at, op)?[0] as usize;
                     let b = self.take(n, at, op)?;
                     self.push_utf8(b, at)?;
                 }
@@ -412,153 +580,27 @@ impl<'a> Decoder<'a> {
                 }
                 0x98 => {
                     // READONLY_BUFFER only changes the top object's mutability.
-                    self.stack.last().ok_or_else(|| self.empty(at, op))?;
-                }
-                b')' => {
-                    let v = self.alloc(Obj::Tuple(Box::new([])), at)?;
-                    self.push(v, at)?;
-                }
-                b']' => {
-                    let v = self.alloc(Obj::List(Vec::new()), at)?;
-                    self.push(v, at)?;
-                }
-                b'}' => {
-                    let v = self.alloc(Obj::Dict(Vec::new()), at)?;
-                    self.push(v, at)?;
-                }
-                0x8f => {
-                    let v = self.alloc(Obj::Set(Vec::new()), at)?;
-                    self.push(v, at)?;
-                }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let from = self
-                        .stack
-                        .len()
-                        .checked_sub(n)
-                        .ok_or_else(|| self.empty(at, op))?;
-                    let items: Box<[Value]> = self.stack.drain(from..).collect();
-                    let v = self.alloc(Obj::Tuple(items), at)?;
-                    self.push(v, at)?;
-                }
-                b't' => {
-                    let m = self.pop_mark(at, op)?;
-                    let items: Box<[Value]> = self.stack.drain(m..).collect();
-                    let v = self.alloc(Obj::Tuple(items), at)?;
-                    self.push(v, at)?;
-                }
-                b'l' => {
-                    let m = self.pop_mark(at, op)?;
-                    let items: Vec<Value> = self.stack.drain(m..).collect();
-                    let v = self.alloc(Obj::List(items), at)?;
-                    self.push(v, at)?;
-                }
-                0x91 => {
-                    let m = self.pop_mark(at, op)?;
-                    let items: Box<[Value]> = self.stack.drain(m..).collect();
-                    let v = self.alloc(Obj::FrozenSet(items), at)?;
-                    self.push(v, at)?;
-                }
-                b'd' => {
-                    let m = self.pop_mark(at, op)?;
-                    let pairs = pairs_from(&mut self.stack, m)
-                        .ok_or_else(|| self.malformed(at, op, "odd number of items"))?;
-                    let v = self.alloc(Obj::Dict(pairs), at)?;
-                    self.push(v, at)?;
-                }
-                b'a' => {
-                    let item = self.pop(at, op)?;
-                    let target = self.top_obj(at, op)?;
-                    match target {
-                        Obj::List(l) => l.push(item),
-                        _ => return Err(self.malformed(at, op, "target is not a list")),
-                    }
-                }
-                b'e' => {
-                    let m = self.pop_mark(at, op)?;
-                    let target = m
-                        .checked_sub(1)
-                        .and_then(|i| self.stack.get(i).copied())
-                        .ok_or_else(|| self.empty(at, op))?;
-                    let Value::Ref(r) = target else {
-                        return Err(self.malformed(at, op, "target is not a list"));
-                    };
-                    match self.objs.get_mut(r as usize) {
-                        Some(Obj::List(l)) => l.extend(self.stack.drain(m..)),
-                        _ => return Err(self.malformed(at, op, "target is not a list")),
-                    }
-                }
-                0x90 => {
-                    let m = self.pop_mark(at, op)?;
-                    let target = m
-                        .checked_sub(1)
-                        .and_then(|i| self.stack.get(i).copied())
-                        .ok_or_else(|| self.empty(at, op))?;
-                    let Value::Ref(r) = target else {
-                        return Err(self.malformed(at, op, "target is not a set"));
-                    };
-                    match self.objs.get_mut(r as usize) {
-                        Some(Obj::Set(s)) => s.extend(self.stack.drain(m..)),
-                        _ => return Err(self.malformed(at, op, "target is not a set")),
-                    }
-                }
-                b's' => {
-                    let value = self.pop(at, op)?;
-                    let key = self.pop(at, op)?;
-                    match self.top_obj(at, op)? {
-                        Obj::Dict(d) => d.push((key, value)),
-                        _ => return Err(self.malformed(at, op, "target is not a dict")),
-                    }
-                }
-                b'u' => {
-                    let m = self.pop_mark(at, op)?;
-                    let target = m
-                        .checked_sub(1)
-                        .and_then(|i| self.stack.get(i).copied())
-                        .ok_or_else(|| self.empty(at, op))?;
-                    let Value::Ref(r) = target else {
-                        return Err(self.malformed(at, op, "target is not a dict"));
-                    };
-                    let pairs = pairs_from(&mut self.stack, m);
-                    match (self.objs.get_mut(r as usize), pairs) {
-                        (Some(Obj::Dict(d)), Some(p)) => d.extend(p),
-                        (Some(Obj::Dict(_)), None) => {
-                            return Err(self.malformed(at, op, "odd number of items"));
-                        }
-                        _ => return Err(self.malformed(at, op, "target is not a dict")),
-                    }
-                }
-                0x94 => {
-                    let v = *self.stack.last().ok_or_else(|| self.empty(at, op))?;
-                    let idx = self.memo.len() as u64;
-                    self.memo_put(idx, v, at)?;
+                    self.top(at, op)?;
                 }
                 b'q' => {
                     let idx = self.take(1, at, op)?[0].into();
-                    self.put_top(idx, at, op)?;
+                    let v = self.top(at, op)?;
+                    self.memo_put(idx, v, at)?;
                 }
                 b'r' => {
                     let idx = self.le_u64(4, at, op)?;
-                    self.put_top(idx, at, op)?;
+                    let v = self.top(at, op)?;
+                    self.memo_put(idx, v, at)?;
                 }
                 b'p' => {
                     let line = self.line(at, op)?;
-                    let idx =
-                        parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
-                    self.put_top(idx, at, op)?;
-                }
-                b'h' => {
-                    let idx = self.take(1, at, op)?[0].into();
-                    self.get(idx, at, op)?;
-                }
-                b'j' => {
-                    let idx = self.le_u64(4, at, op)?;
-                    self.get(idx, at, op)?;
+                    let idx = parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
+                    let v = self.top(at, op)?;
+                    self.memo_put(idx, v, at)?;
                 }
                 b'g' => {
                     let line = self.line(at, op)?;
-                    let idx =
-                        parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
+                    let idx = parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
                     self.get(idx, at, op)?;
                 }
                 // Everything below would run code: refuse, naming what it would call.
@@ -581,9 +623,7 @@ impl<'a> Decoder<'a> {
                         n.checked_sub(2).and_then(|i| self.stack.get(i)),
                         self.stack.last(),
                     ) {
-                        (Some(m), Some(q)) => {
-                            format!("{} {}", self.describe(*m), self.describe(*q))
-                        }
+                        (Some(m), Some(q)) => format!("{} {}", self.describe(*m), self.describe(*q)),
                         _ => "an object missing from the stack".into(),
                     };
                     return Err(DecodeError::Code {
@@ -632,12 +672,7 @@ impl<'a> Decoder<'a> {
                         callable: format!("the copyreg extension registered as code {code}"),
                     });
                 }
-                _ => {
-                    return Err(DecodeError::UnknownOpcode {
-                        offset: at,
-                        opcode: op,
-                    });
-                }
+                _ => return Err(DecodeError::UnknownOpcode { offset: at, opcode: op }),
             }
         }
     }
@@ -647,23 +682,21 @@ impl<'a> Decoder<'a> {
     }
 
     /// The next `n` bytes; `n` comes from the input, so it is checked first.
+    #[inline]
     fn take(&mut self, n: usize, at: usize, op: u8) -> Result<&'a [u8], DecodeError> {
-        if n > self.remaining() {
-            return Err(self.truncated(at, op));
-        }
         let data: &'a [u8] = self.data;
-        let s = data
-            .get(self.pos..self.pos + n)
-            .ok_or_else(|| self.truncated(at, op))?;
-        self.pos += n;
-        Ok(s)
+        match data.get(self.pos..).and_then(|rest| rest.get(..n)) {
+            Some(s) => {
+                self.pos += n;
+                Ok(s)
+            }
+            None => Err(self.truncated(at, op)),
+        }
     }
 
     fn le_u64(&mut self, n: usize, at: usize, op: u8) -> Result<u64, DecodeError> {
         let b = self.take(n, at, op)?;
-        Ok(b.iter()
-            .rev()
-            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+        Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
     fn len_u32(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
@@ -688,10 +721,7 @@ impl<'a> Decoder<'a> {
     /// A declared length must fit in what is left of the input.
     fn fits(&self, n: u64, at: usize, op: u8) -> Result<usize, DecodeError> {
         if n > self.remaining() as u64 {
-            return Err(DecodeError::Truncated {
-                offset: at,
-                what: opcode_name(op),
-            });
+            return Err(self.truncated(at, op));
         }
         Ok(n as usize)
     }
@@ -705,6 +735,7 @@ impl<'a> Decoder<'a> {
         Ok(&rest[..n])
     }
 
+    #[cold]
     fn truncated(&self, at: usize, op: u8) -> DecodeError {
         DecodeError::Truncated {
             offset: at,
@@ -712,6 +743,7 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    #[cold]
     fn malformed(&self, at: usize, op: u8, problem: &str) -> DecodeError {
         DecodeError::Malformed {
             offset: at,
@@ -720,10 +752,12 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    #[cold]
     fn empty(&self, at: usize, op: u8) -> DecodeError {
         self.malformed(at, op, "stack underflow")
     }
 
+    #[inline]
     fn count(&mut self, n: u64, at: usize) -> Result<(), DecodeError> {
         self.values += n;
         if self.values > self.limits.max_values {
@@ -736,19 +770,33 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
-    fn push(&mut self, v: Value, at: usize) -> Result<(), DecodeError> {
+    #[inline]
+    fn push(&mut self, v: V, at: usize) -> Result<(), DecodeError> {
         self.count(1, at)?;
         self.stack.push(v);
         Ok(())
     }
 
-    fn pop(&mut self, at: usize, op: u8) -> Result<Value, DecodeError> {
-        // Popping below the innermost MARK would corrupt it, as CPython also refuses.
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() <= floor {
-            return Err(self.empty(at, op));
+    /// The stack index below which the innermost MARK protects the stack.
+    #[inline]
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    /// The top of the stack, above the innermost MARK (CPython refuses to
+    /// reach below it too).
+    #[inline]
+    fn top(&self, at: usize, op: u8) -> Result<V, DecodeError> {
+        match self.stack.last() {
+            Some(&v) if self.stack.len() > self.floor() => Ok(v),
+            _ => Err(self.empty(at, op)),
         }
-        self.stack.pop().ok_or_else(|| self.empty(at, op))
+    }
+
+    fn pop(&mut self, at: usize, op: u8) -> Result<V, DecodeError> {
+        let v = self.top(at, op)?;
+        self.stack.pop();
+        Ok(v)
     }
 
     fn pop_mark(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
@@ -757,33 +805,203 @@ impl<'a> Decoder<'a> {
             .ok_or_else(|| self.malformed(at, op, "no MARK open"))
     }
 
-    fn alloc(&mut self, obj: Obj<'a>, at: usize) -> Result<Value, DecodeError> {
-        let id = u32::try_from(self.objs.len()).map_err(|_| DecodeError::Limit {
-            offset: at,
-            what: "number of objects",
-            limit: u64::from(u32::MAX),
-        })?;
+    fn alloc(&mut self, obj: Obj<'a>, at: usize) -> Result<V, DecodeError> {
+        let id = u32::try_from(self.p.objs.len())
+            .ok()
+            .filter(|&id| id < 1 << 29)
+            .ok_or(DecodeError::Limit {
+                offset: at,
+                what: "number of objects",
+                limit: 1 << 29,
+            })?;
         self.count(2, at)?;
-        self.objs.push(obj);
-        Ok(Value::Ref(id))
+        self.p.objs.push(obj);
+        Ok(V::object(id))
     }
 
-    fn top_obj(&mut self, at: usize, op: u8) -> Result<&mut Obj<'a>, DecodeError> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        let top = match self.stack.last() {
-            Some(Value::Ref(r)) if self.stack.len() > floor => *r,
-            _ => return Err(self.malformed(at, op, "no container on the stack")),
+    /// An int: inline when small, else boxed.
+    fn int(&mut self, i: i64, at: usize) -> Result<V, DecodeError> {
+        match V::int(i) {
+            Some(v) => Ok(v),
+            None => self.alloc(Obj::Int(i), at),
+        }
+    }
+
+    fn new_container(&mut self, kind: Kind, at: usize) -> Result<(), DecodeError> {
+        let start = self.p.pool.len() as u64;
+        let v = self.alloc(
+            Obj::Container(Container {
+                kind,
+                layout: Layout::Pool,
+                len: 0,
+                start,
+            }),
+            at,
+        )?;
+        self.push(v, at)
+    }
+
+    /// A container of `stack[from..]` (TUPLE, LIST, DICT, FROZENSET, TUPLE1-3).
+    fn build(&mut self, kind: Kind, from: usize, at: usize) -> Result<(), DecodeError> {
+        let start = self.p.pool.len() as u64;
+        let len = self.checked_len(self.stack.len().saturating_sub(from) as u64, at)?;
+        self.p.pool.extend(self.stack.drain(from..));
+        let v = self.alloc(
+            Obj::Container(Container {
+                kind,
+                layout: Layout::Pool,
+                len,
+                start,
+            }),
+            at,
+        )?;
+        self.push(v, at)
+    }
+
+    /// APPENDS / SETITEMS / ADDITEMS: the items above the MARK go into the
+    /// container just below it.
+    fn extend_marked(&mut self, kind: Kind, at: usize, op: u8) -> Result<(), DecodeError> {
+        let m = self.pop_mark(at, op)?;
+        let target = m
+            .checked_sub(1)
+            .filter(|&i| i >= self.floor())
+            .and_then(|i| self.stack.get(i).copied())
+            .ok_or_else(|| self.empty(at, op))?;
+        if kind == Kind::Dict && (self.stack.len() - m) % 2 != 0 {
+            return Err(self.malformed(at, op, "odd number of items"));
+        }
+        self.extend(target, kind, m, at, op)
+    }
+
+    /// Moves `stack[from..]` into the container `target` of kind `kind`.
+    fn extend(
+        &mut self,
+        target: V,
+        kind: Kind,
+        from: usize,
+        at: usize,
+        op: u8,
+    ) -> Result<(), DecodeError> {
+        let wrong = || match kind {
+            Kind::Dict => "target is not a dict",
+            Kind::Set => "target is not a set",
+            _ => "target is not a list",
         };
-        let err = self.malformed(at, op, "no container on the stack");
-        self.objs.get_mut(top as usize).ok_or(err)
+        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get(id as usize)) else {
+            return Err(self.malformed(at, op, wrong()));
+        };
+        if c.kind != kind {
+            return Err(self.malformed(at, op, wrong()));
+        }
+        let c = *c;
+        let id = target.id().unwrap_or(u32::MAX) as usize;
+        let n = self.stack.len().saturating_sub(from);
+        let pool_end = self.p.pool.len() as u64;
+        match c.layout {
+            Layout::Owned => {
+                if let Some(items) = self.p.owned.get_mut(c.start as usize) {
+                    items.extend(self.stack.drain(from..));
+                }
+            }
+            Layout::Pool if c.len == 0 && kind == Kind::Dict && n > 0 => {
+                // A dict's first items: store its values under a shared key shape.
+                let start = pool_end;
+                let slot = match self.shape_of(from) {
+                    Some(shape) => {
+                        let values = self.stack.get(from + 1..).unwrap_or_default();
+                        self.p.pool.extend(values.iter().step_by(2));
+                        self.stack.truncate(from);
+                        Container {
+                            kind,
+                            layout: Layout::Shaped,
+                            len: shape,
+                            start,
+                        }
+                    }
+                    None => {
+                        let len = self.checked_len(n as u64, at)?;
+                        self.p.pool.extend(self.stack.drain(from..));
+                        Container {
+                            kind,
+                            layout: Layout::Pool,
+                            len,
+                            start,
+                        }
+                    }
+                };
+                self.p.objs[id] = Obj::Container(slot);
+            }
+            Layout::Pool if c.len == 0 || c.start + u64::from(c.len) == pool_end => {
+                // The container's items end the pool: grow in place.
+                let len = self.checked_len(u64::from(c.len) + n as u64, at)?;
+                let start = if c.len == 0 { pool_end } else { c.start };
+                self.p.pool.extend(self.stack.drain(from..));
+                self.p.objs[id] = Obj::Container(Container { len, start, ..c });
+            }
+            Layout::Pool | Layout::Shaped => {
+                // Other objects were built since: give it a vector of its own.
+                let mut items = match self.p.dict_of(&c) {
+                    Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+                    None => self.p.items_of(&c).to_vec(),
+                };
+                items.extend(self.stack.drain(from..));
+                let start = self.p.owned.len() as u64;
+                self.p.owned.push(items);
+                self.p.objs[id] = Obj::Container(Container {
+                    kind,
+                    layout: Layout::Owned,
+                    len: 0,
+                    start,
+                });
+            }
+        }
+        Ok(())
     }
 
-    fn put_top(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
-        let v = *self.stack.last().ok_or_else(|| self.empty(at, op))?;
-        self.memo_put(idx, v, at)
+    fn checked_len(&self, n: u64, at: usize) -> Result<u32, DecodeError> {
+        u32::try_from(n).map_err(|_| DecodeError::Limit {
+            offset: at,
+            what: "container length",
+            limit: u64::from(u32::MAX),
+        })
     }
 
-    fn memo_put(&mut self, idx: u64, v: Value, at: usize) -> Result<(), DecodeError> {
+    /// The shape id of the keys at `stack[from..]` (every other item), when
+    /// they are all objects (str keys); new shapes are added up to a bound.
+    fn shape_of(&mut self, from: usize) -> Option<u32> {
+        const MAX_SHAPES: usize = 1 << 12;
+        let items = self.stack.get(from..)?;
+        if items.len() % 2 != 0 || items.len() > 64 {
+            return None;
+        }
+        let keys = || items.iter().step_by(2).copied();
+        if keys().any(|k| k.id().is_none()) {
+            return None;
+        }
+        for &id in &self.recent_shapes {
+            if let Some(shape) = self.p.shapes.get(id as usize)
+                && shape.iter().copied().eq(keys())
+            {
+                return Some(id);
+            }
+        }
+        let key: Box<[V]> = keys().collect();
+        let id = match self.shape_ids.get(&key) {
+            Some(&id) => id,
+            None if self.p.shapes.len() < MAX_SHAPES => {
+                let id = self.p.shapes.len() as u32;
+                self.p.shapes.push(key.clone());
+                self.shape_ids.insert(key, id);
+                id
+            }
+            None => return None,
+        };
+        self.recent_shapes.rotate_right(1);
+        self.recent_shapes[0] = id;
+        Some(id)
+    }
+
+    fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Result<(), DecodeError> {
         self.count(1, at)?;
         let len = self.memo.len() as u64;
         if idx < len {
@@ -796,77 +1014,64 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
+    #[inline]
     fn get(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
-        let v = usize::try_from(idx)
-            .ok()
-            .and_then(|i| self.memo.get(i).copied())
-            .or_else(|| self.sparse_memo.get(&idx).copied())
-            .ok_or_else(|| self.malformed(at, op, &format!("memo key {idx} was never stored")))?;
+        let v = match self.memo.get(idx as usize) {
+            Some(&v) if idx <= usize::MAX as u64 => v,
+            _ => *self.sparse_memo.get(&idx).ok_or_else(|| {
+                self.malformed(at, op, &format!("memo key {idx} was never stored"))
+            })?,
+        };
         self.push(v, at)
     }
 
     fn push_utf8(&mut self, b: &'a [u8], at: usize) -> Result<(), DecodeError> {
         // Python writes lone surrogates with "surrogatepass": keep what decodes.
-        let s = match std::str::from_utf8(b) {
-            Ok(s) => Cow::Borrowed(s),
-            Err(_) => Cow::Owned(String::from_utf8_lossy(b).into_owned()),
+        let obj = match std::str::from_utf8(b) {
+            Ok(s) => Obj::Str(s),
+            Err(_) => Obj::OwnedStr(String::from_utf8_lossy(b).into()),
         };
-        let v = self.alloc(Obj::Str(s), at)?;
+        let v = self.alloc(obj, at)?;
         self.push(v, at)
     }
 
-    fn push_str_bytes(&mut self, b: &'a [u8], at: usize) -> Result<(), DecodeError> {
-        self.push_utf8(b, at)
-    }
-
     /// LONG1/LONG4 payload: little-endian two's complement of any length.
-    fn long_le(&mut self, b: &[u8], at: usize) -> Result<Value, DecodeError> {
+    fn long_le(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
         match long_from_le(b) {
-            Some(v) => Ok(v),
-            None => self.alloc(Obj::BigInt(b.into()), at),
+            Some(Value::Int(i)) => self.int(i, at),
+            Some(Value::UInt(u)) => self.alloc(Obj::UInt(u), at),
+            _ => self.alloc(Obj::BigInt(b.into()), at),
         }
     }
 
     /// A protocol 0 decimal int (INT or LONG); too big for u64 becomes a BigInt.
-    fn decimal(&mut self, digits: &[u8], at: usize, op: u8) -> Result<Value, DecodeError> {
+    fn decimal(&mut self, digits: &[u8], at: usize, op: u8) -> Result<V, DecodeError> {
         let s = std::str::from_utf8(digits)
             .map_err(|_| self.malformed(at, op, "not a number"))?
             .trim();
         if let Ok(v) = s.parse::<i64>() {
-            return Ok(Value::Int(v));
+            return self.int(v, at);
         }
         if let Ok(v) = s.parse::<u64>() {
-            return Ok(Value::UInt(v));
+            return self.alloc(Obj::UInt(v), at);
         }
         let le = decimal_to_le(s).ok_or_else(|| self.malformed(at, op, "not a number"))?;
         self.alloc(Obj::BigInt(le.into_boxed_slice()), at)
     }
 
     /// A short description of a stack value for refusal messages.
-    fn describe(&self, v: Value) -> String {
-        match v {
-            Value::Ref(r) => match self.objs.get(r as usize) {
+    fn describe(&self, v: V) -> String {
+        match self.p.value(v) {
+            Value::Ref(_) => match self.p.obj(v) {
                 Some(Obj::Str(s)) => s.chars().take(80).collect(),
-                Some(Obj::Tuple(_)) => "a tuple".into(),
-                Some(Obj::List(_)) => "a list".into(),
-                Some(Obj::Dict(_)) => "a dict".into(),
+                Some(Obj::OwnedStr(s)) => s.chars().take(80).collect(),
+                Some(Obj::Container(c)) => format!("a {:?}", c.kind).to_lowercase(),
                 _ => "an object".into(),
             },
             Value::None => "None".into(),
             other => format!("{other:?}"),
         }
     }
-}
-
-/// Drains `stack[m..]` as key/value pairs; `None` for an odd count.
-fn pairs_from(stack: &mut Vec<Value>, m: usize) -> Option<Vec<(Value, Value)>> {
-    let items = stack.get(m..)?;
-    if items.len() % 2 != 0 {
-        return None;
-    }
-    let pairs = items.chunks_exact(2).map(|c| (c[0], c[1])).collect();
-    stack.truncate(m);
-    Some(pairs)
 }
 
 /// Little-endian two's complement to an inline value, when it fits in i64 or u64.
@@ -1023,48 +1228,115 @@ fn raw_unicode_unescape(line: &[u8]) -> String {
     out
 }
 
+
 impl<'a> Pickle<'a> {
-    pub fn obj(&self, v: Value) -> Option<&Obj<'a>> {
-        match v {
-            Value::Ref(r) => self.objs.get(r as usize),
+    pub fn obj(&self, v: V) -> Option<&Obj<'a>> {
+        self.objs.get(v.id()? as usize)
+    }
+
+    /// The value with numbers unboxed.
+    pub fn value(&self, v: V) -> Value {
+        match v.0 & 7 {
+            TAG_INT => Value::Int((v.0 as i64) >> 3),
+            TAG_REF => match self.obj(v) {
+                Some(Obj::Int(i)) => Value::Int(*i),
+                Some(Obj::UInt(u)) => Value::UInt(*u),
+                Some(Obj::Float(f)) => Value::Float(*f),
+                _ => Value::Ref((v.0 >> 3) as u32),
+            },
+            _ => match v {
+                V::TRUE => Value::Bool(true),
+                V::FALSE => Value::Bool(false),
+                _ => Value::None,
+            },
+        }
+    }
+
+    pub fn str(&self, v: V) -> Option<&str> {
+        match self.obj(v)? {
+            Obj::Str(s) => Some(s),
+            Obj::OwnedStr(s) => Some(s),
             _ => None,
         }
     }
 
-    pub fn str(&self, v: Value) -> Option<&str> {
+    /// The items of a non-dict container (the values, for a shaped dict).
+    fn items_of(&self, c: &Container) -> &[V] {
+        let items = match c.layout {
+            Layout::Owned => self.owned.get(c.start as usize).map(Vec::as_slice),
+            Layout::Pool | Layout::Shaped => {
+                let len = match c.layout {
+                    Layout::Shaped => self.shapes.get(c.len as usize).map_or(0, |k| k.len()),
+                    _ => c.len as usize,
+                };
+                usize::try_from(c.start)
+                    .ok()
+                    .and_then(|start| self.pool.get(start..start.checked_add(len)?))
+            }
+        };
+        items.unwrap_or_default()
+    }
+
+    /// A dict container's (key, value) pairs.
+    fn dict_of(&self, c: &Container) -> Option<Pairs<'_>> {
+        if c.kind != Kind::Dict {
+            return None;
+        }
+        let values = self.items_of(c);
+        Some(match c.layout {
+            Layout::Shaped => Pairs {
+                keys: self.shapes.get(c.len as usize).map_or(&[], |k| k),
+                values,
+                stride: 1,
+            },
+            _ => Pairs {
+                keys: values,
+                values: values.get(1..).unwrap_or_default(),
+                stride: 2,
+            },
+        })
+    }
+
+    fn container_of(&self, v: V) -> Option<&Container> {
         match self.obj(v)? {
-            Obj::Str(s) => Some(s),
+            Obj::Container(c) => Some(c),
             _ => None,
         }
+    }
+
+    /// Which container `v` is, if it is one.
+    pub fn kind(&self, v: V) -> Option<Kind> {
+        self.container_of(v).map(|c| c.kind)
     }
 
     /// Items of a list or tuple.
-    pub fn items(&self, v: Value) -> Option<&[Value]> {
-        match self.obj(v)? {
-            Obj::List(l) => Some(l),
-            Obj::Tuple(t) => Some(t),
-            _ => None,
-        }
+    pub fn items(&self, v: V) -> Option<&[V]> {
+        let c = self.container_of(v)?;
+        matches!(c.kind, Kind::List | Kind::Tuple).then(|| self.items_of(c))
     }
 
-    pub fn dict(&self, v: Value) -> Option<&[(Value, Value)]> {
-        match self.obj(v)? {
-            Obj::Dict(d) => Some(d),
-            _ => None,
-        }
+    /// Items of a set or frozenset.
+    pub fn set_items(&self, v: V) -> Option<&[V]> {
+        let c = self.container_of(v)?;
+        matches!(c.kind, Kind::Set | Kind::FrozenSet).then(|| self.items_of(c))
+    }
+
+    /// A dict's (key, value) pairs in insertion order.
+    pub fn dict(&self, v: V) -> Option<Pairs<'_>> {
+        self.dict_of(self.container_of(v)?)
     }
 
     /// `d[key]` for a str key (the last assignment wins, as in Python).
-    pub fn get(&self, d: Value, key: &str) -> Option<Value> {
+    pub fn get(&self, d: V, key: &str) -> Option<V> {
         self.dict(d)?
             .iter()
             .rev()
             .find(|(k, _)| self.str(*k) == Some(key))
-            .map(|(_, v)| *v)
+            .map(|(_, v)| v)
     }
 
-    pub fn u64(v: Value) -> Option<u64> {
-        match v {
+    pub fn u64(&self, v: V) -> Option<u64> {
+        match self.value(v) {
             Value::Int(i) => u64::try_from(i).ok(),
             Value::UInt(u) => Some(u),
             Value::Bool(b) => Some(u64::from(b)),
@@ -1072,16 +1344,16 @@ impl<'a> Pickle<'a> {
         }
     }
 
-    pub fn i64(v: Value) -> Option<i64> {
-        match v {
+    pub fn i64(&self, v: V) -> Option<i64> {
+        match self.value(v) {
             Value::Int(i) => Some(i),
             Value::Bool(b) => Some(i64::from(b)),
             _ => None,
         }
     }
 
-    pub fn f64(v: Value) -> Option<f64> {
-        match v {
+    pub fn f64(&self, v: V) -> Option<f64> {
+        match self.value(v) {
             Value::Float(f) => Some(f),
             Value::Int(i) => Some(i as f64),
             Value::UInt(u) => Some(u as f64),
@@ -1089,9 +1361,10 @@ impl<'a> Pickle<'a> {
         }
     }
 
-    pub fn bool(v: Value) -> Option<bool> {
+    pub fn bool(&self, v: V) -> Option<bool> {
         match v {
-            Value::Bool(b) => Some(b),
+            V::TRUE => Some(true),
+            V::FALSE => Some(false),
             _ => None,
         }
     }
@@ -1103,22 +1376,19 @@ impl<'a> Pickle<'a> {
         let mut todo = vec![self.root];
         let mut n = 0;
         while let Some(v) = todo.pop() {
-            let Value::Ref(r) = v else { continue };
-            match seen.get_mut(r as usize) {
+            let Some(id) = v.id() else { continue };
+            match seen.get_mut(id as usize) {
                 Some(s) if !*s => *s = true,
                 _ => continue,
             }
             n += 1;
-            match self.obj(v) {
-                Some(Obj::List(l) | Obj::Set(l)) => todo.extend_from_slice(l),
-                Some(Obj::Tuple(t) | Obj::FrozenSet(t)) => todo.extend_from_slice(t),
-                Some(Obj::Dict(d)) => {
-                    for (k, v) in d {
-                        todo.push(*k);
-                        todo.push(*v);
+            match self.dict(v) {
+                Some(pairs) => todo.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
+                None => {
+                    if let Some(c) = self.container_of(v) {
+                        todo.extend_from_slice(self.items_of(c));
                     }
                 }
-                _ => {}
             }
         }
         n
@@ -1126,97 +1396,63 @@ impl<'a> Pickle<'a> {
 
     /// The value as JSON, for small recorded dicts (`allocator_settings`).
     /// Containers nested deeper than `max_depth` become `null`; iterative.
-    pub fn to_json(&self, v: Value, max_depth: usize) -> serde_json::Value {
+    pub fn to_json(&self, v: V, max_depth: usize) -> serde_json::Value {
         use serde_json::Value as J;
-        enum Slot {
-            Top,
-            Arr(usize),
-            Obj(usize, String),
-        }
-        // Frames being built: the container and where it goes when finished.
-        /// A container being filled, where it goes, and its children still to visit.
-        type Frame = (J, Slot, std::vec::IntoIter<(String, Value)>);
-        let mut frames: Vec<Frame> = Vec::new();
+        let mut frames: Vec<JsonFrame> = Vec::new();
         let mut result = J::Null;
-        let scalar = |v: Value| -> Option<J> {
-            Some(match v {
-                Value::None => J::Null,
-                Value::Bool(b) => J::Bool(b),
-                Value::Int(i) => J::from(i),
-                Value::UInt(u) => J::from(u),
-                Value::Float(f) => serde_json::Number::from_f64(f).map_or(J::Null, J::Number),
-                Value::Ref(_) => return None,
-            })
-        };
-        let place = |frames: &mut Vec<Frame>, result: &mut J, slot: Slot, val: J| match slot {
-            Slot::Top => *result = val,
-            Slot::Arr(i) => {
-                if let Some((J::Array(a), _, _)) = frames.get_mut(i) {
-                    a.push(val);
-                }
-            }
-            Slot::Obj(i, k) => {
-                if let Some((J::Object(o), _, _)) = frames.get_mut(i) {
-                    o.insert(k, val);
-                }
-            }
-        };
-        // Depth-first with an explicit stack: each container gets a frame that
-        // hands out its children one by one, then is placed into its parent.
-        let mut next: Option<(Value, Slot)> = Some((v, Slot::Top));
+        let mut next = Some(v);
         loop {
-            if let Some((v, slot)) = next.take() {
-                if let Some(j) = scalar(v) {
-                    place(&mut frames, &mut result, slot, j);
-                } else {
-                    let children: Option<(J, Vec<(String, Value)>)> = match self.obj(v) {
-                        _ if frames.len() >= max_depth => None,
-                        Some(Obj::Str(s)) => {
-                            place(&mut frames, &mut result, slot, J::String(s.to_string()));
-                            continue;
-                        }
-                        Some(Obj::Bytes(b)) => {
-                            let s = String::from_utf8_lossy(b).into_owned();
-                            place(&mut frames, &mut result, slot, J::String(s));
-                            continue;
-                        }
-                        Some(Obj::List(l) | Obj::Set(l)) => Some((
-                            J::Array(Vec::new()),
-                            l.iter().map(|x| (String::new(), *x)).collect(),
-                        )),
-                        Some(Obj::Tuple(t) | Obj::FrozenSet(t)) => Some((
-                            J::Array(Vec::new()),
-                            t.iter().map(|x| (String::new(), *x)).collect(),
-                        )),
-                        Some(Obj::Dict(d)) => Some((
-                            J::Object(serde_json::Map::new()),
-                            d.iter().map(|(k, x)| (self.key_text(*k), *x)).collect(),
-                        )),
-                        Some(Obj::BigInt(_)) | None => None,
-                    };
-                    match children {
-                        Some((container, kids)) => frames.push((container, slot, kids.into_iter())),
-                        None => place(&mut frames, &mut result, slot, J::Null),
+            if let Some(v) = next.take() {
+                let leaf = match (self.value(v), self.obj(v)) {
+                    (Value::None, _) => Some(J::Null),
+                    (Value::Bool(b), _) => Some(J::Bool(b)),
+                    (Value::Int(i), _) => Some(J::from(i)),
+                    (Value::UInt(u), _) => Some(J::from(u)),
+                    (Value::Float(f), _) => {
+                        Some(serde_json::Number::from_f64(f).map_or(J::Null, J::Number))
+                    }
+                    (_, Some(Obj::Str(s))) => Some(J::String((*s).to_string())),
+                    (_, Some(Obj::OwnedStr(s))) => Some(J::String(s.to_string())),
+                    (_, Some(Obj::Bytes(b))) => Some(J::String(String::from_utf8_lossy(b).into())),
+                    (_, Some(Obj::Container(c))) if frames.len() < max_depth => {
+                        let dict = c.kind == Kind::Dict;
+                        let items: Vec<V> = match self.dict_of(c) {
+                            Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+                            None => self.items_of(c).to_vec(),
+                        };
+                        frames.push(JsonFrame {
+                            out: if dict {
+                                J::Object(serde_json::Map::new())
+                            } else {
+                                J::Array(Vec::new())
+                            },
+                            dict,
+                            key: None,
+                            items: items.into_iter(),
+                        });
+                        None
+                    }
+                    _ => Some(J::Null),
+                };
+                if let Some(j) = leaf {
+                    place(&mut frames, &mut result, j);
+                }
+            }
+            // Hand out the innermost container's next child, or close it.
+            let Some(top) = frames.last_mut() else { break };
+            match top.items.next() {
+                Some(child) if top.dict && top.key.is_none() => {
+                    top.key = Some(self.key_text(child));
+                    // The value follows.
+                    next = top.items.next();
+                    if next.is_none() {
+                        top.key = None;
                     }
                 }
-            }
-            // Advance the innermost frame.
-            let Some(depth) = frames.len().checked_sub(1) else {
-                break;
-            };
-            let is_obj = matches!(frames[depth].0, J::Object(_));
-            match frames[depth].2.next() {
-                Some((k, child)) => {
-                    let slot = if is_obj {
-                        Slot::Obj(depth, k)
-                    } else {
-                        Slot::Arr(depth)
-                    };
-                    next = Some((child, slot));
-                }
+                Some(child) => next = Some(child),
                 None => {
-                    if let Some((done, slot, _)) = frames.pop() {
-                        place(&mut frames, &mut result, slot, done);
+                    if let Some(done) = frames.pop() {
+                        place(&mut frames, &mut result, done.out);
                     }
                 }
             }
@@ -1225,8 +1461,8 @@ impl<'a> Pickle<'a> {
     }
 
     /// A dict key as text (torch stringifies keys; ints are written in decimal).
-    fn key_text(&self, k: Value) -> String {
-        match k {
+    fn key_text(&self, k: V) -> String {
+        match self.value(k) {
             Value::Int(i) => i.to_string(),
             Value::UInt(u) => u.to_string(),
             Value::Bool(b) => if b { "True" } else { "False" }.into(),
@@ -1234,5 +1470,67 @@ impl<'a> Pickle<'a> {
             Value::Float(f) => f.to_string(),
             Value::Ref(_) => self.str(k).unwrap_or("?").to_string(),
         }
+    }
+}
+
+/// A JSON container being filled: whether it is a dict, the key waiting for
+/// its value, and the items still to visit.
+struct JsonFrame {
+    out: serde_json::Value,
+    dict: bool,
+    key: Option<String>,
+    items: std::vec::IntoIter<V>,
+}
+
+/// Puts a finished JSON value into the innermost open container (under its
+/// pending key for a dict), or makes it the result.
+fn place(frames: &mut [JsonFrame], result: &mut serde_json::Value, val: serde_json::Value) {
+    match frames.last_mut() {
+        Some(f) => match &mut f.out {
+            serde_json::Value::Object(m) => {
+                m.insert(f.key.take().unwrap_or_default(), val);
+            }
+            serde_json::Value::Array(a) => a.push(val),
+            _ => {}
+        },
+        None => *result = val,
+    }
+}
+
+/// A dict's (key, value) pairs: flattened `k, v, k, v` items, or a shared key
+/// shape beside the values.
+#[derive(Debug, Clone, Copy)]
+pub struct Pairs<'p> {
+    keys: &'p [V],
+    values: &'p [V],
+    stride: usize,
+}
+
+impl<'p> Pairs<'p> {
+    pub fn len(&self) -> usize {
+        if self.stride == 2 {
+            self.keys.len() / 2
+        } else {
+            self.keys.len().min(self.values.len())
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: usize) -> Option<(V, V)> {
+        let j = i.checked_mul(self.stride)?;
+        Some((*self.keys.get(j)?, *self.values.get(j)?))
+    }
+
+    /// The keys alone (the shared shape, for shaped dicts): equal slices mean
+    /// equal key sequences, so callers can cache per shape.
+    pub fn shape(&self) -> Option<&'p [V]> {
+        (self.stride == 1).then_some(self.keys)
+    }
+
+    pub fn iter(self) -> impl DoubleEndedIterator<Item = (V, V)> + 'p {
+        (0..self.len()).filter_map(move |i| self.get(i))
     }
 }

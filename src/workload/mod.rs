@@ -2,6 +2,8 @@
 
 pub mod probe;
 pub mod replay;
+pub mod rmm;
+pub mod snapshot_trace;
 pub mod trace;
 
 pub use replay::{OomEvent, ReplayOptions, RunResult, TimelinePoint, replay, replay_with};
