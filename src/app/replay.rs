@@ -58,11 +58,14 @@ pub struct Replay {
 
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
     let replay = execute(opts)?;
-    let stdout = match opts.format {
+    let mut stdout = match opts.format {
         Format::Text => crate::report::replay::text(&replay),
         Format::Json => crate::report::replay::json(&replay),
         Format::Markdown => crate::report::replay::markdown(&replay),
     };
+    if let (Some(path), Some(last)) = (&opts.compare_with, replay.runs.last()) {
+        super::validate::append_torch_comparison(&mut stdout, &last.result, path, opts.format)?;
+    }
     let mut stderr = Vec::new();
     if replay.capacity_defaulted {
         stderr.push(format!(
@@ -94,10 +97,7 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
             "--device {device}: expected sim or cuda[:N]"
         )));
     }
-    for (flag, given) in [
-        ("--fidelity", opts.fidelity),
-        ("--compare-with", opts.compare_with.is_some()),
-    ] {
+    for (flag, given) in [("--fidelity", opts.fidelity)] {
         if given {
             return Err(Error::Usage(format!(
                 "{flag} needs a snapshot replay, which this build of `replay` does not include"

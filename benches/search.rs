@@ -1,0 +1,65 @@
+//! The config search of `recommend` over a 1 M-event trace: every candidate of
+//! the space with garbage-collection thresholds (280 configs), and the first
+//! 100 of them, replayed in parallel (rayon) on the simulated card.
+//!
+//!     cargo bench --bench search
+//!
+//! One sample each: a single search is seconds long, which is the figure
+//! BENCHMARKS.md ("## Config search") reports.
+
+use allocdoc::advise::search::{self, space};
+use allocdoc::app::validate::replay;
+use allocdoc::conf::{MIB, Settings};
+use allocdoc::workload::Trace;
+use allocdoc::workload::probe::{self, Family, Params, epochs, generate};
+use std::sync::OnceLock;
+
+fn main() {
+    divan::main();
+}
+
+/// About 1 M events: a dynamic-batch epoch of 2 000 steps (10 000 events) × 100.
+fn trace() -> &'static Trace {
+    static TRACE: OnceLock<Trace> = OnceLock::new();
+    TRACE.get_or_init(|| {
+        let epoch = generate(
+            Family::DynamicBatch,
+            &Params {
+                steps: 2_000,
+                unit: 3 * MIB,
+                seed: 1,
+            },
+        );
+        let ops = epochs(&epoch, 100);
+        assert!(ops.len() >= 1_000_000, "{} events", ops.len());
+        probe::trace(ops)
+    })
+}
+
+fn run_search(configs: usize) -> usize {
+    let trace = trace();
+    // A memory fraction makes garbage_collection_threshold part of the space.
+    let base = Settings {
+        per_process_memory_fraction: Some(0.9),
+        ..Settings::default()
+    };
+    let candidates: Vec<_> = space(true).into_iter().take(configs).collect();
+    let r = search::search(
+        candidates,
+        &base,
+        64 << 30,
+        |s, cap| replay(trace, s, "", cap),
+        |_| {},
+    );
+    r.ranked.len()
+}
+
+#[divan::bench(sample_count = 1, sample_size = 1)]
+fn search_100_configs_1m_events() -> usize {
+    run_search(100)
+}
+
+#[divan::bench(sample_count = 1, sample_size = 1)]
+fn search_280_configs_1m_events() -> usize {
+    run_search(usize::MAX)
+}
