@@ -153,8 +153,26 @@ pub fn run_with_progress(
     let result = recommend(&workload, capacity, &current_conf, &current, progress);
     let stdout = crate::report::recommend::recommendation(&result, opts.format);
     if let Some(path) = &opts.report {
-        std::fs::write(path, crate::report::recommend::recommendation_html(&result))
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        // The current config against the recommended one (or the best that still ran out).
+        let best = result
+            .candidates
+            .first()
+            .map(|c| (c.conf.clone(), parse_conf("--conf", &c.conf)))
+            .and_then(|(conf, settings)| Some((conf, settings.ok()?)));
+        let mut runs = vec![(super::replay::conf_name(&current_conf), &current)];
+        if let Some((conf, settings)) = &best {
+            runs.push((super::replay::conf_name(conf), settings));
+        }
+        let views = super::replay::report_views(
+            &workload.trace,
+            &runs,
+            capacity.unwrap_or(crate::device::NO_LIMIT),
+        );
+        std::fs::write(
+            path,
+            crate::report::recommend::recommendation_html(&result, views),
+        )
+        .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
     }
     Ok(Outcome {
         stdout,

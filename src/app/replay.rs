@@ -154,8 +154,14 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         runs,
     };
     if let Some(path) = &opts.report {
-        let map = segment_map(&trace, &replay, &settings);
-        write_output(path, crate::report::replay::html(&replay, map).as_bytes())?;
+        let runs: Vec<(&str, &RunResult, &Settings)> = replay
+            .runs
+            .iter()
+            .zip(&settings)
+            .map(|(r, s)| (conf_name(&r.conf), &r.result, s))
+            .collect();
+        let views = views_from(&trace, &runs, capacity);
+        write_output(path, crate::report::replay::html(&replay, views).as_bytes())?;
     }
     if let (Some(path), Some(run)) = (&opts.emit_snapshot, replay.runs.last()) {
         let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
@@ -168,40 +174,66 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
     Ok(replay)
 }
 
-/// The segment map worth looking at: the first run that ran out, at its OOM;
-/// else the last run at its allocated peak (replayed again up to there).
-fn segment_map(
-    trace: &Trace,
-    replay: &Replay,
-    settings: &[Settings],
-) -> Option<crate::report::html::SegmentMap> {
-    use crate::report::html::SegmentMap;
-    if let Some(run) = replay.runs.iter().find(|r| r.result.oom.is_some()) {
-        let index = run.result.oom.as_ref().map_or(0, |o| o.event_index);
-        return Some(SegmentMap::from_allocator(
-            format!("of {} at its OOM (event {index})", conf_name(&run.conf)),
-            &run.result.segments,
-        ));
-    }
-    let (run, settings) = replay.runs.iter().zip(settings).next_back()?;
-    let index = run.result.peak_event_index?;
+/// What an HTML report draws from replays: one timeline per run and the
+/// segment map worth looking at.
+pub struct ReportViews {
+    pub timelines: Vec<crate::report::html::Timeline>,
+    pub map: Option<crate::report::html::SegmentMap>,
+}
+
+/// Replays `trace` under each named config on the simulated card, keeping
+/// every event's figures, for `--report` of commands whose own runs do not.
+pub fn report_views(trace: &Trace, runs: &[(&str, &Settings)], capacity: u64) -> ReportViews {
     let options = RunOptions {
-        stop_after: Some(index + 1),
+        timeline: true,
         ..RunOptions::default()
     };
-    let prefix = replay_with(
-        trace,
-        settings,
-        SimDevice::new(replay.capacity_bytes),
-        options,
-    );
-    Some(SegmentMap::from_allocator(
-        format!(
-            "of {} at its allocated peak (event {index})",
-            conf_name(&run.conf)
-        ),
-        &prefix.segments,
-    ))
+    let results: Vec<RunResult> = runs
+        .iter()
+        .map(|(_, settings)| replay_with(trace, settings, SimDevice::new(capacity), options))
+        .collect();
+    let named: Vec<(&str, &RunResult, &Settings)> = runs
+        .iter()
+        .zip(&results)
+        .map(|((name, settings), result)| (*name, result, *settings))
+        .collect();
+    views_from(trace, &named, capacity)
+}
+
+/// The timelines of runs replayed with a timeline, and the segment map of
+/// the first run that ran out (at its OOM), else of the last run at its
+/// allocated peak (replayed again up to there: replays are deterministic).
+pub fn views_from(
+    trace: &Trace,
+    runs: &[(&str, &RunResult, &Settings)],
+    capacity: u64,
+) -> ReportViews {
+    use crate::report::html::{SegmentMap, Timeline};
+    let timelines = runs
+        .iter()
+        .map(|(name, result, _)| Timeline::from_run(*name, result))
+        .collect();
+    let oom = runs.iter().find_map(|(name, result, _)| {
+        let index = result.oom.as_ref()?.event_index;
+        Some(SegmentMap::from_allocator(
+            format!("of {name} at its OOM (event {index})"),
+            &result.segments,
+        ))
+    });
+    let map = oom.or_else(|| {
+        let (name, result, settings) = runs.last()?;
+        let index = result.peak_event_index?;
+        let options = RunOptions {
+            stop_after: Some(index + 1),
+            ..RunOptions::default()
+        };
+        let prefix = replay_with(trace, settings, SimDevice::new(capacity), options);
+        Some(SegmentMap::from_allocator(
+            format!("of {name} at its allocated peak (event {index})"),
+            &prefix.segments,
+        ))
+    });
+    ReportViews { timelines, map }
 }
 
 /// A config as shown in reports: `(defaults)` for the empty one.

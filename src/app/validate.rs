@@ -386,7 +386,16 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     };
     let stdout = crate::report::recommend::validation(&v, opts.format);
     if let Some(path) = &opts.report {
-        std::fs::write(path, crate::report::recommend::validation_html(&v))
+        // The pictures come from the simulated card, whatever --device ran the verdict.
+        let views = super::replay::report_views(
+            &workload.trace,
+            &[
+                (super::replay::conf_name(&current_conf), &current),
+                (super::replay::conf_name(&opts.conf), &candidate),
+            ],
+            capacity.unwrap_or(crate::device::NO_LIMIT),
+        );
+        std::fs::write(path, crate::report::recommend::validation_html(&v, views))
             .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
     }
     Ok(Outcome {

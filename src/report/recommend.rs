@@ -266,7 +266,7 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
 }
 
 /// `recommend --report`: the self-contained HTML page.
-pub fn recommendation_html(r: &RecommendResult) -> String {
+pub fn recommendation_html(r: &RecommendResult, views: crate::app::replay::ReportViews) -> String {
     super::html::render(&ReportData {
         title: "allocdoc recommend".into(),
         subtitle: Some(format!("{} ({} events)", r.input, r.events)),
@@ -295,7 +295,7 @@ pub fn recommendation_html(r: &RecommendResult) -> String {
         ],
         capacity: r.capacity_bytes,
         tables: recommendation_tables(r),
-        ..ReportData::default()
+        ..views_data(views)
     })
 }
 
@@ -398,7 +398,7 @@ fn probe_json(p: &Calibration) -> serde_json::Value {
 }
 
 /// `validate --report`: the self-contained HTML page.
-pub fn validation_html(v: &Validation) -> String {
+pub fn validation_html(v: &Validation, views: crate::app::replay::ReportViews) -> String {
     super::html::render(&ReportData {
         title: "allocdoc validate".into(),
         subtitle: Some(format!("{} on {}", v.input, v.device)),
@@ -417,8 +417,24 @@ pub fn validation_html(v: &Validation) -> String {
             .then(|| format!("export PYTORCH_CUDA_ALLOC_CONF={}", v.candidate.conf)),
         capacity: v.capacity_bytes,
         tables: validation_tables(v),
-        ..ReportData::default()
+        ..views_data(views)
     })
+}
+
+/// The timelines, the segment map and what is live there, for `..` in a [`ReportData`].
+fn views_data(views: crate::app::replay::ReportViews) -> ReportData {
+    ReportData {
+        top_sites: views
+            .map
+            .as_ref()
+            .map(|m| m.live_by_size(10))
+            .unwrap_or_default(),
+        sites_title: Some("Live blocks in the segment map, by size".into()),
+        timelines: views.timelines,
+        x_label: "event".into(),
+        segment_map: views.map,
+        ..ReportData::default()
+    }
 }
 
 /// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.

@@ -215,8 +215,8 @@ pub fn json(replay: &Replay) -> String {
 /// `replay --report`: every run's timeline overlaid, the segment map the app
 /// picked (first OOM, else the last run at its peak), what is live there by
 /// block size, and the comparison table.
-pub fn html(replay: &Replay, map: Option<super::html::SegmentMap>) -> String {
-    use super::html::{Figure, ReportData, Table, TableRow, Timeline, Tone, Verdict};
+pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
+    use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
     let last = replay.runs.last();
     let (headline, tone) = match last {
         Some(run) => match &run.result.oom {
@@ -286,22 +286,21 @@ pub fn html(replay: &Replay, map: Option<super::html::SegmentMap>) -> String {
             .collect(),
         note: None,
     };
-    let top_sites = map.as_ref().map(|m| m.live_by_size(10)).unwrap_or_default();
+    let top_sites = views
+        .map
+        .as_ref()
+        .map(|m| m.live_by_size(10))
+        .unwrap_or_default();
     super::html::render(&ReportData {
         title: format!("allocdoc replay: {}", replay.input),
         subtitle: Some(heading(replay)),
         verdict: Verdict { headline, tone },
         export_line,
         figures,
-        timelines: replay
-            .runs
-            .iter()
-            .zip(&names)
-            .map(|(r, name)| Timeline::from_run(name.as_str(), &r.result))
-            .collect(),
+        timelines: views.timelines,
         x_label: "event".into(),
         capacity: Some(replay.capacity_bytes),
-        segment_map: map,
+        segment_map: views.map,
         findings: Vec::new(),
         top_sites,
         sites_title: Some("Live blocks in the segment map, by size".into()),
