@@ -316,7 +316,7 @@ svg{width:100%;height:auto;display:block}
 .chart .axis-label{text-anchor:middle;font-size:12px}
 .chart polyline{fill:none;stroke-linejoin:round}
 .chart .reserved{stroke-width:2}.chart .allocated{stroke-width:1.3;stroke-dasharray:5 3;opacity:.85}
-.chart .allocated-band{stroke:none;fill-opacity:.28}
+.chart .allocated-band{stroke-width:.8;stroke-opacity:.75;fill-opacity:.3}
 .sw.band{height:10px;border-top:0;background:#59636e;opacity:.35}
 .chart .capacity{stroke:#cf222e;stroke-width:1.2;stroke-dasharray:2 3}.chart .capacity-label{fill:#cf222e;text-anchor:end}
 .chart .oom{stroke-width:1.5;stroke-dasharray:6 3}.chart .oom-label{text-anchor:end;font-weight:600}
@@ -435,8 +435,17 @@ fn timeline_section(h: &mut String, data: &ReportData) {
             escape(&human(t.reserved.peak()))
         );
     }
-    h.push_str("<span><i class=\"sw\" style=\"border-color:#59636e\"></i>reserved</span><span><i class=\"sw dash\" style=\"border-color:#59636e\"></i>allocated</span>");
-    if data.timelines.iter().any(|t| t.allocated.is_downsampled()) {
+    h.push_str("<span><i class=\"sw\" style=\"border-color:#59636e\"></i>reserved</span>");
+    let (banded, lined): (Vec<&Timeline>, Vec<&Timeline>) = data
+        .timelines
+        .iter()
+        .partition(|t| t.allocated.is_downsampled());
+    if !lined.is_empty() {
+        h.push_str(
+            "<span><i class=\"sw dash\" style=\"border-color:#59636e\"></i>allocated</span>",
+        );
+    }
+    if !banded.is_empty() {
         h.push_str("<span><i class=\"sw band\"></i>allocated, min–max per bucket of events</span>");
     }
     if data.capacity.is_some() {

@@ -320,7 +320,7 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
                 let band = env.band();
                 let _ = write!(
                     s,
-                    r#"<polygon class="allocated-band" fill="{colour}" points=""#
+                    r#"<polygon class="allocated-band" fill="{colour}" stroke="{colour}" points=""#
                 );
                 let upper = band.iter().map(|&(x, _, hi)| (x, hi));
                 let lower = band.iter().rev().map(|&(x, lo, _)| (x, lo));
