@@ -628,6 +628,23 @@ fn replay_writes_the_report_and_the_snapshot() {
     assert!(html.contains("Segments of (defaults) at its OOM (event 15)"));
     assert_eq!(html.matches("<polyline").count(), 4);
 
+    let md = allocdoc(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--conf",
+        "",
+        "--conf",
+        "expandable_segments:True",
+        "--capacity",
+        "104857600",
+        "--format",
+        "markdown",
+    ]);
+    let md = String::from_utf8(md.stdout).unwrap();
+    assert!(md.starts_with("**allocdoc replay**: expandable_segments:True runs the whole trace: peak reserved 100 MiB; (defaults) runs out of memory at event 15\n"), "{md}");
+    assert!(md.contains("| result | OOM at event 15 | ok |"), "{md}");
+    assert!(md.contains("<details><summary>(defaults) fails at event 15</summary>\n\n```\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10.00 MiB."), "{md}");
+
     // The snapshot is the expandable-segments run at its end: our decoder and
     // the contract's snapshot observation agree with the replay's figures.
     let bytes = std::fs::read(&pickle_path).unwrap();

@@ -136,8 +136,12 @@ pub fn text(replay: &Replay) -> String {
     out
 }
 
+/// For a GitHub issue: the verdict as a summary line, the comparison table,
+/// then the OOM messages and summaries folded into `<details>`.
 pub fn markdown(replay: &Replay) -> String {
-    let mut out = format!("## {}\n\n| config |", heading(replay));
+    use super::markdown::{code_block, details, summary_line};
+    let mut out = summary_line("allocdoc replay", &verdict(replay).0);
+    let _ = write!(out, "\n{}\n\n| config |", heading(replay));
     for run in &replay.runs {
         let _ = write!(out, " `{}` |", conf_label(&run.conf));
     }
@@ -149,24 +153,26 @@ pub fn markdown(replay: &Replay) -> String {
     }
     for run in &replay.runs {
         if let Some(oom) = &run.result.oom {
-            let _ = write!(
-                out,
-                "\n`{}` fails at event {}:\n\n```\ntorch.OutOfMemoryError: {}\n```\n",
-                conf_label(&run.conf),
-                oom.event_index,
-                oom.message
-            );
+            out.push('\n');
+            out.push_str(&details(
+                &format!(
+                    "{} fails at event {}",
+                    conf_label(&run.conf),
+                    oom.event_index
+                ),
+                &code_block("", &format!("torch.OutOfMemoryError: {}", oom.message)),
+            ));
         }
         for (when, summary) in [
             ("when allocated memory peaked", &run.summary_at_peak),
             ("at the end", &run.summary_at_end),
         ] {
             if let Some(s) = summary {
-                let _ = write!(
-                    out,
-                    "\n`memory_summary()` of `{}` {when}:\n\n```\n{s}```\n",
-                    conf_label(&run.conf)
-                );
+                out.push('\n');
+                out.push_str(&details(
+                    &format!("memory_summary() of {} {when}", conf_label(&run.conf)),
+                    &code_block("", s),
+                ));
             }
         }
     }
@@ -212,13 +218,11 @@ pub fn json(replay: &Replay) -> String {
     out
 }
 
-/// `replay --report`: every run's timeline overlaid, the segment map the app
-/// picked (first OOM, else the last run at its peak), what is live there by
-/// block size, and the comparison table.
-pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
-    use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
-    let last = replay.runs.last();
-    let (headline, tone) = match last {
+/// The one-line verdict on the last config (the candidate), naming the
+/// earlier configs that ran out.
+fn verdict(replay: &Replay) -> (String, super::html::Tone) {
+    use super::html::Tone;
+    match replay.runs.last() {
         Some(run) => match &run.result.oom {
             None => {
                 let mut headline = format!(
@@ -247,7 +251,16 @@ pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
             ),
         },
         None => (String::from("no runs"), Tone::Neutral),
-    };
+    }
+}
+
+/// `replay --report`: every run's timeline overlaid, the segment map the app
+/// picked (first OOM, else the last run at its peak), what is live there by
+/// block size, and the comparison table.
+pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
+    use super::html::{Figure, ReportData, Table, TableRow, Verdict};
+    let last = replay.runs.last();
+    let (headline, tone) = verdict(replay);
     let export_line = last
         .filter(|r| r.result.oom.is_none() && !r.conf.is_empty())
         .map(|r| format!("export PYTORCH_CUDA_ALLOC_CONF={}", r.conf));
