@@ -517,6 +517,8 @@ enum Op {
     RecordStream(usize, u64),
     SyncStream(u64),
     EmptyCache,
+    /// `_set_allocator_settings("expandable_segments:…")` mid-run.
+    SetExpandable(bool),
 }
 
 fn size_strategy() -> impl Strategy<Value = u64> {
@@ -535,6 +537,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0u64..3).prop_map(|(i, st)| Op::RecordStream(i, st)),
         1 => (0u64..3).prop_map(Op::SyncStream),
         1 => Just(Op::EmptyCache),
+        1 => any::<bool>().prop_map(Op::SetExpandable),
     ]
 }
 
@@ -557,7 +560,7 @@ fn settings_strategy() -> impl Strategy<Value = Settings> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn invariants_hold_after_every_operation(
@@ -565,7 +568,7 @@ proptest! {
         capacity_mib in 200u64..600,
         ops in prop::collection::vec(op_strategy(), 1..120),
     ) {
-        let mut a = allocator(settings, capacity_mib * MIB);
+        let mut a = allocator(settings.clone(), capacity_mib * MIB);
         let mut live: Vec<u64> = Vec::new();
         for op in ops {
             match op {
@@ -583,6 +586,10 @@ proptest! {
                 }
                 Op::SyncStream(stream) => a.synchronize_stream(stream),
                 Op::EmptyCache => a.empty_cache(),
+                Op::SetExpandable(on) => a.set_settings(Settings {
+                    expandable_segments: on,
+                    ..settings.clone()
+                }),
                 _ => {}
             }
             if let Err(e) = a.check_invariants() {
@@ -741,5 +748,30 @@ fn replay_summary_prints_pytorch_tables() {
     assert!(
         stdout.contains("|        cudaMalloc retries: 1         |"),
         "{stdout}"
+    );
+}
+
+/// Nothing overflows or panics on an unbounded card or absurd requests.
+#[test]
+fn extreme_sizes_do_not_panic() {
+    for settings in [Settings::default(), expandable()] {
+        let mut a = allocator(settings, u64::MAX);
+        for size in [u64::MAX, 1 << 60] {
+            assert!(a.malloc(size, 0).is_err());
+        }
+        // An unbounded card serves anything below 1 EB, expandable or not.
+        for size in [(1 << 60) - 1, (1 << 40) + 1, 1] {
+            assert!(a.malloc(size, 0).is_ok());
+        }
+        a.check_invariants().unwrap();
+        a.empty_cache();
+    }
+    let div = Settings {
+        roundup_power2_divisions: [8; 16],
+        ..Settings::default()
+    };
+    assert_eq!(
+        allocdoc::allocator::sizes::round_size(u64::MAX, &div),
+        u64::MAX
     );
 }

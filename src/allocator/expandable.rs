@@ -54,11 +54,7 @@ impl<D: Device> CachingAllocator<D> {
     /// (or the free block just before it) with `size` bytes of room, else a new
     /// segment reserving 9/8 of the card.
     fn find_expandable_block(&mut self, p: &AllocParams) -> Option<BlockId> {
-        let pool = if p.small {
-            &self.small_blocks
-        } else {
-            &self.large_blocks
-        };
+        let pool = self.pool(p.small);
         for (&(stream, _), &unmapped) in pool.unmapped.range((p.stream, 0)..) {
             if stream != p.stream {
                 break;
@@ -82,7 +78,12 @@ impl<D: Device> CachingAllocator<D> {
         }
         let page = expandable_page_size(p.small, &self.settings);
         let total = self.device.total_memory();
-        let pages = (total + total / 8).div_ceil(page);
+        // 9/8 of the card; a card too large for that (an unbounded simulated one)
+        // gets 2^62 bytes, so the reservation still fits a 64-bit address space.
+        let pages = total
+            .saturating_add(total / 8)
+            .div_ceil(page)
+            .min((1 << 62) / page);
         let segment = ExpandableSegment {
             base: 0,
             page,
@@ -122,35 +123,15 @@ impl<D: Device> CachingAllocator<D> {
         self.arena.get_mut(to_map).mapped = true;
         if mapped_size < b.size {
             // to_map -> remaining (still unmapped) -> to_map.next
-            let mut remaining = Block::new(
-                b.addr + mapped_size,
-                b.size - mapped_size,
-                b.stream,
-                b.small,
-            );
-            remaining.mapped = false;
-            remaining.expandable = b.expandable;
-            remaining.prev = to_map;
-            remaining.next = b.next;
-            let rid = self.arena.insert(remaining);
-            if b.next != NIL {
-                self.arena.get_mut(b.next).prev = rid;
-            }
-            let m = self.arena.get_mut(to_map);
-            m.next = rid;
-            m.size = mapped_size;
-            self.pool_mut(b.small).insert_unmapped(&remaining, rid);
+            let remaining = b.size - mapped_size;
+            self.splice_block(&b, b.addr + mapped_size, remaining, false, to_map, b.next);
+            self.arena.get_mut(to_map).size = mapped_size;
         }
         let prev = self.arena.get(to_map).prev;
         self.try_merge_blocks(to_map, prev);
         let next = self.arena.get(to_map).next;
         self.try_merge_blocks(to_map, next);
-        let pool = if b.small {
-            &mut self.small_blocks
-        } else {
-            &mut self.large_blocks
-        };
-        pool.insert_into_blocks(&mut self.arena, to_map);
+        self.insert_into_pool(to_map);
         self.total_allocated_memory += mapped_size;
         self.stats.reserved_bytes.increase(b.small, mapped_size);
         self.stats.num_device_alloc += 1;
@@ -205,40 +186,13 @@ impl<D: Device> CachingAllocator<D> {
         let before = unmapped_addr - b.addr;
         if before > 0 {
             // prev -> before_free -> block
-            let mut free = Block::new(b.addr, before, b.stream, b.small);
-            free.expandable = b.expandable;
-            free.prev = b.prev;
-            free.next = id;
-            let fid = self.arena.insert(free);
-            if b.prev != NIL {
-                self.arena.get_mut(b.prev).next = fid;
-            }
-            self.arena.get_mut(id).prev = fid;
-            let pool = if b.small {
-                &mut self.small_blocks
-            } else {
-                &mut self.large_blocks
-            };
-            pool.insert_into_blocks(&mut self.arena, fid);
+            self.splice_block(&b, b.addr, before, true, b.prev, id);
         }
         let after = b.size - before - unmapped_size;
         if after > 0 {
             // block -> after_free -> next
-            let mut free = Block::new(unmapped_addr + unmapped_size, after, b.stream, b.small);
-            free.expandable = b.expandable;
-            free.prev = id;
-            free.next = b.next;
-            let fid = self.arena.insert(free);
-            if b.next != NIL {
-                self.arena.get_mut(b.next).prev = fid;
-            }
-            self.arena.get_mut(id).next = fid;
-            let pool = if b.small {
-                &mut self.small_blocks
-            } else {
-                &mut self.large_blocks
-            };
-            pool.insert_into_blocks(&mut self.arena, fid);
+            let addr = unmapped_addr + unmapped_size;
+            self.splice_block(&b, addr, after, true, id, b.next);
         }
         let m = self.arena.get_mut(id);
         m.addr = unmapped_addr;
@@ -259,6 +213,37 @@ impl<D: Device> CachingAllocator<D> {
             unmapped_size,
             b.stream,
         );
+        id
+    }
+
+    /// A new free block `[addr, addr + size)` of `like`'s segment spliced between
+    /// `prev` and `next` (`Block::splice`) and put in the free or unmapped set.
+    fn splice_block(
+        &mut self,
+        like: &Block,
+        addr: u64,
+        size: u64,
+        mapped: bool,
+        prev: BlockId,
+        next: BlockId,
+    ) -> BlockId {
+        let mut block = Block::new(addr, size, like.stream, like.small);
+        block.expandable = like.expandable;
+        block.mapped = mapped;
+        block.prev = prev;
+        block.next = next;
+        let id = self.arena.insert(block);
+        if prev != NIL {
+            self.arena.get_mut(prev).next = id;
+        }
+        if next != NIL {
+            self.arena.get_mut(next).prev = id;
+        }
+        if mapped {
+            self.insert_into_pool(id);
+        } else {
+            self.pool_mut(like.small).insert_unmapped(&block, id);
+        }
         id
     }
 

@@ -182,6 +182,26 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     #[inline]
+    pub(super) fn pool(&self, small: bool) -> &BlockPool {
+        if small {
+            &self.small_blocks
+        } else {
+            &self.large_blocks
+        }
+    }
+
+    /// `pool.insert_into_blocks(block)` into the block's own pool.
+    #[inline]
+    pub(super) fn insert_into_pool(&mut self, id: BlockId) {
+        let pool = if self.arena.get(id).small {
+            &mut self.small_blocks
+        } else {
+            &mut self.large_blocks
+        };
+        pool.insert_into_blocks(&mut self.arena, id);
+    }
+
+    #[inline]
     fn gc_enabled(&self) -> bool {
         self.set_fraction && self.settings.garbage_collection_threshold > 0.0
     }
@@ -402,12 +422,7 @@ impl<D: Device> CachingAllocator<D> {
             rem.addr += size;
             rem.size -= size;
             let remaining_size = rem.size;
-            let pool = if small {
-                &mut self.small_blocks
-            } else {
-                &mut self.large_blocks
-            };
-            pool.insert_into_blocks(&mut self.arena, remaining);
+            self.insert_into_pool(remaining);
             if !expandable {
                 if already_split {
                     // An already-split inactive block shrinks by `size`.
@@ -582,12 +597,7 @@ impl<D: Device> CachingAllocator<D> {
                 net_bytes -= subsumed as i64;
             }
         }
-        let pool = if b.small {
-            &mut self.small_blocks
-        } else {
-            &mut self.large_blocks
-        };
-        pool.insert_into_blocks(&mut self.arena, id);
+        self.insert_into_pool(id);
         let merged = self.arena.get(id);
         if merged.is_split() {
             net_blocks += 1;
@@ -669,11 +679,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let key_size = p.size.max(max_split);
         let arena = &self.arena;
-        let pool = if p.small {
-            &self.small_blocks
-        } else {
-            &self.large_blocks
-        };
+        let pool = self.pool(p.small);
         let first = pool
             .blocks
             .range_from(p.stream, key_size)
@@ -721,11 +727,7 @@ impl<D: Device> CachingAllocator<D> {
     /// `release_blocks(pool)`.
     fn release_blocks(&mut self, small: bool) {
         let arena = &self.arena;
-        let pool = if small {
-            &self.small_blocks
-        } else {
-            &self.large_blocks
-        };
+        let pool = self.pool(small);
         let mut to_release = Vec::new();
         let mut to_unmap = Vec::new();
         for id in pool.blocks.values() {

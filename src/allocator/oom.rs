@@ -121,6 +121,17 @@ pub fn oom_message(version: TorchVersion, f: &OomFigures<'_>) -> String {
     )
 }
 
+/// The exception class a traceback prints for the native OOM (allocator.md §7.3).
+pub fn exception_name(version: TorchVersion) -> &'static str {
+    if version < TorchVersion::new(1, 13) {
+        "RuntimeError"
+    } else if version < TorchVersion::new(2, 4) {
+        "torch.cuda.OutOfMemoryError"
+    } else {
+        "torch.OutOfMemoryError"
+    }
+}
+
 /// `allocate()`'s refusal of requests of 1 EB or more (no allocator state touched).
 pub const MORE_THAN_1EB: &str = "CUDA out of memory. Tried to allocate more than 1EB memory.";
 

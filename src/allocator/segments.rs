@@ -189,6 +189,14 @@ impl<D: Device> CachingAllocator<D> {
         if actual_unmapped != expected_unmapped {
             return Err("unmapped set differs from the unmapped blocks".into());
         }
+        let allocated = self.arena.iter().filter(|(_, b)| b.allocated).count();
+        if allocated != self.allocated_blocks.len()
+            || self.allocated_blocks.iter().any(|(&addr, &id)| {
+                !self.arena.get(id).allocated || self.arena.get(id).addr != addr
+            })
+        {
+            return Err("the address map differs from the allocated blocks".into());
+        }
         if mapped_total != self.total_allocated_memory {
             return Err(format!(
                 "blocks cover {mapped_total} bytes but total_allocated_memory is {}",

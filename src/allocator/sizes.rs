@@ -44,13 +44,13 @@ pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> (63 - divisions.max(1).leading_zeros());
     if step == 0 {
-        return floor << 1;
+        return floor.saturating_mul(2);
     }
     let rounded_down = size & !(step - 1);
     if rounded_down == size {
         size
     } else {
-        rounded_down + step
+        rounded_down.saturating_add(step)
     }
 }
 
@@ -59,7 +59,7 @@ pub fn round_size(size: u64, settings: &Settings) -> u64 {
     if size < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
     }
-    let plain = size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE;
+    let plain = size.div_ceil(MIN_BLOCK_SIZE).saturating_mul(MIN_BLOCK_SIZE);
     let version = settings.version;
     if version < TorchVersion::new(1, 12) {
         // 1.10/1.11: no power-of-two rounding at all.

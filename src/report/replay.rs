@@ -1,6 +1,7 @@
 //! Rendering: replay. Runs side by side (one column per config), the OOM
 //! messages, and PyTorch's memory_summary() per run when asked.
 
+use crate::allocator::oom::exception_name;
 use crate::app::replay::{Replay, Run};
 use crate::units::human;
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
@@ -109,10 +110,11 @@ pub fn text(replay: &Replay) -> String {
         if let Some(oom) = &run.result.oom {
             let _ = write!(
                 out,
-                "\n{}: event {} (alloc of {} bytes) raises\n  torch.OutOfMemoryError: {}\n",
+                "\n{}: event {} (alloc of {} bytes) raises\n  {}: {}\n",
                 conf_label(&run.conf),
                 oom.event_index,
                 oom.requested_bytes,
+                exception_name(replay.torch_version),
                 oom.message
             );
         }
@@ -160,7 +162,14 @@ pub fn markdown(replay: &Replay) -> String {
                     conf_label(&run.conf),
                     oom.event_index
                 ),
-                &code_block("", &format!("torch.OutOfMemoryError: {}", oom.message)),
+                &code_block(
+                    "",
+                    &format!(
+                        "{}: {}",
+                        exception_name(replay.torch_version),
+                        oom.message
+                    ),
+                ),
             ));
         }
         for (when, summary) in [

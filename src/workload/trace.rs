@@ -202,6 +202,16 @@ pub fn is_trace_csv(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any input parses or fails with an Input error; never a panic.
+        #[test]
+        fn arbitrary_input_never_panics(body in "(alloc|free|empty_cache|record_stream|synchronize|x)?,[a-c]?,[0-9]{0,3},[0-9-]{0,2}(\n|,)") {
+            let text = format!("{HEADER}\n{body}\n{body}");
+            let _ = Trace::parse("p.csv", text.as_bytes());
+        }
+    }
 
     #[test]
     fn parses_the_contract_example_with_reused_ids() {
