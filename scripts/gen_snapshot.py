@@ -30,6 +30,9 @@ def main():
     ap.add_argument("--devices", type=int, default=1, help="devices holding segments")
     ap.add_argument("--protocol", type=int, default=4, choices=range(0, 6))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--recorded-conf", default="",
+                    help="PYTORCH_CUDA_ALLOC_CONF as recorded (the effective settings stay the defaults, "
+                         "as when a value was silently ignored)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
     rnd = random.Random(a.seed)
@@ -112,7 +115,7 @@ def main():
         "segments": segments,
         "device_traces": device_traces,
         "allocator_settings": {
-            "PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0,
+            "PYTORCH_CUDA_ALLOC_CONF": a.recorded_conf, "max_split_size": -1, "garbage_collection_threshold": 0.0,
             "expandable_segments": False, "pinned_num_register_threads": 1,
             "release_lock_on_cudamalloc": False, "pinned_use_cuda_host_register": False,
             "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},

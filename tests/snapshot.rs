@@ -54,7 +54,9 @@ fn every_real_snapshot_loads_with_the_readme_figures() {
         } = e;
         let data = fixture(name);
         let snap = snapshot::load(name, &data).unwrap();
-        let lens: Vec<usize> = snap.device_traces.iter().map(Vec::len).collect();
+        let lens: Vec<usize> = (0..snap.trace_lists() as u32)
+            .map(|d| snap.trace_len(d))
+            .collect();
         assert_eq!(lens, traces, "{name}");
         let obs = snapshot::observations(name, &data).unwrap();
         let got: Vec<u32> = obs.iter().map(|o| o.device_index.unwrap()).collect();
@@ -469,4 +471,46 @@ fn another_config_diverges_and_the_report_says_where() {
         "modeling_utils.py:3490:warn_if_padding_and_no_attention_mask"
     );
     assert!(!f.final_segments_equal);
+}
+
+#[test]
+fn replay_accepts_a_snapshot_and_reports_fidelity() {
+    use allocdoc::app::replay::{ReplayOptions, execute};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle");
+    let opts = ReplayOptions {
+        trace: path.display().to_string(),
+        confs: vec![String::new(), "expandable_segments:True".into()],
+        device: "sim".into(),
+        fidelity: true,
+        ..ReplayOptions::default()
+    };
+    let r = execute(&opts).unwrap();
+    assert_eq!(r.events, 3840);
+    assert_eq!(r.runs.len(), 2);
+    assert!(r.runs.iter().all(|run| run.result.oom.is_none()));
+    let f = r.fidelity.as_ref().unwrap();
+    assert_eq!((f.alloc_events, f.address_matches), (1280, 1280));
+    let json: serde_json::Value =
+        serde_json::from_str(&allocdoc::report::replay::json(&r)).unwrap();
+    assert_eq!(json["fidelity"]["alloc_events"], 1280);
+    assert_eq!(json["fidelity"]["address_matches"], 1280);
+    assert_eq!(
+        json["fidelity"]["first_divergence"],
+        serde_json::Value::Null
+    );
+}
+
+#[test]
+fn a_recorded_conf_that_did_not_take_effect_is_noted() {
+    let obs = snapshot::observations("g", &fixture("gen-ignored-conf.pickle")).unwrap();
+    let note = obs[0].detail.as_ref().unwrap()["allocator_settings_note"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        note,
+        "PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True,max_split_size_mb:256\" asks for \
+         \"max_split_size_mb:256,expandable_segments:True\" but the allocator ran with the defaults"
+    );
 }

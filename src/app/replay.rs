@@ -54,6 +54,10 @@ pub struct Replay {
     pub capacity_defaulted: bool,
     pub torch_version: TorchVersion,
     pub runs: Vec<Run>,
+    /// `--fidelity` on a snapshot: the recorded config's replay compared with the recording.
+    pub fidelity: Option<crate::workload::snapshot_trace::Fidelity>,
+    /// Notes for standard error (how the input was read, how capacity was chosen).
+    pub notes: Vec<String>,
 }
 
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
@@ -66,7 +70,7 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
     if let (Some(path), Some(last)) = (&opts.compare_with, replay.runs.last()) {
         super::validate::append_torch_comparison(&mut stdout, &last.result, path, opts.format)?;
     }
-    let mut stderr = Vec::new();
+    let mut stderr = replay.notes.clone();
     if replay.capacity_defaulted {
         stderr.push(format!(
             "note: no --capacity given: replaying on a simulated {} card",
@@ -97,10 +101,20 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
             "--device {device}: expected sim or cuda[:N]"
         )));
     }
-    for (flag, given) in [("--fidelity", opts.fidelity)] {
-        if given {
+    let (name, data) = read_input(&opts.trace)?;
+    let is_snapshot = crate::snapshot::is_pickle(&data);
+    if opts.fidelity && !is_snapshot {
+        return Err(Error::Usage(
+            "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),
+        ));
+    }
+    for (flag, given) in [
+        ("--emit-snapshot", opts.emit_snapshot.is_some()),
+        ("--report", opts.report.is_some()),
+    ] {
+        if given && is_snapshot {
             return Err(Error::Usage(format!(
-                "{flag} needs a snapshot replay, which this build of `replay` does not include"
+                "{flag} works on trace CSV and RMM-log replays; a snapshot's own trace is not supported yet"
             )));
         }
     }
@@ -110,13 +124,27 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         }
         None => TorchVersion::DEFAULT,
     };
-    let (name, data) = read_input(&opts.trace)?;
-    let trace = detect_trace(&name, &data)?.ok_or_else(|| {
-        Error::Input(format!(
-            "{name}: expected a trace CSV starting with the header \"{}\"",
-            crate::workload::trace::HEADER
-        ))
-    })?;
+    if is_snapshot {
+        return snapshot_replay(opts, name, &data, version);
+    }
+    let mut notes = Vec::new();
+    let trace = match detect_trace(&name, &data)? {
+        Some(trace) => trace,
+        None if crate::workload::rmm::is_rmm_log(&data) => {
+            let (trace, skipped) = crate::workload::rmm::parse(&name, &data)?.to_trace()?;
+            notes.push(format!(
+                "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
+                skipped.failed_allocations, skipped.unmatched_frees
+            ));
+            trace
+        }
+        None => {
+            return Err(Error::Input(format!(
+                "{name}: expected a trace CSV starting with the header \"{}\", an RMM log or a snapshot pickle",
+                crate::workload::trace::HEADER
+            )));
+        }
+    };
     let confs: Vec<String> = if opts.confs.is_empty() {
         vec![String::new()]
     } else {
@@ -152,6 +180,8 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         capacity_defaulted: opts.capacity.is_none() && trace.capacity_hint().is_none(),
         torch_version: version,
         runs,
+        fidelity: None,
+        notes,
     };
     if let Some(path) = &opts.report {
         let runs: Vec<(&str, &RunResult, &Settings)> = replay
@@ -172,6 +202,83 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         write_output(path, &crate::snapshot::writer::to_bytes(&snapshot))?;
     }
     Ok(replay)
+}
+
+/// A snapshot's trace replayed from the state it started in: once per
+/// `--conf` (the recorded config when none is given), plus the `--fidelity`
+/// comparison under the recorded config.
+fn snapshot_replay(
+    opts: &ReplayOptions,
+    name: String,
+    data: &[u8],
+    version: TorchVersion,
+) -> Result<Replay, Error> {
+    use crate::workload::snapshot_trace::{self as st, CapacitySource};
+    let snap = crate::snapshot::load(&name, data)?;
+    let device = st::traced_device(&snap).ok_or_else(|| {
+        Error::Input(format!(
+            "{name}: the snapshot has no trace to replay (record one with torch.cuda.memory._record_memory_history())"
+        ))
+    })?;
+    let mut recorded = st::recorded_settings(&snap);
+    recorded.version = version;
+    let trace = st::SnapshotTrace::new(&snap, device, &recorded)
+        .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+    let (capacity, source) = st::capacity(&snap, device, opts.capacity, DEFAULT_CAPACITY);
+    let mut notes = vec![format!(
+        "note: {name}: device {device}, {} segments and {} live blocks seeded at the start of the trace",
+        trace.start.segments.len(),
+        trace.start.live_blocks
+    )];
+    if source == CapacitySource::OomEntry {
+        notes.push(format!(
+            "note: capacity {} from the snapshot's oom entry (free memory then + reserved)",
+            human(capacity)
+        ));
+    }
+    let runs_for: Vec<(String, Settings)> = if opts.confs.is_empty() {
+        let conf = crate::snapshot::evidence::settings_json(&snap)
+            .and_then(|j| {
+                j.get("PYTORCH_CUDA_ALLOC_CONF")?
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        vec![(conf, recorded.clone())]
+    } else {
+        opts.confs
+            .iter()
+            .map(|c| Ok((c.clone(), parse_conf(c, version)?)))
+            .collect::<Result<_, Error>>()?
+    };
+    let mut runs = Vec::new();
+    for (conf, settings) in runs_for {
+        let (result, _) = st::replay_on_sim(&trace, &settings, capacity, false)?;
+        let summary_at_end = opts
+            .summary
+            .then(|| memory_summary(&result.stats, device, false, settings.version));
+        runs.push(Run {
+            conf,
+            result,
+            summary_at_peak: None,
+            summary_at_end,
+        });
+    }
+    let fidelity = if opts.fidelity {
+        st::replay_on_sim(&trace, &recorded, capacity, true)?.1
+    } else {
+        None
+    };
+    Ok(Replay {
+        input: name,
+        events: trace.trace.len() as u64,
+        capacity_bytes: capacity,
+        capacity_defaulted: source == CapacitySource::Default,
+        torch_version: version,
+        runs,
+        fidelity,
+        notes,
+    })
 }
 
 /// What an HTML report draws from replays: one timeline per run and the

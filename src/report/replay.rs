@@ -106,6 +106,9 @@ pub fn text(replay: &Replay) -> String {
         }
     }
     let mut out = format!("{}\n{table}\n", heading(replay));
+    if let Some(f) = &replay.fidelity {
+        out.push_str(&fidelity_text(f));
+    }
     for run in &replay.runs {
         if let Some(oom) = &run.result.oom {
             let _ = write!(
@@ -164,11 +167,7 @@ pub fn markdown(replay: &Replay) -> String {
                 ),
                 &code_block(
                     "",
-                    &format!(
-                        "{}: {}",
-                        exception_name(replay.torch_version),
-                        oom.message
-                    ),
+                    &format!("{}: {}", exception_name(replay.torch_version), oom.message),
                 ),
             ));
         }
@@ -222,7 +221,11 @@ pub fn json(replay: &Replay) -> String {
             v
         })
         .collect();
-    let mut out = serde_json::to_string_pretty(&json!({ "runs": runs })).unwrap_or_default();
+    let mut doc = json!({ "runs": runs });
+    if let (Some(f), Some(map)) = (&replay.fidelity, doc.as_object_mut()) {
+        map.insert("fidelity".into(), json!(f));
+    }
+    let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
     out.push('\n');
     out
 }
@@ -328,4 +331,46 @@ pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
         sites_title: Some("Live blocks in the segment map, by size".into()),
         tables: vec![table],
     })
+}
+
+/// `--fidelity` on a snapshot: how closely the replay followed the recording.
+fn fidelity_text(f: &crate::workload::snapshot_trace::Fidelity) -> String {
+    let pct = |n: u64, of: u64| {
+        if of == 0 {
+            100.0
+        } else {
+            n as f64 * 100.0 / of as f64
+        }
+    };
+    let mut out = format!(
+        "\nfidelity (recorded config, recorded segment addresses):\n  allocs at the recorded address: {} of {} ({:.1} %)\n  trace entries identical: {} of {}\n  segment events identical: {} of {}\n  final segments equal to the snapshot's: {}\n  start state: {} segments, {} live blocks\n",
+        f.address_matches,
+        f.alloc_events,
+        pct(f.address_matches, f.alloc_events),
+        f.entries_equal,
+        f.entries_compared,
+        f.segment_matches,
+        f.segment_events,
+        if f.final_segments_equal { "yes" } else { "no" },
+        f.start_segments,
+        f.live_at_start_blocks,
+    );
+    if let Some(d) = &f.first_divergence {
+        let _ = writeln!(
+            out,
+            "  first divergence: entry {} ({} of {} bytes at {:#x}; replay: {})",
+            d.event_index,
+            d.action,
+            d.size,
+            d.recorded_addr,
+            d.replayed.as_deref().unwrap_or("nothing")
+        );
+        for frame in d.frames.iter().take(5) {
+            let _ = writeln!(out, "    {frame}");
+        }
+    }
+    if let Some(diff) = &f.final_difference {
+        let _ = writeln!(out, "  final state: {diff}");
+    }
+    out
 }

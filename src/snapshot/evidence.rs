@@ -3,7 +3,8 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in `detail`.
 
-use super::model::{Action, BlockState, Frame, Frames, Segment, Snapshot};
+use super::model::{Action, BlockState, Frame, Frames, ModelError, Segment, Snapshot};
+use crate::conf::{Settings, TorchVersion};
 use crate::evidence::{DeviceKind, Kind, Observation};
 use serde_json::{Value as J, json};
 use std::collections::{BTreeMap, HashMap};
@@ -15,7 +16,10 @@ const TOP_SITES: usize = 10;
 const SITE_FRAMES: usize = 12;
 
 /// One observation per device present (segments or trace entries).
-pub fn device_observations(input_name: &str, snap: &Snapshot) -> Vec<Observation> {
+pub fn device_observations(
+    input_name: &str,
+    snap: &Snapshot,
+) -> Result<Vec<Observation>, ModelError> {
     let settings_json = settings_json(snap);
     let settings_note = settings_json.as_ref().and_then(settings_mismatch);
     snap.devices()
@@ -30,15 +34,19 @@ pub fn device_observations(input_name: &str, snap: &Snapshot) -> Vec<Observation
             o.device_kind = Some(DeviceKind::Cuda);
             o.device_index = Some(device);
             o.segments = Some(segs.len() as u64);
-            o.blocks = Some(segs.iter().map(|s| s.blocks.len() as u64).sum());
-            o.reserved_bytes = Some(segs.iter().map(|s| s.total_size).sum());
-            o.allocated_bytes = Some(segs.iter().map(|s| s.allocated_size).sum());
-            o.active_bytes = Some(segs.iter().map(|s| s.active_size).sum());
-            o.requested_bytes = Some(segs.iter().map(|s| segment_requested(snap, s)).sum());
-            o.trace_events = Some(snap.trace(device).len() as u64);
+            // Sizes come from the file: saturate rather than overflow.
+            let total = |f: &dyn Fn(&Segment) -> u64| {
+                segs.iter().map(|s| f(s)).fold(0, u64::saturating_add)
+            };
+            o.blocks = Some(total(&|s| s.blocks.len() as u64));
+            o.reserved_bytes = Some(total(&|s| s.total_size));
+            o.allocated_bytes = Some(total(&|s| s.allocated_size));
+            o.active_bytes = Some(total(&|s| s.active_size));
+            o.requested_bytes = Some(total(&|s| segment_requested(snap, s)));
+            o.trace_events = Some(snap.trace_len(device) as u64);
             o.allocator_settings = settings_json.clone();
-            o.detail = Some(detail(snap, device, &segs, settings_note.as_deref()));
-            o
+            o.detail = Some(detail(snap, device, &segs, settings_note.as_deref())?);
+            Ok(o)
         })
         .collect()
 }
@@ -50,7 +58,7 @@ fn segment_requested(snap: &Snapshot, s: &Segment) -> u64 {
             .iter()
             .filter(|b| b.state != BlockState::Inactive)
             .map(|b| b.requested_size)
-            .sum()
+            .fold(0, u64::saturating_add)
     })
 }
 
@@ -78,10 +86,10 @@ impl SegSum {
             if b.state == BlockState::ActiveAllocated {
                 // segsum trusts requested ≤ size; clamp so a corrupt file cannot underflow.
                 let req = b.requested_size.min(b.size);
-                r.allocated += req;
-                r.internal_free += b.size - req;
+                r.allocated = r.allocated.saturating_add(req);
+                r.internal_free = r.internal_free.saturating_add(b.size - req);
             } else {
-                r.external_free += b.size;
+                r.external_free = r.external_free.saturating_add(b.size);
                 if b.state == BlockState::Inactive {
                     r.largest_free_block = r.largest_free_block.max(b.size);
                 }
@@ -91,20 +99,23 @@ impl SegSum {
     }
 
     fn add(&mut self, o: SegSum) {
-        self.reserved += o.reserved;
-        self.allocated += o.allocated;
-        self.internal_free += o.internal_free;
-        self.external_free += o.external_free;
+        self.reserved = self.reserved.saturating_add(o.reserved);
+        self.allocated = self.allocated.saturating_add(o.allocated);
+        self.internal_free = self.internal_free.saturating_add(o.internal_free);
+        self.external_free = self.external_free.saturating_add(o.external_free);
         self.largest_free_block = self.largest_free_block.max(o.largest_free_block);
     }
 
     /// segsum's assertion: "Segment size mismatch" when this fails.
     pub fn balanced(&self) -> bool {
-        self.allocated + self.internal_free + self.external_free == self.reserved
+        self.allocated
+            .checked_add(self.internal_free)
+            .and_then(|x| x.checked_add(self.external_free))
+            == Some(self.reserved)
     }
 
     fn json(&self) -> J {
-        let free = self.internal_free + self.external_free;
+        let free = self.internal_free.saturating_add(self.external_free);
         json!({
             "reserved_bytes": self.reserved,
             "allocated_bytes": self.allocated,
@@ -136,7 +147,12 @@ struct PoolTotals {
     segsum: SegSum,
 }
 
-fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option<&str>) -> J {
+fn detail(
+    snap: &Snapshot,
+    device: u32,
+    segs: &[&Segment],
+    settings_note: Option<&str>,
+) -> Result<J, ModelError> {
     let mut pools: BTreeMap<(String, &'static str, u64), PoolTotals> = BTreeMap::new();
     let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
@@ -155,16 +171,16 @@ fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option
             .iter()
             .filter(|b| b.state == BlockState::Inactive)
             .map(|b| b.size)
-            .sum();
-        t.segments += 1;
-        t.blocks += blocks.len() as u64;
-        t.reserved += s.total_size;
-        t.allocated += s.allocated_size;
-        t.active += s.active_size;
-        t.requested += segment_requested(snap, s);
-        t.inactive += inactive;
+            .fold(0, u64::saturating_add);
+        t.segments = t.segments.saturating_add(1);
+        t.blocks = t.blocks.saturating_add(blocks.len() as u64);
+        t.reserved = t.reserved.saturating_add(s.total_size);
+        t.allocated = t.allocated.saturating_add(s.allocated_size);
+        t.active = t.active.saturating_add(s.active_size);
+        t.requested = t.requested.saturating_add(segment_requested(snap, s));
+        t.inactive = t.inactive.saturating_add(inactive);
         if blocks.len() > 1 {
-            t.inactive_split += inactive;
+            t.inactive_split = t.inactive_split.saturating_add(inactive);
         }
         let ss = SegSum::of(snap, s);
         if !ss.balanced() {
@@ -174,9 +190,9 @@ fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option
         total.add(ss);
         let class = size_class(s.total_size);
         let c = classes.entry(class).or_default();
-        c.0 += 1;
-        c.1 += s.total_size;
-        expandable += u64::from(s.is_expandable == Some(true));
+        c.0 = c.0.saturating_add(1);
+        c.1 = c.1.saturating_add(s.total_size);
+        expandable = expandable.saturating_add(u64::from(s.is_expandable == Some(true)));
     }
 
     let pools_json: Vec<J> = pools
@@ -197,10 +213,10 @@ fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option
         .map(|((_, name), (n, bytes))| json!({"class": name, "segments": n, "bytes": bytes}))
         .collect();
 
-    let trace = snap.trace(device);
     let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut ooms = Vec::new();
-    for (i, e) in trace.iter().enumerate() {
+    for (i, e) in snap.trace(device).enumerate() {
+        let e = e?;
         *actions.entry(action_name(e.action)).or_default() += 1;
         if e.action == Action::Oom {
             ooms.push(json!({
@@ -235,7 +251,7 @@ fn detail(snap: &Snapshot, device: u32, segs: &[&Segment], settings_note: Option
             map.insert("external_annotations".into(), json!(n));
         }
     }
-    d
+    Ok(d)
 }
 
 fn action_name(a: Action) -> &'static str {
@@ -329,8 +345,8 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
                 }
             };
             if let Some(site) = sites.get_mut(idx) {
-                site.1 += b.size;
-                site.2 += 1;
+                site.1 = site.1.saturating_add(b.size);
+                site.2 = site.2.saturating_add(1);
             }
         }
     }
@@ -367,42 +383,69 @@ pub fn stack_text(snap: &Snapshot, frames: Frames) -> Vec<String> {
 
 /// Compares the `PYTORCH_CUDA_ALLOC_CONF` string recorded in
 /// `allocator_settings` with the values that took effect (pytorch#183387:
-/// keys silently ignored). Returns a note when they disagree.
+/// a value can be silently ignored). Only the keys the snapshot records are
+/// compared. Returns a note when they disagree.
 fn settings_mismatch(settings: &J) -> Option<String> {
     let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")?.as_str()?;
-    let mut notes = Vec::new();
-    for item in conf.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let Some((key, value)) = item.split_once(':') else {
-            continue;
-        };
-        let (key, value) = (key.trim(), value.trim());
-        let effective = settings.get(match key {
-            "max_split_size_mb" => "max_split_size",
-            k => k,
-        });
-        let differs = match (key, effective) {
-            ("expandable_segments" | "release_lock_on_cudamalloc", Some(J::Bool(b))) => {
-                !value.eq_ignore_ascii_case(if *b { "true" } else { "false" })
-            }
-            ("max_split_size_mb", Some(v)) => {
-                let want = value.parse::<u64>().ok().map(|mb| (mb * MIB) as i64);
-                want.is_some() && v.as_i64() != want
-            }
-            ("garbage_collection_threshold", Some(v)) => value
-                .parse::<f64>()
-                .ok()
-                .zip(v.as_f64())
-                .is_some_and(|(a, b)| (a - b).abs() > 1e-9),
-            _ => false,
-        };
-        if differs {
-            notes.push(format!(
-                "{key}:{value} is in PYTORCH_CUDA_ALLOC_CONF but the allocator ran with {}",
-                effective.map(J::to_string).unwrap_or_default()
+    let parsed = match crate::conf::parse(conf, TorchVersion::DEFAULT) {
+        Ok(p) => p.settings,
+        Err(e) => {
+            return Some(format!(
+                "PYTORCH_CUDA_ALLOC_CONF={conf:?} does not parse ({e}); the allocator ran with {}",
+                describe(&apply_recorded(Settings::default(), settings))
             ));
         }
+    };
+    let effective = apply_recorded(parsed.clone(), settings);
+    (effective != parsed).then(|| {
+        format!(
+            "PYTORCH_CUDA_ALLOC_CONF={conf:?} asks for {} but the allocator ran with {}",
+            describe(&parsed),
+            describe(&effective)
+        )
+    })
+}
+
+/// A config as PyTorch would spell it, or "the defaults".
+fn describe(s: &Settings) -> String {
+    match crate::conf::render(s) {
+        r if r.is_empty() => "the defaults".into(),
+        r => format!("{r:?}"),
     }
-    (!notes.is_empty()).then(|| notes.join("; "))
+}
+
+/// `base` with the values `allocator_settings` records put over it.
+fn apply_recorded(mut s: Settings, j: &J) -> Settings {
+    if let Some(v) = j.get("max_split_size").and_then(J::as_i64) {
+        // SIZE_MAX is recorded as -1.
+        s.max_split_size = u64::try_from(v).unwrap_or(u64::MAX);
+    }
+    if let Some(v) = j.get("expandable_segments").and_then(J::as_bool) {
+        s.expandable_segments = v;
+    }
+    if let Some(v) = j.get("garbage_collection_threshold").and_then(J::as_f64) {
+        s.garbage_collection_threshold = v;
+    }
+    if let Some(v) = j.get("release_lock_on_cudamalloc").and_then(J::as_bool) {
+        s.release_lock_on_cudamalloc = v;
+    }
+    if let Some(d) = j.get("roundup_power2_divisions").and_then(J::as_object) {
+        for (i, slot) in s.roundup_power2_divisions.iter_mut().enumerate() {
+            if let Some(v) = d.get(&(1u64 << i).to_string()).and_then(J::as_u64) {
+                *slot = v;
+            }
+        }
+    }
+    s
+}
+
+/// The settings the snapshot records as in effect (`allocator_settings`),
+/// PyTorch's defaults for what it does not record.
+pub fn recorded_settings(snap: &Snapshot) -> Settings {
+    match settings_json(snap) {
+        Some(j) => apply_recorded(Settings::default(), &j),
+        None => Settings::default(),
+    }
 }
 
 /// The recorded allocator settings, decoded (for replay's `--fidelity`).

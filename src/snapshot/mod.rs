@@ -27,6 +27,7 @@ pub fn load<'a>(input_name: &str, data: &'a [u8]) -> Result<Snapshot<'a>, Error>
 /// One `snapshot` observation per device present in the snapshot.
 pub fn observations(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, Error> {
     let snap = load(input_name, data)?;
-    Ok(evidence::device_observations(input_name, &snap))
+    evidence::device_observations(input_name, &snap)
+        .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
 }
 pub mod writer;

@@ -144,8 +144,9 @@ pub struct Snapshot<'a> {
     pub form: Form,
     pub segments: Vec<Segment>,
     pub blocks: Vec<Block>,
-    /// One list per device allocator, index = device ordinal.
-    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// The trace list of each device allocator, index = device ordinal; its
+    /// entries are read on demand ([`Snapshot::trace`]), not kept twice.
+    device_traces: Vec<V>,
     pub allocator_settings: Option<V>,
     pub external_annotations: Option<usize>,
 }
@@ -202,14 +203,10 @@ impl<'a> Snapshot<'a> {
                 .items(tv)
                 .ok_or_else(|| err("device_traces", "not a list"))?;
             for (d, &list) in per_device.iter().enumerate() {
-                let entries = pickle
+                pickle
                     .items(list)
                     .ok_or_else(|| err(format!("device_traces[{d}]"), "not a list"))?;
-                let mut out = Vec::with_capacity(entries.len());
-                for (j, &e) in entries.iter().enumerate() {
-                    out.push(reader.trace_entry(&pickle, e, d, j)?);
-                }
-                device_traces.push(out);
+                device_traces.push(list);
             }
         }
 
@@ -231,8 +228,8 @@ impl<'a> Snapshot<'a> {
     /// Devices that have segments or trace entries, ascending.
     pub fn devices(&self) -> Vec<u32> {
         let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
-        for (i, t) in self.device_traces.iter().enumerate() {
-            if !t.is_empty() {
+        for i in 0..self.device_traces.len() {
+            if self.trace_len(i as u32) > 0 {
                 d.push(u32::try_from(i).unwrap_or(u32::MAX));
             }
         }
@@ -241,11 +238,31 @@ impl<'a> Snapshot<'a> {
         d
     }
 
-    pub fn trace(&self, device: u32) -> &[TraceEntry] {
+    /// How many `device_traces` lists the snapshot has (one per device allocator).
+    pub fn trace_lists(&self) -> usize {
+        self.device_traces.len()
+    }
+
+    /// Entries in a device's trace.
+    pub fn trace_len(&self, device: u32) -> usize {
+        self.trace_items(device).len()
+    }
+
+    fn trace_items(&self, device: u32) -> &[V] {
         self.device_traces
             .get(device as usize)
-            .map(Vec::as_slice)
+            .and_then(|&l| self.pickle.items(l))
             .unwrap_or_default()
+    }
+
+    /// A device's trace entries, read from the pickle as they are visited.
+    pub fn trace(&self, device: u32) -> impl Iterator<Item = Result<TraceEntry, ModelError>> + '_ {
+        let mut reader = Reader::new();
+        let p = &self.pickle;
+        self.trace_items(device)
+            .iter()
+            .enumerate()
+            .map(move |(j, &e)| reader.trace_entry(p, e, device as usize, j))
     }
 
     /// The frames of a list, skipping entries that are not frame dicts.
@@ -282,6 +299,28 @@ impl<'a> Snapshot<'a> {
 struct Keys<K: Copy + 'static> {
     names: &'static [(&'static str, K)],
     seen: Vec<(V, Option<K>)>,
+    /// The fields of the last key shape seen (most dicts share one).
+    shape: Option<(*const V, usize)>,
+    shape_fields: Vec<Option<K>>,
+}
+
+fn resolve<K: Copy>(
+    seen: &mut Vec<(V, Option<K>)>,
+    names: &[(&'static str, K)],
+    p: &Pickle,
+    k: V,
+) -> Option<K> {
+    if let Some(&(_, f)) = seen.iter().find(|(s, _)| *s == k) {
+        return f;
+    }
+    let f = p
+        .str(k)
+        .and_then(|s| names.iter().find(|(n, _)| *n == s).map(|(_, f)| *f));
+    // Keys are few; a hostile file with many distinct key objects only loses the cache.
+    if seen.len() < 64 {
+        seen.push((k, f));
+    }
+    f
 }
 
 impl<K: Copy + 'static> Keys<K> {
@@ -289,22 +328,13 @@ impl<K: Copy + 'static> Keys<K> {
         Keys {
             names,
             seen: Vec::new(),
+            shape: None,
+            shape_fields: Vec::new(),
         }
     }
 
     fn field(&mut self, p: &Pickle, k: V) -> Option<K> {
-        if let Some(&(_, f)) = self.seen.iter().find(|(seen, _)| *seen == k) {
-            return f;
-        }
-        let f = p
-            .str(k)
-            .and_then(|s| self.names.iter().find(|(n, _)| *n == s).map(|(_, f)| *f));
-        // Keys are few; a hostile file with many distinct key objects only
-        // loses the cache.
-        if self.seen.len() < 64 {
-            self.seen.push((k, f));
-        }
-        f
+        resolve(&mut self.seen, self.names, p, k)
     }
 
     /// The known fields of dict `d` with their values; `path` names it in errors.
@@ -315,9 +345,27 @@ impl<K: Copy + 'static> Keys<K> {
         path: &dyn Fn() -> String,
     ) -> Result<impl Iterator<Item = (K, V)> + 'p, ModelError> {
         let pairs = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
-        Ok(pairs
-            .iter()
-            .filter_map(move |(k, v)| Some((self.field(p, k)?, v))))
+        if let Some(keys) = pairs.shape() {
+            let id = (keys.as_ptr(), keys.len());
+            if self.shape != Some(id) {
+                self.shape_fields = keys.iter().map(|&k| self.field(p, k)).collect();
+                self.shape = Some(id);
+            }
+        } else {
+            self.shape = None;
+        }
+        let cached = self.shape.is_some();
+        let fields = &self.shape_fields;
+        let seen = &mut self.seen;
+        let names = self.names;
+        Ok(pairs.iter().enumerate().filter_map(move |(i, (k, v))| {
+            let f = if cached {
+                fields.get(i).copied().flatten()
+            } else {
+                resolve(seen, names, p, k)
+            };
+            Some((f?, v))
+        }))
     }
 }
 
@@ -496,8 +544,13 @@ impl Reader {
         }
         let seg_blocks = blocks.get(start..).unwrap_or_default();
         // Old dumps may lack the aggregates; they are sums over the blocks (§9.2).
-        let sum =
-            |f: &dyn Fn(&Block) -> bool| seg_blocks.iter().filter(|b| f(b)).map(|b| b.size).sum();
+        let sum = |f: &dyn Fn(&Block) -> bool| {
+            seg_blocks
+                .iter()
+                .filter(|b| f(b))
+                .map(|b| b.size)
+                .fold(0, u64::saturating_add)
+        };
         Ok(Segment {
             device,
             address,

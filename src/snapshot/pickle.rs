@@ -14,7 +14,6 @@
 //! against the remaining input before slicing, and never sizes an allocation
 //! from a length read from the input.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -120,7 +119,7 @@ pub struct Container {
 pub enum Obj<'a> {
     Str(&'a str),
     OwnedStr(Box<str>),
-    Bytes(Cow<'a, [u8]>),
+    Bytes(&'a [u8]),
     /// An int outside [-2^60, 2^64): little-endian two's complement when
     /// wider than 64 bits.
     BigInt(Box<[u8]>),
@@ -217,16 +216,20 @@ pub fn decode(data: &[u8]) -> Result<Pickle<'_>, DecodeError> {
 /// Decodes `data` (one pickle; trailing bytes after STOP are ignored, as
 /// `pickle.loads` does).
 pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeError> {
-    Decoder {
+    // Reserve from the input's actual size (not a declared length): a torch
+    // snapshot holds about one pooled value per 10 bytes and one object per
+    // 50; only touched pages count, so an overestimate costs nothing.
+    let n = data.len();
+    let d = Decoder {
         data,
         pos: 0,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Vec::new(),
+        memo: Vec::with_capacity(n / 48),
         sparse_memo: HashMap::new(),
         p: Pickle {
-            objs: Vec::new(),
-            pool: Vec::new(),
+            objs: Vec::with_capacity(n / 48),
+            pool: Vec::with_capacity(n / 8),
             owned: Vec::new(),
             shapes: Vec::new(),
             root: V::NONE,
@@ -236,8 +239,8 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         recent_shapes: [u32::MAX; 4],
         values: 0,
         limits,
-    }
-    .run()
+    };
+    d.run()
 }
 
 struct Decoder<'a> {
@@ -442,7 +445,7 @@ impl<'a> Decoder<'a> {
                 }
                 b'd' => {
                     let m = self.pop_mark(at, op)?;
-                    if (self.stack.len() - m) % 2 != 0 {
+                    if !self.stack.len().saturating_sub(m).is_multiple_of(2) {
                         return Err(self.malformed(at, op, "odd number of items"));
                     }
                     self.build(Kind::Dict, m, at)?;
@@ -557,19 +560,19 @@ impl<'a> Decoder<'a> {
                 b'B' => {
                     let n = self.len_u32(at, op)?;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(Cow::Borrowed(b)), at)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
                     self.push(v, at)?;
                 }
                 b'C' => {
                     let n = self.take(1, at, op)?[0] as usize;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(Cow::Borrowed(b)), at)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
                     self.push(v, at)?;
                 }
                 0x8e | 0x96 => {
                     let n = self.len_u64(at, op)?;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(Cow::Borrowed(b)), at)?;
+                    let v = self.alloc(Obj::Bytes(b), at)?;
                     self.push(v, at)?;
                 }
                 0x97 => {
@@ -879,7 +882,7 @@ impl<'a> Decoder<'a> {
             .filter(|&i| i >= self.floor())
             .and_then(|i| self.stack.get(i).copied())
             .ok_or_else(|| self.empty(at, op))?;
-        if kind == Kind::Dict && (self.stack.len() - m) % 2 != 0 {
+        if kind == Kind::Dict && !self.stack.len().saturating_sub(m).is_multiple_of(2) {
             return Err(self.malformed(at, op, "odd number of items"));
         }
         self.extend(target, kind, m, at, op)
@@ -984,7 +987,7 @@ impl<'a> Decoder<'a> {
     fn shape_of(&mut self, from: usize) -> Option<u32> {
         const MAX_SHAPES: usize = 1 << 12;
         let items = self.stack.get(from..)?;
-        if items.len() % 2 != 0 || items.len() > 64 {
+        if !items.len().is_multiple_of(2) || items.len() > 64 {
             return None;
         }
         let keys = || items.iter().step_by(2).copied();
@@ -1029,9 +1032,9 @@ impl<'a> Decoder<'a> {
 
     #[inline]
     fn get(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
-        let v = match self.memo.get(idx as usize) {
-            Some(&v) if idx <= usize::MAX as u64 => v,
-            _ => *self.sparse_memo.get(&idx).ok_or_else(|| {
+        let v = match usize::try_from(idx).ok().and_then(|i| self.memo.get(i)) {
+            Some(&v) => v,
+            None => *self.sparse_memo.get(&idx).ok_or_else(|| {
                 self.malformed(at, op, &format!("memo key {idx} was never stored"))
             })?,
         };
@@ -1050,6 +1053,14 @@ impl<'a> Decoder<'a> {
 
     /// LONG1/LONG4 payload: little-endian two's complement of any length.
     fn long_le(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
+        // The common case (addresses, sizes): up to 8 bytes, sign-extended.
+        if let Some(&last) = b.last()
+            && b.len() <= 8
+        {
+            let mut a = if last & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
+            a[..b.len()].copy_from_slice(b);
+            return self.int(i64::from_le_bytes(a), at);
+        }
         match long_from_le(b) {
             Some(Value::Int(i)) => self.int(i, at),
             Some(Value::UInt(u)) => self.alloc(Obj::UInt(u), at),

@@ -7,7 +7,9 @@
 //! pointers freed without a logged allocation (the log started while they were
 //! live) listed so the replay can place them before the first event.
 
+use super::trace::{Event, Trace};
 use crate::Error;
+use std::collections::HashMap;
 
 /// The header RMM writes (`logging_resource_adaptor::header()`).
 pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
@@ -66,6 +68,7 @@ pub fn parse(input_name: &str, text: &[u8]) -> Result<RmmLog, Error> {
         ..RmmLog::default()
     };
     let mut live: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
         let line = i as u64 + 1;
         let raw = raw.trim_ascii();
@@ -116,9 +119,10 @@ pub fn parse(input_name: &str, text: &[u8]) -> Result<RmmLog, Error> {
         match action {
             RmmAction::Allocate => {
                 live.insert(pointer);
+                seen.insert(pointer);
             }
             RmmAction::Free => {
-                if !live.remove(&pointer) {
+                if !live.remove(&pointer) && seen.insert(pointer) {
                     log.live_at_start.push((pointer, size, stream));
                 }
             }
@@ -133,6 +137,57 @@ pub fn parse(input_name: &str, text: &[u8]) -> Result<RmmLog, Error> {
         });
     }
     Ok(log)
+}
+
+impl RmmLog {
+    /// The log as a replayable [`Trace`]: the blocks live at the start are
+    /// allocated first, then every `allocate` / `free` in order. Failed
+    /// allocations are left out (the upstream resource refused them; the
+    /// program went on without them) and so are frees of pointers not live,
+    /// e.g. a second free; both are counted in the returned [`RmmSkipped`].
+    pub fn to_trace(&self) -> Result<(Trace, RmmSkipped), Error> {
+        let mut events = Vec::with_capacity(self.events.len() + self.live_at_start.len());
+        // Pointer → dense id of the live allocation at that pointer.
+        let mut live: HashMap<u64, u32> = HashMap::new();
+        let mut next = 0u32;
+        let mut alloc = |events: &mut Vec<Event>, size: u64, stream: u32| {
+            let id = next;
+            next += 1;
+            events.push(Event::Alloc {
+                id,
+                size,
+                stream: u64::from(stream),
+            });
+            id
+        };
+        for &(ptr, size, stream) in &self.live_at_start {
+            let id = alloc(&mut events, size, stream);
+            live.insert(ptr, id);
+        }
+        let mut skipped = RmmSkipped::default();
+        for e in &self.events {
+            match e.action {
+                RmmAction::Allocate => {
+                    let id = alloc(&mut events, e.size, e.stream);
+                    live.insert(e.pointer, id);
+                }
+                RmmAction::Free => match live.remove(&e.pointer) {
+                    Some(id) => events.push(Event::Free { id }),
+                    None => skipped.unmatched_frees += 1,
+                },
+                RmmAction::AllocateFailure => skipped.failed_allocations += 1,
+            }
+        }
+        let trace = Trace::from_events(events).map_err(Error::Input)?;
+        Ok((trace, skipped))
+    }
+}
+
+/// Rows of an RMM log that a trace cannot carry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RmmSkipped {
+    pub failed_allocations: u64,
+    pub unmatched_frees: u64,
 }
 
 #[cfg(test)]
@@ -167,6 +222,38 @@ mod tests {
         assert_eq!(log.streams, vec![0, 2]);
         // Freed but never allocated in the log: live when it started.
         assert_eq!(log.live_at_start, vec![(0x40b000000, 512, 1)]);
+
+        let (trace, skipped) = log.to_trace().unwrap();
+        assert_eq!(
+            trace.events(),
+            &[
+                Event::Alloc {
+                    id: 0,
+                    size: 512,
+                    stream: 1
+                },
+                Event::Alloc {
+                    id: 1,
+                    size: 1048576,
+                    stream: 0
+                },
+                Event::Free { id: 1 },
+                Event::Alloc {
+                    id: 2,
+                    size: 256,
+                    stream: 1
+                },
+                Event::Free { id: 2 },
+                Event::Free { id: 0 },
+            ]
+        );
+        assert_eq!(
+            skipped,
+            RmmSkipped {
+                failed_allocations: 1,
+                unmatched_frees: 0
+            }
+        );
     }
 
     #[test]

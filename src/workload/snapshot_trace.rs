@@ -31,9 +31,11 @@ use crate::allocator::seed::SeedBlock;
 use crate::allocator::sizes::round_size;
 use crate::allocator::{CachingAllocator, TraceAction, TraceEntry};
 use crate::conf::Settings;
-use crate::device::Device;
+use crate::device::sim::SimDevice;
+use crate::device::{Device, DeviceCounters};
 use crate::snapshot::Snapshot;
-use crate::snapshot::model::{Action, BlockState, Segment};
+use crate::snapshot::model::{Action, BlockState, Segment, TraceEntry as TraceRecord};
+use crate::workload::replay::{OomEvent, RunResult};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -105,7 +107,7 @@ pub struct ReplayOom {
 }
 
 /// The outcome of one replay.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotRun {
     /// Trace entries replayed (the whole trace unless it ran out of memory).
     pub events: usize,
@@ -113,59 +115,30 @@ pub struct SnapshotRun {
     pub fidelity: Option<Fidelity>,
     /// Recorded `oom` entries the replay served (what-if runs).
     pub recorded_ooms_avoided: u64,
+    /// The entry after which allocated memory first reached its peak.
+    pub peak_event_index: Option<u64>,
+    /// Allocated bytes when reserved memory first reached its peak.
+    pub allocated_at_peak_reserved: u64,
+    /// The device's counters once the start state was seeded (the replay's
+    /// own driver work is what comes after).
+    pub seeded_counters: DeviceCounters,
 }
 
-/// The settings recorded in the snapshot's `allocator_settings` (what took
-/// effect), or PyTorch's defaults when the snapshot does not record them.
-pub fn recorded_settings(snap: &Snapshot) -> Settings {
-    let mut s = Settings::default();
-    let Some(j) = crate::snapshot::evidence::settings_json(snap) else {
-        return s;
-    };
-    if let Some(v) = j.get("max_split_size").and_then(|v| v.as_i64()) {
-        // SIZE_MAX is recorded as -1.
-        s.max_split_size = u64::try_from(v).unwrap_or(u64::MAX);
-    }
-    if let Some(v) = j.get("expandable_segments").and_then(|v| v.as_bool()) {
-        s.expandable_segments = v;
-    }
-    if let Some(v) = j
-        .get("garbage_collection_threshold")
-        .and_then(|v| v.as_f64())
-    {
-        s.garbage_collection_threshold = v;
-    }
-    if let Some(v) = j
-        .get("release_lock_on_cudamalloc")
-        .and_then(|v| v.as_bool())
-    {
-        s.release_lock_on_cudamalloc = v;
-    }
-    if let Some(d) = j
-        .get("roundup_power2_divisions")
-        .and_then(|v| v.as_object())
-    {
-        for (i, slot) in s.roundup_power2_divisions.iter_mut().enumerate() {
-            if let Some(v) = d.get(&(1u64 << i).to_string()).and_then(|v| v.as_u64()) {
-                *slot = v;
-            }
-        }
-    }
-    s
-}
+pub use crate::snapshot::evidence::recorded_settings;
 
 /// The first device with trace entries.
 pub fn traced_device(snap: &Snapshot) -> Option<u32> {
-    snap.device_traces
-        .iter()
-        .position(|t| !t.is_empty())
-        .and_then(|d| u32::try_from(d).ok())
+    (0..snap.trace_lists())
+        .filter_map(|d| u32::try_from(d).ok())
+        .find(|&d| snap.trace_len(d) > 0)
 }
 
 /// A snapshot's trace on one device, with the state it started from.
 pub struct SnapshotTrace<'s, 'a> {
     snap: &'s Snapshot<'a>,
     device: u32,
+    /// The device's trace entries, read once.
+    pub trace: Vec<TraceRecord>,
     pub start: StartState,
     /// `segment_alloc` addresses in trace order.
     segment_allocs: Vec<u64>,
@@ -175,7 +148,10 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
     /// `recorded` are the settings the recording ran under (sizes of blocks
     /// live at the start follow them).
     pub fn new(snap: &'s Snapshot<'a>, device: u32, recorded: &Settings) -> Result<Self, Error> {
-        let trace = snap.trace(device);
+        let trace = snap
+            .trace(device)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Input(format!("not a torch memory snapshot: {e}")))?;
         if trace.is_empty() {
             return Err(Error::Input(format!(
                 "the snapshot has no trace for device {device}: record it with torch.cuda.memory._record_memory_history()"
@@ -204,7 +180,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut created: HashSet<u64> = HashSet::new();
         let mut released_first: Vec<(u64, u64, u64)> = Vec::new();
         let mut segment_allocs = Vec::new();
-        for e in trace {
+        for e in &trace {
             match e.action {
                 Action::Alloc => {
                     live.insert(e.addr);
@@ -312,6 +288,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         Ok(SnapshotTrace {
             snap,
             device,
+            trace,
             start: state,
             segment_allocs,
         })
@@ -334,7 +311,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         alloc: &mut CachingAllocator<D>,
         fidelity: bool,
     ) -> Result<SnapshotRun, Error> {
-        let trace = self.snap.trace(self.device);
+        let trace = &self.trace;
         // Recorded address → replayed address of every live allocation.
         let mut map: HashMap<u64, u64> = HashMap::new();
         for seg in &self.start.segments {
@@ -354,6 +331,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         }
         alloc.record_history();
         let _ = alloc.take_trace();
+        let seeded_counters = alloc.device().counters();
 
         let mut ours: Vec<TraceEntry> = Vec::new();
         // Index into `ours` of the replay's entries for each recorded alloc.
@@ -364,6 +342,9 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut oom = None;
         let mut recorded_ooms_avoided = 0;
         let mut events = trace.len();
+        let (mut peak_allocated, mut peak_reserved) = (0i64, 0i64);
+        let mut peak_event_index = None;
+        let mut allocated_at_peak_reserved = 0;
         let mut i = 0;
         while i < trace.len() {
             let e = &trace[i];
@@ -442,6 +423,16 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 _ => {}
             }
             ours.extend(alloc.take_trace());
+            let allocated = alloc.stats().allocated_bytes.all().current;
+            let reserved = alloc.stats().reserved_bytes.all().current;
+            if allocated > peak_allocated {
+                peak_allocated = allocated;
+                peak_event_index = Some(i as u64);
+            }
+            if reserved > peak_reserved {
+                peak_reserved = reserved;
+                allocated_at_peak_reserved = allocated as u64;
+            }
             i += 1;
         }
         ours.extend(alloc.take_trace());
@@ -460,6 +451,9 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             oom,
             fidelity,
             recorded_ooms_avoided,
+            peak_event_index,
+            allocated_at_peak_reserved,
+            seeded_counters,
         })
     }
 
@@ -471,7 +465,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         address_matches: u64,
         first_alloc_miss: Option<usize>,
     ) -> Fidelity {
-        let trace = self.snap.trace(self.device);
+        let trace = &self.trace;
         let recorded: Vec<(usize, TraceAction)> = trace
             .iter()
             .enumerate()
@@ -523,7 +517,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
     }
 
     fn divergence(&self, i: usize, ours: Option<&TraceEntry>) -> Divergence {
-        let e = &self.snap.trace(self.device)[i];
+        let e = &self.trace[i];
         Divergence {
             event_index: i,
             action: comparable(e.action).map_or("other", TraceAction::as_str),
@@ -607,4 +601,97 @@ fn comparable(a: Action) -> Option<TraceAction> {
         Action::SegmentFree => TraceAction::SegmentFree,
         _ => return None,
     })
+}
+
+/// How the capacity of a snapshot replay was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacitySource {
+    /// `--capacity`.
+    Given,
+    /// The last recorded `oom` entry: the device's free memory then plus what
+    /// the allocator held in the snapshot (a lower bound of the card).
+    OomEntry,
+    /// Not recorded: the caller's default.
+    Default,
+}
+
+/// The capacity a snapshot's replay should use.
+pub fn capacity(
+    snap: &Snapshot,
+    device: u32,
+    given: Option<u64>,
+    default: u64,
+) -> (u64, CapacitySource) {
+    if let Some(c) = given {
+        return (c, CapacitySource::Given);
+    }
+    let last_oom = snap
+        .trace(device)
+        .filter_map(Result::ok)
+        .filter(|e| e.action == Action::Oom)
+        .last();
+    match last_oom {
+        Some(e) => {
+            let reserved: u64 = snap
+                .segments
+                .iter()
+                .filter(|s| s.device == device)
+                .map(|s| s.total_size)
+                .sum();
+            (
+                e.device_free.saturating_add(reserved),
+                CapacitySource::OomEntry,
+            )
+        }
+        None => (default, CapacitySource::Default),
+    }
+}
+
+/// Replays the trace under `settings` on a simulated card of `capacity` bytes
+/// (what-if: new segments are laid out by the card; with `fidelity`, at the
+/// recorded addresses and compared with the recording).
+pub fn replay_on_sim(
+    trace: &SnapshotTrace,
+    settings: &Settings,
+    capacity: u64,
+    fidelity: bool,
+) -> Result<(RunResult, Option<Fidelity>), Error> {
+    let sim = SimDevice::new(capacity).with_recorded_addresses(trace.recorded_addresses(fidelity));
+    let mut alloc = CachingAllocator::new(settings.clone(), sim);
+    let run = trace.run(&mut alloc, fidelity)?;
+    let stats = alloc.stats();
+    let result = RunResult {
+        capacity_bytes: capacity,
+        events: trace.trace.len() as u64,
+        oom: run.oom.map(|o| OomEvent {
+            event_index: o.event_index as u64,
+            requested_bytes: o.requested_bytes,
+            message: o.message,
+        }),
+        peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
+        peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
+        device_allocs: stats.num_device_alloc as u64,
+        device_frees: stats.num_device_free as u64,
+        alloc_retries: stats.num_alloc_retries as u64,
+        stats: alloc.memory_stats(),
+        counters: since(alloc.device().counters(), run.seeded_counters),
+        peak_event_index: run.peak_event_index,
+        allocated_at_peak_reserved: run.allocated_at_peak_reserved,
+        timeline: Vec::new(),
+        segments: alloc.segments(),
+        history: Vec::new(),
+    };
+    Ok((result, run.fidelity))
+}
+
+/// Driver work done after `start`.
+fn since(now: DeviceCounters, start: DeviceCounters) -> DeviceCounters {
+    DeviceCounters {
+        mallocs: now.mallocs - start.mallocs,
+        frees: now.frees - start.frees,
+        maps: now.maps - start.maps,
+        unmaps: now.unmaps - start.unmaps,
+        synchronizations: now.synchronizations - start.synchronizations,
+        driver_time_us: now.driver_time_us - start.driver_time_us,
+    }
 }
