@@ -94,3 +94,22 @@ fn scan_1gib_log(bencher: divan::Bencher) {
             obs
         });
 }
+
+/// 64 MiB without a newline, dense with anchors and near-misses: what a log
+/// whose newlines were lost, or binary data, looks like. Must stay linear.
+static ONE_LINE: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let piece: &[u8] = b"RuntimeError: CUDA out of memory. Tried to allocate 2.5 | Allocated memory | 12 MiB | 'active.all.current': 3, CUBLAS_STATUS_ALLOC_FAILED ";
+    piece.iter().copied().cycle().take(64 << 20).collect()
+});
+
+#[divan::bench(sample_count = 3, sample_size = 1)]
+fn scan_64mib_single_line_of_anchors(bencher: divan::Bencher) {
+    let data: &[u8] = &ONE_LINE;
+    bencher
+        .counter(divan::counter::BytesCount::new(data.len()))
+        .bench(|| {
+            allocdoc::ingest::parse_bytes("one-line.log", divan::black_box(data))
+                .unwrap()
+                .len()
+        });
+}

@@ -330,3 +330,37 @@ proptest! {
         prop_assert_eq!(figures(&a), figures(&b), "{} at width {}", name, width);
     }
 }
+
+/// Every value `part` states is the one `full` states (objects by key, arrays
+/// element by element from the start).
+fn subset(part: &Value, full: &Value) -> bool {
+    match (part, full) {
+        (Value::Object(p), Value::Object(f)) => p
+            .iter()
+            .all(|(k, v)| f.get(k).is_some_and(|w| subset(v, w))),
+        (Value::Array(p), Value::Array(f)) => {
+            p.len() <= f.len() && p.iter().zip(f).all(|(a, b)| subset(a, b))
+        }
+        _ => part == full,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A log cut anywhere yields, for every figure it still reports, exactly
+    /// the figure the whole log gives: never a wrong number.
+    #[test]
+    fn a_cut_never_yields_a_wrong_number(pick in any::<prop::sample::Index>(), cut in any::<prop::sample::Index>()) {
+        let all = oom_fixture_bodies();
+        let (name, data) = &all[pick.index(all.len())];
+        let full = figures(&ingest::parse_bytes(name, data).unwrap());
+        let cut_at = cut.index(data.len() + 1);
+        let part = figures(&ingest::parse_bytes(name, &data[..cut_at]).unwrap());
+        // (A repeat cut short is no longer identical, so it may not be folded
+        // into the message it repeats: match each against any whole one.)
+        for p in &part {
+            prop_assert!(full.iter().any(|f| subset(p, f)), "{} cut at {}:\n{}", name, cut_at, p);
+        }
+    }
+}

@@ -4,6 +4,24 @@
 //!
 //! Inputs are read as bytes (files are memory-mapped, so a multi-GB log is
 //! never copied); text is decoded lossily only around what the scanner finds.
+//!
+//! Decisions worth knowing when reading the evidence:
+//! - `truncated` means the text ends before the message's fixed ending (the
+//!   documentation hint of 2.1+, the closing parenthesis of 1.x, the fraction
+//!   line of cudaMallocAsync) or a table's closing border; the figures that are
+//!   whole are still reported, a figure cut anywhere (number or unit) is not.
+//! - The same OOM message printed again for a chained exception ("During
+//!   handling of the above exception", "The above exception was the direct
+//!   cause") is one observation, even re-raised under another class; identical
+//!   messages without such a line between (ranks, retries) are all kept.
+//! - `format_era` for OOMs: "1.0-1.3" (cached), "1.4-2.0" (reserved in total),
+//!   "1.0-2.0" (cut before telling), "2.1" (the "capacty" typo), "2.2-2.3"
+//!   (`torch.cuda.OutOfMemoryError`), "2.4+" (`torch.OutOfMemoryError`, the
+//!   private-pool clause or the docs.pytorch.org link), "2.2+" (2.2 wording
+//!   without those clues), "cudaMallocAsync"; none for XPU and the 1EB message.
+//!   For summaries: "1.x" (KB/MB units) or "2.0+" (KiB/MiB units or Requested rows).
+//! - A `[rankN]` prefix sets `rank`; a `(VllmWorkerProcess pid=N)` prefix is
+//!   stripped from wrapped lines but names no rank.
 
 mod oom;
 mod scan;
@@ -113,34 +131,53 @@ impl std::ops::Deref for Bytes {
 }
 
 fn read_input(name: &str) -> Result<Bytes, Error> {
-    let fail =
-        |what: &str, e: std::io::Error| Error::Input(format!("cannot read '{name}': {what}{e}"));
+    let fail = |e: std::io::Error| Error::Input(format!("cannot read '{name}': {e}"));
     if name == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut buf)
-            .map_err(|e| fail("", e))?;
-        return Ok(Bytes::Owned(buf));
+        return read_stdin().map_err(fail);
     }
-    let meta = std::fs::metadata(name).map_err(|e| fail("", e))?;
+    let meta = std::fs::metadata(name).map_err(fail)?;
     if meta.is_dir() {
         return Err(Error::Input(format!(
             "cannot read '{name}': it is a directory (expected a log, a snapshot pickle or a trace CSV)"
         )));
     }
-    let file = File::open(name).map_err(|e| fail("", e))?;
-    if meta.len() == 0 || !meta.is_file() {
-        // Empty files cannot be mapped; pipes and devices are read.
-        let mut buf = Vec::new();
-        (&file).read_to_end(&mut buf).map_err(|e| fail("", e))?;
-        return Ok(Bytes::Owned(buf));
+    map_or_read(File::open(name).map_err(fail)?).map_err(fail)
+}
+
+/// Maps a regular, non-empty file; reads anything else (pipes, devices,
+/// empty files, which cannot be mapped).
+fn map_or_read(file: File) -> std::io::Result<Bytes> {
+    let meta = file.metadata()?;
+    if meta.is_file() && meta.len() > 0 {
+        // SAFETY: the map is read-only and private to this process; a file
+        // truncated while we read it can fault, as with every mmap-based
+        // reader (ripgrep makes the same trade); logs are not rewritten in place.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        // One pass front to back: let the kernel read ahead and drop behind.
+        #[cfg(unix)]
+        let _ = map.advise(memmap2::Advice::Sequential);
+        return Ok(Bytes::Mapped(map));
     }
-    // SAFETY: the map is read-only and private to this process; a file
-    // truncated while we read it can fault, as with every mmap-based reader
-    // (ripgrep makes the same trade) — logs are not rewritten in place.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| fail("", e))?;
-    Ok(Bytes::Mapped(map))
+    let mut buf = Vec::new();
+    (&file).read_to_end(&mut buf)?;
+    Ok(Bytes::Owned(buf))
+}
+
+/// Standard input: mapped when it is a redirected file (`< big.log`), so a
+/// multi-GB log costs no memory; a pipe is read into memory.
+fn read_stdin() -> std::io::Result<Bytes> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdin().as_fd().try_clone_to_owned()?;
+        map_or_read(File::from(fd))
+    }
+    #[cfg(not(unix))]
+    {
+        let mut buf = Vec::new();
+        std::io::stdin().lock().read_to_end(&mut buf)?;
+        Ok(Bytes::Owned(buf))
+    }
 }
 
 /// Reads every input (paths; `-` or an empty list means standard input) and

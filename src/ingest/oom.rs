@@ -15,8 +15,9 @@ use crate::units::printed_size;
 use regex::{Captures, Regex};
 use std::sync::LazyLock;
 
-/// How far back on the hit's line a prefix is read (lines with lost newlines can be huge).
-const LOOKBACK: usize = 1024;
+/// How far back on the hit's line a prefix is read (lines with lost newlines
+/// can be huge; a vLLM worker prefix and an exception class take ~130 bytes).
+const LOOKBACK: usize = 512;
 /// Limits on one assembled message.
 const MAX_LINES: usize = 40;
 const MAX_TEXT: usize = 8192;
@@ -25,10 +26,16 @@ const MESSAGE_CHARS: usize = 200;
 
 /// Compiles a message pattern: a space matches any run of whitespace or of
 /// literal `\n` escapes (a hard wrap may have eaten it; a repr or JSON string
-/// escapes newlines), `SIZE` is a figure as `format_size` prints it.
+/// escapes newlines), `SIZE` is a figure as `format_size` prints it,
+/// `MPS_SIZE` one as the MPS allocator's `format_size` does (binary KB/MB/GB,
+/// GiB-style labels in later versions).
 fn pattern(p: &str) -> Regex {
     let p = p
         .replace(' ', r"(?:\s|\\[nrt])*")
+        .replace(
+            "MPS_SIZE",
+            r"(\d+(?:\.\d+)?)\s*(bytes|KB|MB|GB|KiB|MiB|GiB)",
+        )
         .replace("SIZE", r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB)");
     Regex::new(&p).expect("built-in OOM pattern")
 }
@@ -66,7 +73,6 @@ patterns! {
     ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // The end of each era's message: its absence means the text was cut.
     COMPLETE = r"cached \)|reserved in total by PyTorch \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
-    ASYNC_COMPLETE = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
@@ -74,9 +80,9 @@ patterns! {
     LEAD_MPS = r"MPS backend $";
     LEAD_THC = r"cuda runtime error \( ?2 ?\) : $";
     // MPSAllocator.mm (its format_size prints binary "KB/MB/GB").
-    MPS_ALLOCATED = r"MPS allocated : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
-    MPS_ALLOWED = r"max allowed : (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
-    MPS_REQUESTED = r"Tried to allocate (\d+(?:\.\d+)?) (bytes|KB|MB|GB|KiB|MiB|GiB)";
+    MPS_ALLOCATED = "MPS allocated : MPS_SIZE";
+    MPS_ALLOWED = "max allowed : MPS_SIZE";
+    MPS_REQUESTED = "Tried to allocate MPS_SIZE";
     // c10/core/impl/alloc_cpu.cpp.
     HOST_REQUESTED = r"you tried to allocate (\d+) bytes";
 }
@@ -231,11 +237,22 @@ fn gather(
     (msg, first_len)
 }
 
-fn new_observation(kind: Kind, input: &str, before_msg: &str, msg: &Message) -> Observation {
-    let mut obs = Observation::new(kind, input);
+/// An `oom` observation with the exception class printed before the message
+/// and the rank its prefix names.
+fn oom_observation(input: &str, before_msg: &str, msg: &Message) -> Observation {
+    let mut obs = Observation::new(Kind::Oom, input);
     obs.exception = exception_before(before_msg).map(|(e, _)| e);
     obs.rank = text::rank_in(&msg.prefix);
     obs
+}
+
+/// The device kind a message's first word names ("CUDA", "HIP", "XPU").
+fn device_of(word: &str) -> DeviceKind {
+    match word {
+        "HIP" => DeviceKind::Hip,
+        "XPU" => DeviceKind::Xpu,
+        _ => DeviceKind::Cuda,
+    }
 }
 
 /// A hit on "out of memory": decides who ran out from the words before it.
@@ -245,11 +262,7 @@ pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let before = line.before.clone();
     if let Some(m) = LEAD_ALLOCATOR.captures(&before) {
         let lead = m.get(1)?;
-        let device = match lead.as_str() {
-            "HIP" => DeviceKind::Hip,
-            "XPU" => DeviceKind::Xpu,
-            _ => DeviceKind::Cuda,
-        };
+        let device = device_of(lead.as_str());
         let after = line.after.as_str();
         // "CUDA out of memory." (or cut right there); prose like "CUDA out of memory errors" is not PyTorch's.
         let rest = after.get(ANCHOR.len()..).unwrap_or("");
@@ -342,11 +355,7 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str) -> Option<Found> {
             continue;
         }
         let pos = whole.start();
-        let device = match word.as_str() {
-            "HIP" => DeviceKind::Hip,
-            "XPU" => DeviceKind::Xpu,
-            _ => DeviceKind::Cuda,
-        };
+        let device = device_of(word.as_str());
         let line = HitLine {
             before: prev[..pos].to_owned(),
             after: prev[pos..].to_owned(),
@@ -384,7 +393,7 @@ fn allocator(
     let complete = |t: &str| COMPLETE.is_match(t);
     let (msg, first_len) = gather(data, line, msg_start, &complete);
     let t = msg.text.as_str();
-    let mut obs = new_observation(Kind::Oom, input, before_msg, &msg);
+    let mut obs = oom_observation(input, before_msg, &msg);
     obs.device_kind = Some(device);
     obs.backend = Some(Backend::Native);
     obs.truncated = !complete(t);
@@ -465,10 +474,10 @@ pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let line = hit_line(data, hit, ANCHOR.len(), b"would exceed allowed memory");
     let lead = line.before.rfind("Allocation on device")?;
     let before = line.before[..lead].to_owned();
-    let complete = |t: &str| ASYNC_COMPLETE.is_match(t);
+    let complete = |t: &str| ASYNC_FRACTION.is_match(t);
     let (msg, first_len) = gather(data, line, lead, &complete);
     let t = msg.text.as_str();
-    let mut obs = new_observation(Kind::Oom, input, &before, &msg);
+    let mut obs = oom_observation(input, &before, &msg);
     obs.device_kind = Some(DeviceKind::Cuda);
     obs.backend = Some(Backend::CudaMallocAsync);
     obs.format_era = Some("cudaMallocAsync".to_owned());
@@ -532,11 +541,9 @@ fn non_allocator(
     input: &str,
 ) -> Found {
     let before = line.before.clone();
-    // The exception class sits before the lead ("RuntimeError: CUDA error: …").
-    let exc_end = text::exception_in(&before[..lead])
-        .filter(|&(_, _, end)| lead - end <= 2)
-        .map(|(_, start, _)| start);
-    let prefix_end = exc_end.unwrap_or(lead);
+    // The exception class sits right before the lead ("RuntimeError: CUDA error: …").
+    let exception = text::exception_in(&before[..lead]).filter(|&(_, _, end)| lead - end <= 2);
+    let prefix_end = exception.as_ref().map_or(lead, |&(_, start, _)| start);
     // MPS and host messages may wrap; the others are one line.
     let complete = |t: &str| match source {
         OomSource::Mps => t.contains("system failure)"),
@@ -546,17 +553,15 @@ fn non_allocator(
     let (msg, first_len) = gather(data, line, lead, &complete);
     let t = msg.text.as_str();
     let mut obs = Observation::new(Kind::NonAllocatorOom, input);
-    obs.exception = text::exception_in(&before[..lead])
-        .filter(|&(_, _, end)| lead - end <= 2)
-        .map(|(e, _, _)| e);
+    obs.exception = exception.map(|(e, _, _)| e);
     obs.rank = text::rank_in(&before[..prefix_end]);
     obs.source = Some(source);
     obs.device_kind = device;
     match source {
         OomSource::Mps => {
-            obs.allocated_bytes = mps_size(&MPS_ALLOCATED, t);
-            obs.allowed_bytes = mps_size(&MPS_ALLOWED, t);
-            obs.requested_bytes = mps_size(&MPS_REQUESTED, t);
+            obs.allocated_bytes = size(&MPS_ALLOCATED, t);
+            obs.allowed_bytes = size(&MPS_ALLOWED, t);
+            obs.requested_bytes = size(&MPS_REQUESTED, t);
             obs.truncated = !complete(t);
         }
         OomSource::Host => {
@@ -573,10 +578,4 @@ fn non_allocator(
         start: msg.start,
         end: msg.end,
     }
-}
-
-fn mps_size(re: &Regex, t: &str) -> Option<u64> {
-    let c = re.captures(t)?;
-    let v: f64 = c.get(1)?.as_str().parse().ok()?;
-    printed_size(v, c.get(2)?.as_str())
 }

@@ -8,6 +8,8 @@ use crate::evidence::{Kind, Metrics, Observation, StatValues};
 
 /// A dump has at most a few hundred keys; stop reading after this many bytes.
 const MAX_DUMP: usize = 256 * 1024;
+/// How far back on the first key's line a rank prefix is looked for.
+const PREFIX: usize = 256;
 /// Junk allowed between two pairs when it starts a new line (a log prefix).
 const MAX_GAP: usize = 160;
 
@@ -142,7 +144,7 @@ pub fn stats(data: &[u8], hit: usize, input: &str) -> Option<Found> {
         .filter(|&i| data[i] == b'{' || data[i] == b'[');
     let opened = open_at.is_some();
     let mut obs = Observation::new(Kind::MemoryStats, input);
-    let ls = line_start(data, hit);
+    let ls = line_start(data, hit).max(hit.saturating_sub(PREFIX));
     obs.rank = rank_in(&clean(&data[ls..hit]));
     let mut metrics = Metrics::new();
     let mut pos = hit;

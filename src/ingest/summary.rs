@@ -10,6 +10,10 @@ use crate::units::unit_multiplier;
 
 /// A full 2.x summary is 45 lines; more than this many lines is not one table.
 const MAX_LINES: usize = 64;
+/// A summary written on one line with `\n` escapes is about 3.6 KiB.
+const ESCAPED_TABLE: usize = 4096;
+/// Longest physical line taken for a table line (77 characters and a prefix).
+const MAX_TABLE_LINE: usize = 1024;
 
 /// `memory_summary()` row label → `memory_stats()` stat name, and whether its
 /// cells are byte sizes; in the summary's order.
@@ -35,8 +39,21 @@ struct TableLine {
     end: usize,
 }
 
-/// The part of a table line from its first `|` on (prefixes dropped).
+/// Every printed table line is `|` + 75 characters + `|` (torch/cuda/memory.py).
+const TABLE_WIDTH: usize = 77;
+
+/// The table part of a line, prefixes dropped: its last 77 characters when
+/// they are bar to bar (a prefix may hold bars too: `… | INFO | …`), else
+/// everything from the first `|` (a row cut short).
 fn body(text: &str) -> Option<&str> {
+    let t = text.trim_end();
+    if let Some(at) = t.len().checked_sub(TABLE_WIDTH)
+        && t.is_char_boundary(at)
+        && t[at..].starts_with('|')
+        && t.ends_with('|')
+    {
+        return Some(&t[at..]);
+    }
     text.find('|').map(|i| &text[i..])
 }
 
@@ -61,12 +78,15 @@ fn is_table_line(text: &str) -> bool {
 fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
     let ls = line_start(data, hit).max(floor);
     let le = line_end(data, hit);
-    let raw = &data[ls..le];
-    // One line holding the whole table with literal "\n" escapes (a repr or JSON string).
-    if memchr::memmem::find(raw, b"|\\n|").is_some() {
-        let text = clean(raw);
+    // One line holding the whole table with literal "\n" escapes (a repr or
+    // JSON string): a table is under 4 KiB, so only that much around the hit.
+    let near = &data[hit.saturating_sub(ESCAPED_TABLE).max(ls)..(hit + 2 * ESCAPED_TABLE).min(le)];
+    if memchr::memmem::find(near, b"|\\n|").is_some() {
+        let text = clean(near);
         return text
             .split("\\n")
+            .skip_while(|t| !is_table_line(t))
+            .take_while(|t| is_table_line(t))
             .map(|t| TableLine {
                 text: t.to_owned(),
                 start: ls,
@@ -74,10 +94,19 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
             })
             .collect();
     }
+    // A printed table line is 77 characters plus a log prefix.
+    if le - ls > MAX_TABLE_LINE {
+        return Vec::new();
+    }
     let line = |s: usize| {
         let e = line_end(data, s);
         TableLine {
-            text: clean(&data[s..e]),
+            // Too long to be a table line: left empty, so it ends the table.
+            text: if e - s > MAX_TABLE_LINE {
+                String::new()
+            } else {
+                clean(&data[s..e])
+            },
             start: s,
             end: e,
         }
@@ -195,7 +224,8 @@ pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Fou
             }
             header = true;
             obs.device_index = header_numbers(b, "device ID").and_then(|d| u32::try_from(d).ok());
-            obs.rank = rank_in(&l.text[..l.text.len() - b.len()]);
+            // The table body never holds "[rankN]": the whole line can be searched.
+            obs.rank = rank_in(&l.text);
         } else if b.contains("CUDA OOMs") {
             obs.cuda_ooms = header_numbers(b, "CUDA OOMs:");
             obs.alloc_retries = header_numbers(b, "cudaMalloc retries:");

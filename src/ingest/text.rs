@@ -5,16 +5,24 @@
 use regex::Regex;
 use std::sync::LazyLock;
 
-/// Offset of the start of the line holding `pos`.
+/// The longest line the parsers look at. Longer lines (a log whose newlines
+/// were lost, binary data) are read in windows of this size, so no hit costs
+/// more than this much searching and the whole scan stays linear.
+pub const MAX_LINE: usize = 16 * 1024;
+
+/// Offset of the start of the line holding `pos`, at most [`MAX_LINE`] back.
 pub fn line_start(data: &[u8], pos: usize) -> usize {
     let pos = pos.min(data.len());
-    memchr::memrchr(b'\n', &data[..pos]).map_or(0, |i| i + 1)
+    let from = pos.saturating_sub(MAX_LINE);
+    memchr::memrchr(b'\n', &data[from..pos]).map_or(from, |i| from + i + 1)
 }
 
-/// Offset of the `\n` ending the line holding `pos` (or the end of data).
+/// Offset of the `\n` ending the line holding `pos` (or the end of data), at
+/// most [`MAX_LINE`] on.
 pub fn line_end(data: &[u8], pos: usize) -> usize {
     let pos = pos.min(data.len());
-    memchr::memchr(b'\n', &data[pos..]).map_or(data.len(), |i| pos + i)
+    let to = data.len().min(pos + MAX_LINE);
+    memchr::memchr(b'\n', &data[pos..to]).map_or(to, |i| pos + i)
 }
 
 /// Appends `raw` to `out` cleaned: invalid UTF-8 replaced, ANSI escape
@@ -23,7 +31,11 @@ pub fn line_end(data: &[u8], pos: usize) -> usize {
 pub fn clean_into(raw: &[u8], out: &mut String) {
     let text = String::from_utf8_lossy(raw);
     let mut rest: &str = &text;
-    while let Some(i) = rest.find(['\x1b', '[', '&', '\r']) {
+    // A byte scan: every special character is ASCII, so `i` is a char boundary.
+    while let Some(i) = rest
+        .bytes()
+        .position(|b| matches!(b, b'\x1b' | b'[' | b'&' | b'\r'))
+    {
         out.push_str(&rest[..i]);
         let tail = &rest[i..];
         let skip = match tail.as_bytes()[0] {

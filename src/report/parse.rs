@@ -63,7 +63,11 @@ fn names(inputs: &[String]) -> String {
     if inputs.is_empty() {
         "standard input".to_owned()
     } else {
-        inputs.join(", ")
+        inputs
+            .iter()
+            .map(|i| display_name(i))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -83,7 +87,15 @@ fn single_input(ev: &Evidence) -> Option<&str> {
     ev.observations
         .iter()
         .all(|o| o.input == first.input)
-        .then_some(first.input.as_str())
+        .then_some(display_name(&first.input))
+}
+
+fn display_name(input: &str) -> &str {
+    if input == "-" {
+        "standard input"
+    } else {
+        input
+    }
 }
 
 fn device(o: &Observation) -> String {
@@ -176,9 +188,17 @@ fn grids(ev: &Evidence) -> Vec<Grid> {
 
     let mut other = Grid::new(
         "Out-of-memory errors from elsewhere (not the caching allocator)",
-        &["Where", "Source", "Device", "Requested", "Message"],
+        &[
+            "Where",
+            "Source",
+            "Device",
+            "Requested",
+            "Allocated",
+            "Allowed",
+            "Message",
+        ],
     )
-    .numeric(&[3]);
+    .numeric(&[3, 4, 5]);
     for o in of(Kind::NonAllocatorOom) {
         let source = o
             .source
@@ -189,6 +209,8 @@ fn grids(ev: &Evidence) -> Vec<Grid> {
             opt(source),
             device(o),
             size(o.requested_bytes),
+            size(o.allocated_bytes),
+            size(o.allowed_bytes),
             opt(o.message.as_deref()),
         ]);
     }
