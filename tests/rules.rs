@@ -120,6 +120,8 @@ const OLD_FRAGMENTED: &str = "fixtures/eval/2kangho-vdsr-pytorch-2.txt";
 const TOO_LARGE: &str = "fixtures/eval/qwenlm-qwen25-omni-240.txt";
 /// Host RAM: not the allocator at all.
 const HOST: &str = "fixtures/eval/jingyunliang-vrt-49.txt";
+/// The README's main-job example: a training log with a summary, then the OOM.
+const README: &str = "fixtures/text/readme_example.log";
 
 #[test]
 fn diagnose_text() {
@@ -128,6 +130,7 @@ fn diagnose_text() {
         ("old_fragmented", OLD_FRAGMENTED),
         ("too_large", TOO_LARGE),
         ("host", HOST),
+        ("readme", README),
     ] {
         insta::assert_snapshot!(format!("text_{name}"), render(input, Format::Text));
     }
@@ -226,4 +229,26 @@ fn rules_test_command_passes() {
         .assert()
         .success()
         .stdout(predicates::str::contains(" 0 failed"));
+}
+
+#[test]
+fn user_rules_cannot_recommend_a_setting_for_a_request_larger_than_the_card() {
+    let dir = tempfile::tempdir().unwrap();
+    // A user rule that outranks everything and recommends a setting regardless.
+    std::fs::write(
+        dir.path().join("always.yaml"),
+        "id: always\ntitle: t\nseverity: info\ncause: fragmentation\npriority: 1000\n\
+         when: requested > 0\nrecommend: {expandable_segments: \"True\"}\nbecause: b\nreference: x\n",
+    )
+    .unwrap();
+    let out = diagnose::run(&DiagnoseOptions {
+        inputs: vec![TOO_LARGE.to_string()],
+        format: Format::Json,
+        rules_dir: Some(dir.path().to_path_buf()),
+        ..DiagnoseOptions::default()
+    })
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["cause"], "fragmentation");
+    assert!(v["recommendation"].is_null(), "{}", out.stdout);
 }

@@ -131,9 +131,3 @@ pub fn env_note(torch: VersionRange) -> Option<String> {
         .collect();
     (!notes.is_empty()).then(|| notes.join(" "))
 }
-
-/// The settings a config value sets, as PyTorch `version` parses it; `None`
-/// when PyTorch would reject it.
-pub fn settings_of(value: &str, version: TorchVersion) -> Option<Settings> {
-    crate::conf::parse(value, version).ok().map(|p| p.settings)
-}

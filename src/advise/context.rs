@@ -21,6 +21,9 @@ pub struct Context {
     /// The raw config value and where it came from ("--conf", "the text").
     pub current_source: Option<(String, &'static str)>,
     pub windows: bool,
+    /// PyTorch warned "expandable_segments not supported on this platform"
+    /// (old driver, no driver API; pytorch#122057).
+    pub expandable_unsupported: bool,
     pub ipc_user: bool,
 }
 
@@ -84,7 +87,8 @@ impl Context {
                 if is_pytorch_hint(text, all.start(), all.end()) {
                     continue;
                 }
-                self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
+                // A config in a log that PyTorch rejects is reported by `conf check`, not here.
+                let _ = self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
                 break;
             }
         }
@@ -92,17 +96,31 @@ impl Context {
             self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
         }
         self.windows |= WINDOWS.is_match(text);
+        self.expandable_unsupported |=
+            text.contains("expandable_segments not supported on this platform");
         self.ipc_user |= IPC.is_match(text);
     }
 
-    /// Records the config in effect; an unparsable value is kept as text only.
-    pub fn set_current(&mut self, value: &str, source: &'static str) {
+    /// Records the config in effect. A value PyTorch would reject is kept as
+    /// text only, and the error says why (the settings then stay unknown).
+    pub fn set_current(&mut self, value: &str, source: &'static str) -> Result<(), String> {
         let version = self
             .torch
             .and_then(|t| t.lo)
             .unwrap_or(crate::conf::TorchVersion::DEFAULT);
-        self.current = super::combine::settings_of(value, version);
         self.current_source = Some((value.to_string(), source));
+        match crate::conf::parse(value, version) {
+            Ok(p) => {
+                self.current = Some(p.settings);
+                Ok(())
+            }
+            Err(e) => {
+                self.current = None;
+                Err(format!(
+                    "PyTorch {version} would reject the config '{value}' ({source}): {e}; see `allocdoc conf check`"
+                ))
+            }
+        }
     }
 }
 

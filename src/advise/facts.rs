@@ -48,7 +48,7 @@ pub fn facts(evidence: &Evidence, ctx: &Context) -> Facts {
         scalars(&mut f, p, evidence);
     }
     series(&mut f, evidence);
-    context_facts(&mut f, ctx, primary);
+    context_facts(&mut f, ctx, primary, recorded_settings(evidence));
     f
 }
 
@@ -179,15 +179,14 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
         bytes(f, "oversize_segments", stat(s, "oversize_segments", "all"));
         bytes(f, "retries", retries(s));
     }
-    let ooms = latest
-        .and_then(|s| s.cuda_ooms.or(s.num_ooms))
-        .unwrap_or_else(|| {
-            evidence
-                .observations
-                .iter()
-                .filter(|o| o.kind == Kind::Oom)
-                .count() as u64
-        });
+    // A summary printed before the OOM does not count it; the messages do.
+    let messages = evidence
+        .observations
+        .iter()
+        .filter(|o| o.kind == Kind::Oom)
+        .count() as u64;
+    let counted = latest.and_then(|s| s.cuda_ooms.or(s.num_ooms)).unwrap_or(0);
+    let ooms = counted.max(messages);
     f.set("ooms", Fact::Num(ooms as f64));
 }
 
@@ -297,32 +296,53 @@ pub fn parse_era(era: &str) -> VersionRange {
     }
 }
 
-fn context_facts(f: &mut Facts, ctx: &Context, primary: Option<&Observation>) {
+/// What a snapshot recorded in `allocator_settings` (§9.2, 2.6+):
+/// (`expandable_segments`, `max_split_size` set), from the last snapshot that has them.
+fn recorded_settings(evidence: &Evidence) -> Option<(bool, bool)> {
+    evidence.observations.iter().rev().find_map(|o| {
+        let s = o.allocator_settings.as_ref()?;
+        let es = s.get("expandable_segments")?.as_bool()?;
+        // SIZE_MAX is recorded as -1.
+        let max_split = s
+            .get("max_split_size")
+            .and_then(|v| v.as_i64())
+            .is_some_and(|v| v >= 0);
+        Some((es, max_split))
+    })
+}
+
+fn context_facts(
+    f: &mut Facts,
+    ctx: &Context,
+    primary: Option<&Observation>,
+    recorded: Option<(bool, bool)>,
+) {
     let rocm = primary.and_then(|p| p.device_kind) == Some(DeviceKind::Hip);
     f.set("rocm", Fact::Bool(rocm));
     f.set("windows", Fact::Bool(ctx.windows));
     f.set("ipc_user", Fact::Bool(ctx.ipc_user));
-    let current = ctx.current.as_ref();
-    f.set(
-        "expandable_segments_on",
-        Fact::Bool(current.is_some_and(|c| c.expandable_segments)),
-    );
-    f.set(
-        "max_split_set",
-        Fact::Bool(current.is_some_and(|c| c.max_split_size != u64::MAX)),
-    );
+    // What the user said (--conf, a config line in the text) wins over what a
+    // snapshot recorded; with neither, PyTorch's defaults.
+    let (es_on, max_split) = match (ctx.current.as_ref(), recorded) {
+        (Some(c), _) => (c.expandable_segments, c.max_split_size != u64::MAX),
+        (None, Some(r)) => r,
+        (None, None) => (false, false),
+    };
+    f.set("expandable_segments_on", Fact::Bool(es_on));
+    f.set("max_split_set", Fact::Bool(max_split));
     f.set(
         "backend_async",
         Fact::Bool(f.backend == Some(Backend::CudaMallocAsync)),
     );
-    // §5: expandable segments need 2.1+, Linux CUDA driver API, ROCm from 2.12
-    // (UNVERIFIED in the spec), and no CUDA IPC user that breaks with them.
+    // §5: expandable segments need 2.1+ and the CUDA driver API on Linux, and
+    // no CUDA IPC user that breaks with them. ROCm: pytorch#173330, relanded as
+    // #177974 (March 2026) and gated on ROCm >= 7.0 (#179930), so 2.12 upstream.
     let version_ok = |min: TorchVersion| match (f.torch.lo, f.torch.hi) {
         (Some(lo), _) if lo >= min => Some(true),
         (_, Some(hi)) if hi < min => Some(false),
         _ => None,
     };
-    let blocked = ctx.windows || ctx.ipc_user;
+    let blocked = ctx.windows || ctx.ipc_user || ctx.expandable_unsupported;
     let supported = if blocked {
         Some(false)
     } else if rocm {
@@ -421,5 +441,25 @@ mod tests {
             Some(&Fact::Num(27671675.0))
         );
         assert_eq!(f.values.get("reserved"), Some(&Fact::Num(484441047.0)));
+    }
+
+    #[test]
+    fn snapshot_settings_say_whether_expandable_segments_are_on() {
+        let mut snap = Observation::new(Kind::Snapshot, "s.pickle");
+        snap.allocator_settings = Some(serde_json::json!({
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "expandable_segments": true,
+            "max_split_size": -1
+        }));
+        let ev = Evidence {
+            notes: Vec::new(),
+            observations: vec![snap],
+        };
+        let f = facts(&ev, &Context::default());
+        assert_eq!(
+            f.values.get("expandable_segments_on"),
+            Some(&Fact::Bool(true))
+        );
+        assert_eq!(f.values.get("max_split_set"), Some(&Fact::Bool(false)));
     }
 }

@@ -112,9 +112,9 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
         }
-        None => format!("{}.", headline(cause)),
+        None => "Not enough evidence to name a cause.".into(),
     };
-    let recommendation = if cause.rules_out_settings() {
+    let recommendation = if cause.rules_out_settings() || no_setting_can_help(&facts) {
         None
     } else {
         let with: Vec<_> = fired.iter().map(|(r, s)| (*r, s)).collect();
@@ -134,15 +134,16 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
     }
 }
 
-/// The cause in a few words, for the verdict line.
-pub fn headline(cause: Cause) -> &'static str {
-    match cause {
-        Cause::Fragmentation => "Fragmentation",
-        Cause::Capacity => "Live tensors fill the card",
-        Cause::RequestExceedsCapacity => "One request is larger than the whole card",
-        Cause::OtherProcesses => "Other processes hold the memory",
-        Cause::MemoryFractionCap => "The per-process memory fraction cap was hit",
-        Cause::NotAllocator => "Out of memory outside PyTorch's caching allocator",
-        Cause::Unknown => "Not enough evidence to name a cause",
-    }
+/// Holds whatever rules a `--rules` directory adds: no allocator setting is
+/// ever recommended for a failure outside the allocator or for a request
+/// larger than the whole card.
+fn no_setting_can_help(facts: &Facts) -> bool {
+    use crate::rules::Fact;
+    let num = |n: &str| match facts.values.get(n) {
+        Some(Fact::Num(v)) => Some(*v),
+        _ => None,
+    };
+    let outside = facts.values.get("non_allocator_oom") == Some(&Fact::Bool(true));
+    let too_large = matches!((num("requested"), num("capacity")), (Some(r), Some(c)) if r > c);
+    outside || too_large
 }

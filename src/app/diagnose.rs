@@ -32,8 +32,11 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
         let v = crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
         ctx.torch = Some(VersionRange::exact(v));
     }
-    if let Some(c) = &opts.conf {
-        ctx.set_current(c, "--conf");
+    let mut notes = Vec::new();
+    if let Some(c) = &opts.conf
+        && let Err(why) = ctx.set_current(c, "--conf")
+    {
+        notes.push(format!("allocdoc: warning: {why}"));
     }
     let evidence = read_inputs(&opts.inputs, &mut ctx)?;
     let d = advise::diagnose(evidence, &ctx, &rules);
@@ -43,7 +46,8 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
         })?;
     }
     let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
-    out.stderr = d.evidence.notes.clone();
+    notes.extend(d.evidence.notes.iter().cloned());
+    out.stderr = notes;
     Ok(out)
 }
 

@@ -4,6 +4,9 @@
 
 use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation};
 use crate::evidence::{Kind, Observation};
+use crate::rules::Fact;
+use crate::rules::catalog::{MetricKind, lookup};
+use crate::rules::expr::format_number;
 use crate::units::format_size;
 use comfy_table::{ContentArrangement, Table, presets};
 use serde::Serialize;
@@ -111,14 +114,42 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
             let _ = writeln!(out, "  - {}: needs {}", n.rule, n.needs.join(", "));
         }
     }
+    if !d.facts.values.is_empty() {
+        let _ = writeln!(out, "\nMetrics the rules saw");
+        for (name, fact) in &d.facts.values {
+            let _ = writeln!(out, "  {name:<30} {}", fact_text(name, fact));
+        }
+    }
     for (rule, why) in &d.failed {
         let _ = writeln!(out, "  - {rule}: failed: {why}");
     }
     if !d.findings.is_empty() {
         let _ = writeln!(out, "\nReferences");
         for f in &d.findings {
-            let _ = writeln!(out, "  - {}: {}", f.rule, f.reference);
+            let _ = writeln!(out, "  - {} ({}): {}", f.rule, f.title, f.reference);
         }
+    }
+}
+
+/// A metric's value as a rule author wants to read it: sizes as sizes.
+fn fact_text(name: &str, fact: &Fact) -> String {
+    // Every series but the retry counts holds byte sizes.
+    let bytes_series = name.ends_with("_series") && name != "retries_series";
+    let is_bytes = bytes_series || lookup(name).is_some_and(|d| d.kind == MetricKind::Bytes);
+    let one = |v: f64| {
+        if is_bytes {
+            format_size(v.max(0.0) as u64)
+        } else {
+            format_number(v)
+        }
+    };
+    match fact {
+        Fact::Num(v) => one(*v),
+        Fact::Bool(b) => b.to_string(),
+        Fact::Series(s) => format!(
+            "[{}]",
+            s.iter().map(|v| one(*v)).collect::<Vec<_>>().join(", ")
+        ),
     }
 }
 

@@ -126,7 +126,7 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "ooms",
         Number,
-        "OOMs counted by the allocator (latest summary/stats), else the number of OOM messages seen",
+        "OOMs: the larger of the allocator's count (latest summary/stats) and the number of OOM messages seen",
     ),
     m(
         "expandable_segments_on",
@@ -136,7 +136,7 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "expandable_segments_supported",
         Bool,
-        "expandable_segments can be used: PyTorch >= 2.1, Linux CUDA (not Windows), ROCm only from 2.12, and no IPC user that breaks with it",
+        "expandable_segments can be used: PyTorch >= 2.1, Linux CUDA (not Windows), ROCm only from 2.12 (with ROCm >= 7.0), no 'expandable_segments not supported on this platform' warning in the text, and no IPC user that breaks with it",
     ),
     m(
         "max_split_set",
