@@ -10,7 +10,7 @@
 
 use allocdoc::advise::search::{self, Scored};
 use allocdoc::app::recommend::recommend;
-use allocdoc::app::validate::{RunSummary, Workload, replay};
+use allocdoc::app::validate::{RunSummary, Source, Workload, replay};
 use allocdoc::conf::Settings;
 use allocdoc::units::human;
 use allocdoc::workload::Event;
@@ -101,12 +101,13 @@ fn main() {
                 .collect();
             let workload = Workload {
                 input: family.name().to_string(),
-                trace: trace.clone(),
+                source: Source::Trace(trace.clone()),
                 implied_capacity: Some(capacity),
                 probe: None,
                 advice: None,
             };
-            let r = recommend(&workload, Some(capacity), "", &defaults, &|_| {});
+            let r = recommend(&workload, Some(capacity), "", &defaults, &|_| {})
+                .expect("a trace replays");
             let ours = match (&r.recommendation, r.candidates.first()) {
                 (Some(rec), Some(best)) => format!("`{}`: {}", rec.value, cell(best)),
                 _ => "every config OOMs".to_string(),

@@ -5,8 +5,8 @@
 use allocdoc::Error;
 use allocdoc::allocator::CachingAllocator;
 use allocdoc::device::sim::SimDevice;
-use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
 use allocdoc::snapshot;
+use allocdoc::snapshot::pickle::{self, DecodeError, Limits, Obj, Value};
 use allocdoc::workload::snapshot_trace::{self, Fidelity, SnapshotTrace};
 use std::path::Path;
 

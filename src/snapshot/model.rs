@@ -124,7 +124,6 @@ pub enum Action {
     Other,
 }
 
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceEntry {
     pub action: Action,
@@ -518,7 +517,13 @@ impl Reader {
 
     /// Block `j` of segment `i`; `at` is its address by position (old schemas
     /// record none).
-    fn block(&mut self, p: &Pickle, b: V, (i, j): (usize, usize), at: u64) -> Result<Block, ModelError> {
+    fn block(
+        &mut self,
+        p: &Pickle,
+        b: V,
+        (i, j): (usize, usize),
+        at: u64,
+    ) -> Result<Block, ModelError> {
         let path = || format!("segments[{i}].blocks[{j}]");
         let (mut size, mut state, mut address, mut requested) = (None, None, None, None);
         let (mut frames, mut has_frames, mut history, mut state_v) =
@@ -538,7 +543,10 @@ impl Reader {
         }
         if let Some(v) = state_v {
             state = Some(self.state.field(p, v).ok_or_else(|| {
-                err(path(), format!("unknown state '{}'", p.str(v).unwrap_or("?")))
+                err(
+                    path(),
+                    format!("unknown state '{}'", p.str(v).unwrap_or("?")),
+                )
             })?);
         }
         let size = need(size, "size", &path)?;
@@ -547,7 +555,9 @@ impl Reader {
         // the legacy schema (no 'frames' key on blocks).
         let requested_size = match history.filter(|_| !has_frames) {
             Some(h) => {
-                frames = p.get(h, "frames").map_or(Frames::NONE, |f| Frames::of(p, f));
+                frames = p
+                    .get(h, "frames")
+                    .map_or(Frames::NONE, |f| Frames::of(p, f));
                 p.get(h, "real_size").and_then(|v| p.u64(v)).unwrap_or(size)
             }
             None => requested.unwrap_or(size),
@@ -561,7 +571,13 @@ impl Reader {
         })
     }
 
-    fn trace_entry(&mut self, p: &Pickle, e: V, d: usize, j: usize) -> Result<TraceEntry, ModelError> {
+    fn trace_entry(
+        &mut self,
+        p: &Pickle,
+        e: V,
+        d: usize,
+        j: usize,
+    ) -> Result<TraceEntry, ModelError> {
         let path = || format!("device_traces[{d}][{j}]");
         let mut t = TraceEntry {
             action: Action::Other,

@@ -39,7 +39,9 @@ impl V {
     }
     #[inline]
     fn int(i: i64) -> Option<V> {
-        INLINE_INT.contains(&i).then_some(V(((i << 3) as u64) | TAG_INT))
+        INLINE_INT
+            .contains(&i)
+            .then_some(V(((i << 3) as u64) | TAG_INT))
     }
     #[inline]
     fn small(u: u32) -> V {
@@ -331,7 +333,6 @@ fn opcode_name(op: u8) -> &'static str {
     }
 }
 
-
 impl<'a> Decoder<'a> {
     fn run(mut self) -> Result<Pickle<'a>, DecodeError> {
         loop {
@@ -594,13 +595,15 @@ impl<'a> Decoder<'a> {
                 }
                 b'p' => {
                     let line = self.line(at, op)?;
-                    let idx = parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
+                    let idx =
+                        parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
                     let v = self.top(at, op)?;
                     self.memo_put(idx, v, at)?;
                 }
                 b'g' => {
                     let line = self.line(at, op)?;
-                    let idx = parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
+                    let idx =
+                        parse_index(line).ok_or_else(|| self.malformed(at, op, "bad index"))?;
                     self.get(idx, at, op)?;
                 }
                 // Everything below would run code: refuse, naming what it would call.
@@ -623,7 +626,9 @@ impl<'a> Decoder<'a> {
                         n.checked_sub(2).and_then(|i| self.stack.get(i)),
                         self.stack.last(),
                     ) {
-                        (Some(m), Some(q)) => format!("{} {}", self.describe(*m), self.describe(*q)),
+                        (Some(m), Some(q)) => {
+                            format!("{} {}", self.describe(*m), self.describe(*q))
+                        }
                         _ => "an object missing from the stack".into(),
                     };
                     return Err(DecodeError::Code {
@@ -672,7 +677,12 @@ impl<'a> Decoder<'a> {
                         callable: format!("the copyreg extension registered as code {code}"),
                     });
                 }
-                _ => return Err(DecodeError::UnknownOpcode { offset: at, opcode: op }),
+                _ => {
+                    return Err(DecodeError::UnknownOpcode {
+                        offset: at,
+                        opcode: op,
+                    });
+                }
             }
         }
     }
@@ -696,7 +706,9 @@ impl<'a> Decoder<'a> {
 
     fn le_u64(&mut self, n: usize, at: usize, op: u8) -> Result<u64, DecodeError> {
         let b = self.take(n, at, op)?;
-        Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+        Ok(b.iter()
+            .rev()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
     fn len_u32(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
@@ -887,7 +899,8 @@ impl<'a> Decoder<'a> {
             Kind::Set => "target is not a set",
             _ => "target is not a list",
         };
-        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get(id as usize)) else {
+        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get(id as usize))
+        else {
             return Err(self.malformed(at, op, wrong()));
         };
         if c.kind != kind {
@@ -1227,7 +1240,6 @@ fn raw_unicode_unescape(line: &[u8]) -> String {
     }
     out
 }
-
 
 impl<'a> Pickle<'a> {
     pub fn obj(&self, v: V) -> Option<&Obj<'a>> {
