@@ -94,10 +94,12 @@ fn search_with(
     if capacity.is_none() {
         notes.push("no --capacity: candidates ran without a memory limit".to_string());
     }
+    let sizes = workload.request_sizes();
     let result = search::search(
         search::space(with_gc),
         current,
         cap,
+        sizes.as_deref(),
         |settings, cap| replay(settings, "", cap),
         progress,
     );

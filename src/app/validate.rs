@@ -266,7 +266,31 @@ fn with_snapshot_trace<T>(
     Ok(f(&st))
 }
 
+/// The distinct request sizes of a trace, ascending.
+pub fn distinct_request_sizes(trace: &Trace) -> Vec<u64> {
+    let mut sizes: Vec<u64> = trace
+        .events()
+        .iter()
+        .filter_map(|e| match *e {
+            crate::workload::Event::Alloc { size, .. } => Some(size),
+            _ => None,
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
 impl Workload {
+    /// The distinct request sizes, when every segment of a replay comes from
+    /// one of them (not for a snapshot, whose start state has its own segments).
+    pub fn request_sizes(&self) -> Option<Vec<u64>> {
+        match &self.source {
+            Source::Trace(trace) => Some(distinct_request_sizes(trace)),
+            Source::Snapshot(_) => None,
+        }
+    }
+
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
