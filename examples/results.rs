@@ -75,7 +75,7 @@ fn write_csv(path: &std::path::Path, events: &[Event], capacity: u64) -> std::io
 /// down to what the tensors alone need); otherwise one row without a limit.
 fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec<u64> {
     let defaults = Settings::default();
-    let capacities = workload
+    workload
         .with_replayer(|replay| {
             let free = replay(&defaults, "", allocdoc::device::NO_LIMIT);
             let default_min = search::min_capacity(
@@ -124,8 +124,7 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
             }
             caps
         })
-        .expect("the workload replays");
-    capacities
+        .expect("the workload replays")
 }
 
 fn main() {
