@@ -8,7 +8,7 @@
 //! BENCHMARKS.md ("## Config search") reports.
 
 use allocdoc::advise::search::{self, space};
-use allocdoc::app::validate::replay;
+use allocdoc::app::validate::{distinct_request_sizes, replay};
 use allocdoc::conf::{MIB, Settings};
 use allocdoc::workload::Trace;
 use allocdoc::workload::probe::{self, Family, Params, epochs, generate};
@@ -36,7 +36,9 @@ fn trace() -> &'static Trace {
     })
 }
 
-fn run_search(configs: usize) -> usize {
+/// `configs` candidates of the space (with garbage-collection thresholds) at
+/// `capacity`, memory fraction 0.9; returns how many were ranked.
+fn run_search(configs: usize, capacity: u64) -> usize {
     let trace = trace();
     // A memory fraction makes garbage_collection_threshold part of the space.
     let base = Settings {
@@ -44,22 +46,32 @@ fn run_search(configs: usize) -> usize {
         ..Settings::default()
     };
     let candidates: Vec<_> = space(true).into_iter().take(configs).collect();
+    let sizes = distinct_request_sizes(trace);
     let r = search::search(
         candidates,
         &base,
-        64 << 30,
+        capacity,
+        Some(&sizes),
         |s, cap| replay(trace, s, "", cap),
         |_| {},
     );
     r.ranked.len()
 }
 
+/// A card far larger than the trace needs: no collector threshold is reached.
 #[divan::bench(sample_count = 1, sample_size = 1)]
-fn search_100_configs_1m_events() -> usize {
-    run_search(100)
+fn search_100_configs_1m_events_64gib() -> usize {
+    run_search(100, 64 << 30)
+}
+
+/// A tight card (the default config peaks at 3.6 GiB reserved): thresholds
+/// are reached, OOMs cut runs short.
+#[divan::bench(sample_count = 1, sample_size = 1)]
+fn search_100_configs_1m_events_4gib() -> usize {
+    run_search(100, 4 << 30)
 }
 
 #[divan::bench(sample_count = 1, sample_size = 1)]
-fn search_280_configs_1m_events() -> usize {
-    run_search(usize::MAX)
+fn search_280_configs_1m_events_64gib() -> usize {
+    run_search(usize::MAX, 64 << 30)
 }

@@ -5,7 +5,7 @@
 
 use allocdoc::advise::search::space;
 use allocdoc::app::recommend::recommend;
-use allocdoc::app::validate::{Workload, replay};
+use allocdoc::app::validate::{Source, Workload, replay};
 use allocdoc::conf::{MIB, Settings};
 use allocdoc::workload::probe::{
     self, Family, Figures, Params, ReplayFigures, Target, epochs, generate,
@@ -14,7 +14,7 @@ use allocdoc::workload::{Event, Trace};
 use assert_cmd::Command;
 use std::path::Path;
 
-fn workload(family: Family, steps: u32, unit: u64) -> Workload {
+fn workload(family: Family, steps: u32, unit: u64) -> (Trace, Workload) {
     let events = epochs(
         &generate(
             family,
@@ -26,13 +26,15 @@ fn workload(family: Family, steps: u32, unit: u64) -> Workload {
         ),
         2,
     );
-    Workload {
+    let trace = probe::trace(events);
+    let w = Workload {
         input: family.name().into(),
-        trace: probe::trace(events),
+        source: Source::Trace(trace.clone()),
         implied_capacity: None,
         probe: None,
         advice: None,
-    }
+    };
+    (trace, w)
 }
 
 /// Over several families and capacities where the default config runs out of
@@ -52,26 +54,26 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
         (Family::DynamicBatch, 150, 5 * MIB),
     ];
     for (family, steps, unit) in cases {
-        let w = workload(family, steps, unit);
-        let free = replay(&w.trace, &defaults, "", allocdoc::device::NO_LIMIT);
+        let (trace, w) = workload(family, steps, unit);
+        let free = replay(&trace, &defaults, "", allocdoc::device::NO_LIMIT);
         assert!(free.oom.is_none());
         let (lo, hi) = (free.peak_allocated_bytes, free.peak_reserved_bytes);
         for frac in [0.6, 0.2] {
             let capacity = lo + ((hi - lo) as f64 * frac) as u64;
-            let default_run = replay(&w.trace, &defaults, "", capacity);
+            let default_run = replay(&trace, &defaults, "", capacity);
             if default_run.oom.is_none() {
                 continue; // the default still fits here: not a case for this test
             }
             let brute: Vec<_> = space(false)
                 .iter()
-                .map(|c| replay(&w.trace, &c.settings(&defaults), "", capacity))
+                .map(|c| replay(&trace, &c.settings(&defaults), "", capacity))
                 .collect();
             let best_ok = brute
                 .iter()
                 .filter(|r| r.oom.is_none())
                 .map(|r| r.peak_reserved_bytes)
                 .min();
-            let r = recommend(&w, Some(capacity), "", &defaults, &|_| {});
+            let r = recommend(&w, Some(capacity), "", &defaults, &|_| {}).expect("search");
             assert_eq!(r.candidates.len(), brute.len());
             match best_ok {
                 Some(best) => {
@@ -98,7 +100,7 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                             .expect("the recommendation parses")
                             .settings;
                     assert!(
-                        replay(&w.trace, &settings, "", min).oom.is_none(),
+                        replay(&trace, &settings, "", min).oom.is_none(),
                         "runs at its smallest capacity"
                     );
                 }
@@ -360,20 +362,20 @@ fn gpu_cuda_replay_matches_the_simulated_card() {
         );
         return;
     }
-    let w = workload(Family::InterleavedLongLived, 40, 13 * MIB);
+    let (trace, w) = workload(Family::InterleavedLongLived, 40, 13 * MIB);
     for conf in ["", "expandable_segments:True", "max_split_size_mb:128"] {
         let s = allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
             .expect("conf")
             .settings;
         let cap = 2 << 30;
-        let cuda = match replay_on(DeviceSpec::Cuda(0), &w.trace, &s, conf, Some(cap)) {
+        let cuda = match replay_on(DeviceSpec::Cuda(0), &w, &s, conf, Some(cap)) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("skipped: driver present but no usable GPU: {e}");
                 return;
             }
         };
-        let sim = replay(&w.trace, &s, conf, cap);
+        let sim = replay(&trace, &s, conf, cap);
         assert_eq!(cuda.oom.is_some(), sim.oom.is_some(), "{conf}");
         assert_eq!(cuda.peak_reserved_bytes, sim.peak_reserved_bytes, "{conf}");
         assert_eq!(

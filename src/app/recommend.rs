@@ -1,7 +1,7 @@
 //! The `recommend` command: search the config space by replay
 //! ([`crate::advise::search`]), rank, and bisect the winner's smallest capacity.
 
-use super::validate::{RunSummary, Workload, load_workload, parse_conf, replay};
+use super::validate::{Replayer, RunSummary, Workload, load_workload, parse_conf};
 use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::search::{self, Progress};
@@ -67,6 +67,19 @@ pub fn recommend(
     current_conf: &str,
     current: &Settings,
     progress: &(dyn Fn(Progress) + Sync),
+) -> Result<RecommendResult, Error> {
+    workload.with_replayer(|replay| {
+        search_with(workload, replay, capacity, current_conf, current, progress)
+    })
+}
+
+fn search_with(
+    workload: &Workload,
+    replay: &Replayer,
+    capacity: Option<u64>,
+    current_conf: &str,
+    current: &Settings,
+    progress: &(dyn Fn(Progress) + Sync),
 ) -> RecommendResult {
     let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
     let with_gc = current.per_process_memory_fraction.is_some();
@@ -81,12 +94,13 @@ pub fn recommend(
     if capacity.is_none() {
         notes.push("no --capacity: candidates ran without a memory limit".to_string());
     }
-    let trace = &workload.trace;
+    let sizes = workload.request_sizes();
     let result = search::search(
         search::space(with_gc),
         current,
         cap,
-        |settings, cap| replay(trace, settings, "", cap),
+        sizes.as_deref(),
+        |settings, cap| replay(settings, "", cap),
         progress,
     );
     let mut current_run = None;
@@ -107,17 +121,18 @@ pub fn recommend(
         .filter(|best| best.oom.is_none())
         .map(|best| Recommendation::new(best.conf.clone()));
     // The current config is in the space unless it sets keys the search does not vary.
-    let mut current_run = current_run.unwrap_or_else(|| replay(trace, current, current_conf, cap));
+    let mut current_run = current_run.unwrap_or_else(|| replay(current, current_conf, cap));
     current_run.conf = current_conf.to_string();
     let advice = match &workload.advice {
         Some(value) => crate::conf::parse(value, current.version)
             .ok()
-            .map(|p| replay(trace, &p.settings, value, cap)),
+            .map(|p| replay(&p.settings, value, cap)),
         None => {
             notes.push(if workload.probe.is_some() {
                 "the rule engine recommends no allocator setting for this evidence".to_string()
             } else {
-                "no rule-engine row: `diagnose` reads text evidence, and a trace holds none"
+                "no rule-engine row: `diagnose` reads text evidence, and a trace or snapshot \
+                 trace holds none"
                     .to_string()
             });
             None
@@ -150,7 +165,7 @@ pub fn run_with_progress(
     let current = parse_conf("--current", &current_conf)?;
     let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
     let capacity = opts.capacity.or(workload.implied_capacity);
-    let result = recommend(&workload, capacity, &current_conf, &current, progress);
+    let result = recommend(&workload, capacity, &current_conf, &current, progress)?;
     let stdout = crate::report::recommend::recommendation(&result, opts.format);
     if let Some(path) = &opts.report {
         // The current config against the recommended one (or the best that still ran out).

@@ -11,7 +11,9 @@ use crate::Error;
 use crate::conf::Settings;
 use crate::device::DeviceSpec;
 use crate::evidence::{Kind, Observation};
+use crate::workload::Trace;
 use crate::workload::probe::{self, Calibration, Figures, ReplayFigures, Target};
+use crate::workload::snapshot_trace::{SnapshotTrace, recorded_settings, traced_device};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -73,10 +75,22 @@ impl crate::advise::search::Scored for RunSummary {
     }
 }
 
+/// What a workload replays.
+pub enum Source {
+    /// A trace CSV, or a probe's generated trace.
+    Trace(Trace),
+    /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
+    /// borrows them); replayed from the state the trace started in.
+    Snapshot(Vec<u8>),
+}
+
+/// One replay of a workload on the simulated card: `(settings, conf, capacity)`.
+pub type Replayer<'r> = dyn Fn(&Settings, &str, u64) -> RunSummary + Sync + 'r;
+
 /// What gets replayed for an input.
 pub struct Workload {
     pub input: String,
-    pub trace: crate::workload::Trace,
+    pub source: Source,
     /// The capacity the evidence implies (a snapshot's card, a probe's fit).
     pub implied_capacity: Option<u64>,
     /// Set when the workload is a synthetic probe fitted to text evidence.
@@ -158,19 +172,30 @@ pub fn load_workload(
     let name = if input.is_empty() { "-" } else { input };
     match crate::ingest::detect(&data) {
         crate::ingest::InputKind::TraceCsv => {
-            let trace = crate::workload::Trace::parse(name, &data)?;
+            let trace = Trace::parse(name, &data)?;
             return Ok(Workload {
                 input: name.to_string(),
                 implied_capacity: trace.capacity_hint(),
-                trace,
+                source: Source::Trace(trace),
                 probe: None,
                 advice: None,
             });
         }
-        crate::ingest::InputKind::Pickle | crate::ingest::InputKind::RmmLog => {
+        crate::ingest::InputKind::Pickle => {
+            // Decode once now so a snapshot without a trace fails here, with its reason.
+            with_snapshot_trace(name, &data, |_| ())?;
+            return Ok(Workload {
+                input: name.to_string(),
+                implied_capacity: None,
+                source: Source::Snapshot(data),
+                probe: None,
+                advice: None,
+            });
+        }
+        crate::ingest::InputKind::RmmLog => {
             return Err(Error::Input(format!(
-                "{name}: snapshot pickles and RMM logs are not searched yet; give a trace CSV \
-                 or text evidence (an OOM message, memory_summary())"
+                "{name}: RMM logs are not replayed by recommend/validate yet; give a trace CSV, \
+                 a snapshot pickle with a trace, or text evidence (an OOM message, memory_summary())"
             )));
         }
         crate::ingest::InputKind::Text => {}
@@ -197,7 +222,7 @@ pub fn load_workload(
     })?;
     Ok(Workload {
         input: name.to_string(),
-        trace: calibration.trace.clone(),
+        source: Source::Trace(calibration.trace.clone()),
         implied_capacity: (target.capacity != crate::device::NO_LIMIT).then_some(target.capacity),
         probe: Some(calibration),
         advice: rule_advice(observations, current_conf)?,
@@ -223,40 +248,142 @@ fn rule_advice(
         .map(|r| r.value))
 }
 
+/// Decodes the snapshot in `data` and hands its trace (first traced device) to `f`.
+fn with_snapshot_trace<T>(
+    name: &str,
+    data: &[u8],
+    f: impl FnOnce(&SnapshotTrace) -> T,
+) -> Result<T, Error> {
+    let snap = crate::snapshot::load(name, data)?;
+    let device = traced_device(&snap).ok_or_else(|| {
+        Error::Input(format!(
+            "{name}: the snapshot has no trace to replay: record it with \
+             torch.cuda.memory._record_memory_history() before the workload runs"
+        ))
+    })?;
+    let st = SnapshotTrace::new(&snap, device, &recorded_settings(&snap))
+        .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+    Ok(f(&st))
+}
+
+/// The distinct request sizes of a trace, ascending.
+pub fn distinct_request_sizes(trace: &Trace) -> Vec<u64> {
+    let mut sizes: Vec<u64> = trace
+        .events()
+        .iter()
+        .filter_map(|e| match *e {
+            crate::workload::Event::Alloc { size, .. } => Some(size),
+            _ => None,
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+impl Workload {
+    /// The distinct request sizes, when every segment of a replay comes from
+    /// one of them (not for a snapshot, whose start state has its own segments).
+    pub fn request_sizes(&self) -> Option<Vec<u64>> {
+        match &self.source {
+            Source::Trace(trace) => Some(distinct_request_sizes(trace)),
+            Source::Snapshot(_) => None,
+        }
+    }
+
+    /// Calls `f` with this workload's replayer on the simulated card.
+    pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
+        match &self.source {
+            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
+            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st| {
+                f(&|s, conf, cap| {
+                    let device = crate::device::sim::SimDevice::new(cap)
+                        .with_recorded_addresses(st.recorded_addresses(false));
+                    replay_snapshot(st, s, conf, device)
+                })
+            }),
+        }
+    }
+}
+
 /// Replays `trace` on the simulated card under `settings` at `capacity`.
-pub fn replay(
-    trace: &crate::workload::Trace,
-    settings: &Settings,
-    conf: &str,
-    capacity: u64,
-) -> RunSummary {
+pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> RunSummary {
     let device = crate::device::sim::SimDevice::new(capacity);
     summarize(conf, crate::workload::replay(trace, settings, device))
+}
+
+/// Replays a snapshot's trace from the state it started in; a start state that
+/// does not fit the device counts as an OOM at event 0.
+fn replay_snapshot<D: crate::device::Device>(
+    st: &SnapshotTrace,
+    settings: &Settings,
+    conf: &str,
+    device: D,
+) -> RunSummary {
+    let mut alloc = crate::allocator::CachingAllocator::new(settings.clone(), device);
+    let (oom, events) = match st.run(&mut alloc, false) {
+        Ok(run) => (
+            run.oom.map(|o| OomAt {
+                event_index: o.event_index as u64,
+                requested_bytes: o.requested_bytes,
+                message: o.message,
+            }),
+            run.events as u64,
+        ),
+        Err(e) => (
+            Some(OomAt {
+                event_index: 0,
+                requested_bytes: 0,
+                message: format!("the state at the trace start does not fit: {e}"),
+            }),
+            0,
+        ),
+    };
+    let stats = alloc.stats().flat(settings.version);
+    let stat = |k: &str| stats.get(k).copied().unwrap_or(0).max(0) as u64;
+    let counters = alloc.device().counters();
+    RunSummary {
+        conf: conf.to_string(),
+        oom,
+        events,
+        peak_reserved_bytes: stat("reserved_bytes.all.peak"),
+        peak_allocated_bytes: stat("allocated_bytes.all.peak"),
+        device_allocs: stat("num_device_alloc"),
+        device_frees: stat("num_device_free"),
+        alloc_retries: stat("num_alloc_retries"),
+        synchronizations: stat("num_sync_all_streams") + counters.synchronizations,
+        driver_time_us: counters.driver_time_us,
+        end_allocated_bytes: stat("allocated_bytes.all.current"),
+        end_reserved_bytes: stat("reserved_bytes.all.current"),
+    }
 }
 
 /// Replays on the device `spec` names; a CUDA device is opened per run and
 /// released (every allocation returned) when the run ends.
 pub fn replay_on(
     spec: DeviceSpec,
-    trace: &crate::workload::Trace,
+    workload: &Workload,
     settings: &Settings,
     conf: &str,
     capacity: Option<u64>,
 ) -> Result<RunSummary, Error> {
     match spec {
-        DeviceSpec::Sim => Ok(replay(
-            trace,
-            settings,
-            conf,
-            capacity.unwrap_or(crate::device::NO_LIMIT),
-        )),
+        DeviceSpec::Sim => {
+            let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
+            workload.with_replayer(|run| run(settings, conf, cap))
+        }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(ordinal) => {
             let device = crate::device::cuda::CudaDevice::open(ordinal, capacity)?;
-            Ok(summarize(
-                conf,
-                crate::workload::replay(trace, settings, device),
-            ))
+            match &workload.source {
+                Source::Trace(trace) => Ok(summarize(
+                    conf,
+                    crate::workload::replay(trace, settings, device),
+                )),
+                Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st| {
+                    replay_snapshot(st, settings, conf, device)
+                }),
+            }
         }
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(ordinal) => Err(Error::NoDevice(format!(
@@ -368,8 +495,8 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let candidate = parse_conf("--conf", &opts.conf)?;
     let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
     let capacity = opts.capacity.or(workload.implied_capacity);
-    let before = replay_on(spec, &workload.trace, &current, &current_conf, capacity)?;
-    let after = replay_on(spec, &workload.trace, &candidate, &opts.conf, capacity)?;
+    let before = replay_on(spec, &workload, &current, &current_conf, capacity)?;
+    let after = replay_on(spec, &workload, &candidate, &opts.conf, capacity)?;
     let mut verdict = verdict(&before, &after);
     if let Some(p) = &workload.probe {
         verdict = format!("on a synthetic probe ({}), {verdict}", p.family.name());

@@ -35,9 +35,9 @@ const RUN_HEADERS: [&str; 8] = [
     "config",
     "OOM",
     "peak reserved",
-    "peak allocated",
-    "cudaMalloc",
-    "cudaFree",
+    "peak alloc.",
+    "mallocs",
+    "frees",
     "retries",
     "syncs",
 ];
@@ -153,7 +153,7 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
     tables.push(runs_table(
         &format!("Best {} of {} configs, ranked", SHOWN.min(r.candidates.len()), r.candidates.len()),
         ranked,
-        Some("Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree, retries and synchronisations.".into()),
+        Some("Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree (mallocs, frees), retries and synchronisations.".into()),
     ));
     let mut rows = vec![run_row(
         format!("current: {}", conf_label(&r.current.conf)),
