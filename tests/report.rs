@@ -396,7 +396,7 @@ fn snapshot_round_trips_through_our_decoder() {
     assert_eq!(snap.segments[1].segment_pool_id, Some((1, 2)));
     assert_eq!(snap.segments[1].is_expandable, Some(true));
     assert_eq!(snap.segments[1].stream, 94_000_000_000);
-    let trace = snap.trace(0);
+    let trace: Vec<_> = snap.trace(0).collect::<Result<_, _>>().unwrap();
     assert_eq!(trace.len(), 3001);
     assert_eq!(
         trace.iter().map(|e| e.size).sum::<u64>(),
@@ -445,7 +445,7 @@ fn replayed_allocator_state_exports_as_a_snapshot() {
     // lives in a 2 MiB small segment.
     assert_eq!(allocated, 4 * 16 * MIB + 1024);
     assert_eq!(reserved, 4 * 16 * MIB + 2 * MIB);
-    let actions: Vec<_> = decoded.trace(0).iter().map(|e| e.action).collect();
+    let actions: Vec<_> = decoded.trace(0).map(|e| e.unwrap().action).collect();
     use allocdoc::snapshot::model::Action as A;
     assert_eq!(actions.iter().filter(|a| **a == A::Alloc).count(), 9);
     assert_eq!(actions.iter().filter(|a| **a == A::SegmentAlloc).count(), 9);
@@ -655,7 +655,7 @@ fn replay_writes_the_report_and_the_snapshot() {
     assert_eq!(allocated, 5 * 8 * MIB + 10 * MIB);
     assert_eq!(reserved, 100 * MIB);
     assert!(snap.segments.iter().all(|s| s.is_expandable == Some(true)));
-    let trace = snap.trace(0);
+    let trace: Vec<_> = snap.trace(0).collect::<Result<_, _>>().unwrap();
     use allocdoc::snapshot::model::Action as A;
     assert_eq!(trace.iter().filter(|e| e.action == A::Alloc).count(), 11);
     assert_eq!(

@@ -178,11 +178,7 @@ pub fn run_with_progress(
         if let Some((conf, settings)) = &best {
             runs.push((super::replay::conf_name(conf), settings));
         }
-        let views = super::replay::report_views(
-            &workload.trace,
-            &runs,
-            capacity.unwrap_or(crate::device::NO_LIMIT),
-        );
+        let views = super::validate::report_views(&workload.source, &runs, capacity);
         std::fs::write(
             path,
             crate::report::recommend::recommendation_html(&result, views),

@@ -283,6 +283,7 @@ fn snapshot_replay(
 
 /// What an HTML report draws from replays: one timeline per run and the
 /// segment map worth looking at.
+#[derive(Default)]
 pub struct ReportViews {
     pub timelines: Vec<crate::report::html::Timeline>,
     pub map: Option<crate::report::html::SegmentMap>,

@@ -100,6 +100,22 @@ pub struct Workload {
     pub advice: Option<String>,
 }
 
+/// The `--report` pictures of a workload, replayed on the simulated card.
+/// A snapshot's own trace replays through `snapshot_trace`, which keeps no
+/// per-event timeline yet: its report has the tables only.
+pub fn report_views(
+    source: &Source,
+    runs: &[(&str, &Settings)],
+    capacity: Option<u64>,
+) -> super::replay::ReportViews {
+    match source {
+        Source::Trace(trace) => {
+            super::replay::report_views(trace, runs, capacity.unwrap_or(crate::device::NO_LIMIT))
+        }
+        Source::Snapshot(_) => super::replay::ReportViews::default(),
+    }
+}
+
 /// Reads `input` (a path, or `-` for standard input).
 pub(crate) fn read_input(input: &str) -> Result<Vec<u8>, Error> {
     use std::io::Read;
@@ -237,7 +253,8 @@ fn rule_advice(
     let rules = crate::rules::RuleSet::with_dir(None)?;
     let mut ctx = crate::advise::Context::default();
     if !current_conf.is_empty() {
-        ctx.set_current(current_conf, "--current");
+        ctx.set_current(current_conf, "--current")
+            .map_err(|why| Error::Usage(format!("--current {current_conf:?}: {why}")))?;
     }
     let evidence = crate::evidence::Evidence {
         observations,
@@ -514,13 +531,13 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let stdout = crate::report::recommend::validation(&v, opts.format);
     if let Some(path) = &opts.report {
         // The pictures come from the simulated card, whatever --device ran the verdict.
-        let views = super::replay::report_views(
-            &workload.trace,
+        let views = report_views(
+            &workload.source,
             &[
                 (super::replay::conf_name(&current_conf), &current),
                 (super::replay::conf_name(&opts.conf), &candidate),
             ],
-            capacity.unwrap_or(crate::device::NO_LIMIT),
+            capacity,
         );
         std::fs::write(path, crate::report::recommend::validation_html(&v, views))
             .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
