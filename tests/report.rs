@@ -708,3 +708,32 @@ fn screenshot_in_headless_chromium() {
     let html = std::fs::read_to_string(&html).unwrap();
     assert!(html.contains("(defaults) runs out of memory at event 1085"));
 }
+
+#[test]
+fn diagnose_report_draws_a_real_snapshot() {
+    // Maphsge4/select_n: 82 segments, 2 776 629 248 bytes reserved, a 4496-entry trace
+    // (shared/snapshots/README.md).
+    let dir = tempfile::tempdir().unwrap();
+    let html_path = dir.path().join("snap.html");
+    let out = allocdoc(&[
+        "diagnose",
+        "fixtures/snapshots/maphsge4-select_n_snapshot_traced.pickle",
+        "--report",
+        html_path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    check_balanced(&html);
+    assert_eq!(html.matches("<g class=\"seg\">").count(), 82);
+    // 2 776 629 248 bytes = 2.59 GiB.
+    assert!(html.contains("82 segments, 2.59 GiB reserved."));
+    assert!(
+        html.contains("peak reserved 2.59 GiB"),
+        "the trace's reserved series ends at the snapshot's"
+    );
+    assert!(html.contains("device 0 (requested)"));
+}

@@ -41,14 +41,33 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     let evidence = read_inputs(&opts.inputs, &mut ctx)?;
     let d = advise::diagnose(evidence, &ctx, &rules);
     if let Some(path) = &opts.report {
-        std::fs::write(path, crate::report::diagnose::html(&d)).map_err(|e| {
-            Error::Usage(format!("{}: cannot write the report: {e}", path.display()))
-        })?;
+        std::fs::write(
+            path,
+            crate::report::diagnose::html(&d, pictures(&opts.inputs)),
+        )
+        .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
     }
     let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
     notes.extend(d.evidence.notes.iter().cloned());
     out.stderr = notes;
     Ok(out)
+}
+
+/// The snapshot pickles among the inputs, read again for the report's
+/// timeline and segment map (standard input was consumed by the diagnosis).
+fn pictures(inputs: &[String]) -> crate::report::diagnose::Pictures {
+    let mut pictures = crate::report::diagnose::Pictures::default();
+    for name in inputs.iter().filter(|n| n.as_str() != "-") {
+        let Ok(data) = std::fs::read(name) else {
+            continue;
+        };
+        if crate::snapshot::is_pickle(&data)
+            && let Ok(snap) = crate::snapshot::load(name, &data)
+        {
+            pictures.add_snapshot(name, &snap);
+        }
+    }
+    pictures
 }
 
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {

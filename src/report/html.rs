@@ -149,6 +149,98 @@ impl SegmentMap {
     }
 }
 
+impl SegmentMap {
+    /// One device's segments of a decoded torch snapshot, as recorded.
+    pub fn from_snapshot(
+        at: impl Into<String>,
+        snap: &crate::snapshot::Snapshot<'_>,
+        device: u32,
+    ) -> Self {
+        use crate::snapshot::model::BlockState as S;
+        let segments = snap
+            .segments
+            .iter()
+            .filter(|s| s.device == device)
+            .map(|s| {
+                let blocks = snap.blocks_of(s);
+                let split = blocks.len() > 1;
+                MapSegment {
+                    address: s.address,
+                    stream: s.stream,
+                    blocks: blocks
+                        .iter()
+                        .map(|b| MapBlock {
+                            size: b.size,
+                            state: match b.state {
+                                S::ActiveAllocated => BlockState::Allocated,
+                                S::ActivePendingFree => BlockState::PendingFree,
+                                S::Inactive if split => BlockState::InactiveSplit,
+                                S::Inactive => BlockState::Free,
+                            },
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        SegmentMap {
+            at: at.into(),
+            segments,
+        }
+    }
+}
+
+impl Timeline {
+    /// A snapshot's recorded trace for one device: requested bytes of live
+    /// allocations (alloc − free_completed) and reserved bytes (segment
+    /// alloc/map − free/unmap), anchored so the series end at the snapshot's
+    /// own figures (the ring buffer may have dropped the start). The x axis
+    /// counts trace entries; the OOM entry, if any, is marked.
+    pub fn from_snapshot_trace(
+        name: impl Into<String>,
+        snap: &crate::snapshot::Snapshot<'_>,
+        device: u32,
+    ) -> Self {
+        use crate::snapshot::model::Action as A;
+        let (mut requested, mut reserved) = (0i128, 0i128);
+        let mut deltas: Vec<(i64, i64)> = Vec::with_capacity(snap.trace_len(device));
+        let mut oom_at = None;
+        for (i, e) in snap.trace(device).enumerate() {
+            let Ok(e) = e else { continue };
+            let size = i64::try_from(e.size).unwrap_or(i64::MAX);
+            let d = match e.action {
+                A::Alloc => (size, 0),
+                A::FreeCompleted => (-size, 0),
+                A::SegmentAlloc | A::SegmentMap => (0, size),
+                A::SegmentFree | A::SegmentUnmap => (0, -size),
+                A::Oom => {
+                    oom_at.get_or_insert(i as u64);
+                    (0, 0)
+                }
+                _ => (0, 0),
+            };
+            requested += i128::from(d.0);
+            reserved += i128::from(d.1);
+            deltas.push(d);
+        }
+        let segs = snap.segments.iter().filter(|s| s.device == device);
+        let end_reserved: i128 = segs.clone().map(|s| i128::from(s.total_size)).sum();
+        let end_requested: i128 = segs
+            .map(|s| i128::from(s.requested_size.unwrap_or(s.active_size)))
+            .sum();
+        let mut req = end_requested - requested;
+        let mut res = end_reserved - reserved;
+        let mut t = Timeline::new(name);
+        for (x, (dq, dr)) in (0u64..).zip(deltas) {
+            req += i128::from(dq);
+            res += i128::from(dr);
+            let clamp = |v: i128| u64::try_from(v.max(0)).unwrap_or(u64::MAX);
+            t.push(x, clamp(req), clamp(res));
+        }
+        t.oom_at = oom_at;
+        t
+    }
+}
+
 impl MapSegment {
     /// A segment of the bundled allocator as the map draws it. A free block
     /// is "inactive split" when its segment holds other blocks (PyTorch's
