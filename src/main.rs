@@ -118,7 +118,8 @@ enum Command {
         /// memory_stats() JSON written by scripts/torch_crosscheck.py, to compare against.
         #[arg(long)]
         compare_with: Option<PathBuf>,
-        /// Write the simulated run as a torch memory snapshot pickle.
+        /// Write the last config's simulated run as a torch memory snapshot pickle
+        /// (protocol 4: opens in pytorch.org/memory_viz and torch.cuda._memory_viz).
         #[arg(long)]
         emit_snapshot: Option<PathBuf>,
         /// Also write a self-contained HTML report.
@@ -140,6 +141,8 @@ enum Command {
         /// The config in use today (default: PyTorch's defaults).
         #[arg(long)]
         current: Option<String>,
+        /// Also write a self-contained HTML report: the current and the recommended
+        /// config's memory over the trace, the segment map, the ranked table.
         #[arg(long)]
         report: Option<PathBuf>,
         #[command(flatten)]
@@ -162,6 +165,8 @@ enum Command {
         /// `sim` (default) or `cuda[:N]`.
         #[arg(long, default_value = "sim")]
         device: String,
+        /// Also write a self-contained HTML report: both configs' memory over the
+        /// trace overlaid, the segment map at the OOM or the peak, the verdict.
         #[arg(long)]
         report: Option<PathBuf>,
         #[command(flatten)]
