@@ -123,13 +123,13 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
         .find(|o| o.kind == Kind::Oom && o.allocated_bytes.is_some());
     if let Some(o) = oom {
         let allocated = o.allocated_bytes?;
-        let reserved = o
-            .reserved_bytes
-            .or(o.reserved_unallocated_bytes.map(|r| allocated + r))?;
+        let reserved = o.reserved_bytes.or(o
+            .reserved_unallocated_bytes
+            .map(|r| allocated.saturating_add(r)))?;
         // What the allocator could reach: what it held plus what the card still had free.
         let room = o
             .free_bytes
-            .map(|f| reserved + f)
+            .map(|f| reserved.saturating_add(f))
             .or(o.allowed_bytes)
             .or(o.total_capacity_bytes)?;
         return Some(Target {
@@ -207,6 +207,24 @@ pub fn load_workload(
              figures to fit a probe to"
         ))
     })?;
+    // No card comes near 1 PiB: such figures are a misprint or a shape bug
+    // (`diagnose` says which), and a probe of that size says nothing.
+    let figures = [
+        Some(target.observed.allocated_bytes),
+        Some(target.observed.reserved_bytes),
+        target.observed.requested_bytes,
+    ];
+    if let Some(big) = figures
+        .into_iter()
+        .flatten()
+        .find(|&b| b > crate::device::NO_LIMIT)
+    {
+        return Err(Error::Input(format!(
+            "{name}: the evidence states {} — beyond any card, so no probe can model it; \
+             run `allocdoc diagnose {name}`",
+            crate::units::human(big)
+        )));
+    }
     let calibration = probe::calibrate(&target, 1, |trace, cap| {
         let run = replay(trace, current, "", cap);
         ReplayFigures {
