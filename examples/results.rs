@@ -146,6 +146,7 @@ fn main() {
             implied_capacity: None,
             probe: None,
             advice: None,
+            recorded: None,
         };
         let caps = rows(&mut out, &workload, true);
         // One trace per family (just under the default's need) for the GPU script.

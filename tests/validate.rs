@@ -33,6 +33,7 @@ fn workload(family: Family, steps: u32, unit: u64) -> (Trace, Workload) {
         implied_capacity: None,
         probe: None,
         advice: None,
+        recorded: None,
     };
     (trace, w)
 }

@@ -164,8 +164,10 @@ pub fn run_with_progress(
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
     let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
+    let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
     let capacity = opts.capacity.or(workload.implied_capacity);
-    let result = recommend(&workload, capacity, &current_conf, &current, progress)?;
+    let mut result = recommend(&workload, capacity, &current_conf, &current, progress)?;
+    result.notes.extend(note);
     let stdout = crate::report::recommend::recommendation(&result, opts.format);
     if let Some(path) = &opts.report {
         // The current config against the recommended one (or the best that still ran out).

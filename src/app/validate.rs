@@ -98,6 +98,35 @@ pub struct Workload {
     /// The rule engine's recommended value for the text evidence (`None` for
     /// a trace, which holds no observations, or when no setting would help).
     pub advice: Option<String>,
+    /// The settings a snapshot recorded in its `allocator_settings`.
+    pub recorded: Option<Settings>,
+}
+
+impl Workload {
+    /// The config to compare against: `--current` when given, else what a
+    /// snapshot recorded, else PyTorch's defaults. Returns (value, settings, note).
+    pub fn current(
+        &self,
+        given: Option<&str>,
+        parsed: Settings,
+    ) -> (String, Settings, Option<String>) {
+        match (given, &self.recorded) {
+            (Some(value), _) => (value.to_string(), parsed, None),
+            (None, Some(recorded)) => {
+                let value = crate::conf::render(recorded);
+                let note = format!(
+                    "current config: {} (as the snapshot recorded it)",
+                    if value.is_empty() {
+                        "PyTorch's defaults"
+                    } else {
+                        &value
+                    }
+                );
+                (value, recorded.clone(), Some(note))
+            }
+            (None, None) => (String::new(), parsed, None),
+        }
+    }
 }
 
 /// The `--report` pictures of a workload, replayed on the simulated card.
@@ -139,13 +168,13 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
         .find(|o| o.kind == Kind::Oom && o.allocated_bytes.is_some());
     if let Some(o) = oom {
         let allocated = o.allocated_bytes?;
-        let reserved = o
-            .reserved_bytes
-            .or(o.reserved_unallocated_bytes.map(|r| allocated + r))?;
+        let reserved = o.reserved_bytes.or(o
+            .reserved_unallocated_bytes
+            .map(|r| allocated.saturating_add(r)))?;
         // What the allocator could reach: what it held plus what the card still had free.
         let room = o
             .free_bytes
-            .map(|f| reserved + f)
+            .map(|f| reserved.saturating_add(f))
             .or(o.allowed_bytes)
             .or(o.total_capacity_bytes)?;
         return Some(Target {
@@ -195,17 +224,19 @@ pub fn load_workload(
                 source: Source::Trace(trace),
                 probe: None,
                 advice: None,
+                recorded: None,
             });
         }
         crate::ingest::InputKind::Pickle => {
             // Decode once now so a snapshot without a trace fails here, with its reason.
-            with_snapshot_trace(name, &data, |_| ())?;
+            let recorded = with_snapshot_trace(name, &data, |_, recorded| recorded.cloned())?;
             return Ok(Workload {
                 input: name.to_string(),
                 implied_capacity: None,
                 source: Source::Snapshot(data),
                 probe: None,
                 advice: None,
+                recorded,
             });
         }
         crate::ingest::InputKind::RmmLog => {
@@ -223,6 +254,24 @@ pub fn load_workload(
              figures to fit a probe to"
         ))
     })?;
+    // No card comes near 1 PiB: such figures are a misprint or a shape bug
+    // (`diagnose` says which), and a probe of that size says nothing.
+    let figures = [
+        Some(target.observed.allocated_bytes),
+        Some(target.observed.reserved_bytes),
+        target.observed.requested_bytes,
+    ];
+    if let Some(big) = figures
+        .into_iter()
+        .flatten()
+        .find(|&b| b > crate::device::NO_LIMIT)
+    {
+        return Err(Error::Input(format!(
+            "{name}: the evidence states {} — beyond any card, so no probe can model it; \
+             run `allocdoc diagnose {name}`",
+            crate::units::human(big)
+        )));
+    }
     let calibration = probe::calibrate(&target, 1, |trace, cap| {
         let run = replay(trace, current, "", cap);
         ReplayFigures {
@@ -242,6 +291,7 @@ pub fn load_workload(
         implied_capacity: (target.capacity != crate::device::NO_LIMIT).then_some(target.capacity),
         probe: Some(calibration),
         advice: rule_advice(observations, current_conf)?,
+        recorded: None,
     })
 }
 
@@ -269,7 +319,7 @@ fn rule_advice(
 fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
-    f: impl FnOnce(&SnapshotTrace) -> T,
+    f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
     let snap = crate::snapshot::load(name, data)?;
     let device = traced_device(&snap).ok_or_else(|| {
@@ -278,9 +328,12 @@ fn with_snapshot_trace<T>(
              torch.cuda.memory._record_memory_history() before the workload runs"
         ))
     })?;
-    let st = SnapshotTrace::new(&snap, device, &recorded_settings(&snap))
+    let recorded = recorded_settings(&snap);
+    let st = SnapshotTrace::new(&snap, device, &recorded)
         .map_err(|e| Error::Input(format!("{name}: {e}")))?;
-    Ok(f(&st))
+    // Only a snapshot with `allocator_settings` says which config it ran under.
+    let said = crate::snapshot::evidence::settings_json(&snap).map(|_| &recorded);
+    Ok(f(&st, said))
 }
 
 /// The distinct request sizes of a trace, ascending.
@@ -312,7 +365,7 @@ impl Workload {
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
             Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
-            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st| {
+            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
                 f(&|s, conf, cap| {
                     let device = crate::device::sim::SimDevice::new(cap)
                         .with_recorded_addresses(st.recorded_addresses(false));
@@ -397,7 +450,7 @@ pub fn replay_on(
                     conf,
                     crate::workload::replay(trace, settings, device),
                 )),
-                Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st| {
+                Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st, _| {
                     replay_snapshot(st, settings, conf, device)
                 }),
             }
@@ -511,6 +564,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let current = parse_conf("--current", &current_conf)?;
     let candidate = parse_conf("--conf", &opts.conf)?;
     let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
+    let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
     let capacity = opts.capacity.or(workload.implied_capacity);
     let before = replay_on(spec, &workload, &current, &current_conf, capacity)?;
     let after = replay_on(spec, &workload, &candidate, &opts.conf, capacity)?;
@@ -544,7 +598,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     }
     Ok(Outcome {
         stdout,
-        stderr: Vec::new(),
+        stderr: note.into_iter().map(|n| format!("note: {n}")).collect(),
         exit_code,
     })
 }

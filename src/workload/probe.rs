@@ -101,14 +101,15 @@ pub fn generate(family: Family, p: &Params) -> Vec<Event> {
         next: 0,
     };
     let mut rng = Rng::new(p.seed);
+    // Saturating: the unit comes from evidence, which may state absurd sizes.
     let u = p.unit.max(1);
     match family {
         Family::VariableLength => {
             let mut prev = None;
             for _ in 0..p.steps {
                 let len = rng.range(1, 8);
-                let act = b.alloc(len * u);
-                b.alloc(len * u / 4);
+                let act = b.alloc(u.saturating_mul(len));
+                b.alloc(u.saturating_mul(len) / 4);
                 if let Some(a) = prev.replace(act) {
                     b.free(a);
                 }
@@ -119,7 +120,7 @@ pub fn generate(family: Family, p: &Params) -> Vec<Event> {
             let mut seqs: [(Option<u32>, u64); 4] = [(None, 0); 4];
             for step in 0..p.steps {
                 let s = &mut seqs[(step as usize + rng.range(0, 3) as usize) % 4];
-                s.1 += u;
+                s.1 = s.1.saturating_add(u);
                 let grown = b.alloc(s.1);
                 if let Some(old) = s.0.replace(grown) {
                     b.free(old);
@@ -129,10 +130,10 @@ pub fn generate(family: Family, p: &Params) -> Vec<Event> {
         Family::DynamicBatch => {
             for _ in 0..p.steps {
                 let batch = rng.range(1, 8);
-                let input = b.alloc(batch * u);
-                let hidden = b.alloc(2 * batch * u);
+                let input = b.alloc(u.saturating_mul(batch));
+                let hidden = b.alloc(u.saturating_mul(2 * batch));
                 b.free(input);
-                b.alloc(batch * u / 8);
+                b.alloc(u.saturating_mul(batch) / 8);
                 b.free(hidden);
             }
         }
@@ -144,7 +145,7 @@ pub fn generate(family: Family, p: &Params) -> Vec<Event> {
                         b.free(small);
                     }
                 }
-                let large = b.alloc(rng.range(1, 4) * u);
+                let large = b.alloc(u.saturating_mul(rng.range(1, 4)));
                 if step % 2 == 1 {
                     b.free(large);
                 }
