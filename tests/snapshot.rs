@@ -514,3 +514,31 @@ fn a_recorded_conf_that_did_not_take_effect_is_noted() {
          \"max_split_size_mb:256,expandable_segments:True\" but the allocator ran with the defaults"
     );
 }
+
+#[test]
+fn replay_text_of_a_snapshot_with_fidelity() {
+    use allocdoc::app::replay::{ReplayOptions, execute};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/maphsge4-select_n_snapshot_traced.pickle");
+    let opts = ReplayOptions {
+        trace: path.display().to_string(),
+        confs: vec![String::new(), "roundup_power2_divisions:2".into()],
+        capacity: Some(3 << 30),
+        device: "sim".into(),
+        fidelity: true,
+        ..ReplayOptions::default()
+    };
+    let mut r = execute(&opts).unwrap();
+    r.input = "maphsge4-select_n_snapshot_traced.pickle".into();
+    insta::assert_snapshot!(allocdoc::report::replay::text(&r));
+}
+
+#[test]
+fn snapshot_evidence_as_json() {
+    let obs = snapshot::observations(
+        "magma27.pickle",
+        &fixture("magma27-assignment2-systems_memory_snapshot.pickle"),
+    )
+    .unwrap();
+    insta::assert_json_snapshot!(obs);
+}

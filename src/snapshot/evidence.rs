@@ -131,6 +131,9 @@ impl SegSum {
     }
 }
 
+/// (private pool id, `None` for the default pools; segment type; stream).
+type PoolKey = (Option<(i64, i64)>, &'static str, u64);
+
 /// Per (pool, segment type, stream) totals.
 #[derive(Default)]
 struct PoolTotals {
@@ -153,16 +156,13 @@ fn detail(
     segs: &[&Segment],
     settings_note: Option<&str>,
 ) -> Result<J, ModelError> {
-    let mut pools: BTreeMap<(String, &'static str, u64), PoolTotals> = BTreeMap::new();
+    let mut pools: BTreeMap<PoolKey, PoolTotals> = BTreeMap::new();
     let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
     let mut classes: BTreeMap<(u8, &'static str), (u64, u64)> = BTreeMap::new();
     let mut expandable = 0u64;
     for s in segs {
-        let pool = match s.segment_pool_id {
-            Some(id) if s.is_private_pool() => format!("private({},{})", id.0, id.1),
-            _ => "default".to_string(),
-        };
+        let pool = s.segment_pool_id.filter(|_| s.is_private_pool());
         let t = pools
             .entry((pool, s.segment_type.as_str(), s.stream))
             .or_default();
@@ -198,6 +198,10 @@ fn detail(
     let pools_json: Vec<J> = pools
         .iter()
         .map(|((pool, kind, stream), t)| {
+            let pool = match pool {
+                Some((a, b)) => format!("private({a},{b})"),
+                None => "default".to_string(),
+            };
             json!({
                 "pool": pool, "segment_type": kind, "stream": stream,
                 "segments": t.segments, "blocks": t.blocks,
@@ -319,28 +323,28 @@ fn frame_text(f: &Frame) -> String {
 }
 
 /// The top allocation sites of live (`active_allocated`) blocks by bytes.
-/// A site is the filtered stack; identical stacks recorded as different
-/// list objects are merged by their text.
+/// A site is the shown part of the stack; identical stacks recorded as
+/// different list objects are merged. Only the listed sites are formatted.
 fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
-    // Format each distinct frames list once (torch shares them between blocks).
+    // Read each distinct frames list once (torch shares them between blocks).
     let mut by_list: HashMap<Frames, usize> = HashMap::new();
-    let mut sites: Vec<(Vec<String>, u64, u64)> = Vec::new();
-    let mut by_text: HashMap<Vec<String>, usize> = HashMap::new();
+    let mut by_stack: HashMap<Vec<Frame>, usize> = HashMap::new();
+    let mut sites: Vec<(Vec<Frame>, u64, u64)> = Vec::new();
+    let mut shown: HashMap<u32, bool> = HashMap::new();
     for s in segs {
         for b in snap.blocks_of(s) {
             if b.state != BlockState::ActiveAllocated {
                 continue;
             }
-            let key = b.frames;
-            let idx = match by_list.get(&key) {
+            let idx = match by_list.get(&b.frames) {
                 Some(&i) => i,
                 None => {
-                    let text = stack_text(snap, b.frames);
-                    let i = *by_text.entry(text.clone()).or_insert_with(|| {
-                        sites.push((text, 0, 0));
+                    let stack = site_frames(snap, b.frames, &mut shown);
+                    let i = *by_stack.entry(stack.clone()).or_insert_with(|| {
+                        sites.push((stack, 0, 0));
                         sites.len() - 1
                     });
-                    by_list.insert(key, i);
+                    by_list.insert(b.frames, i);
                     i
                 }
             };
@@ -354,7 +358,8 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
     sites
         .into_iter()
         .take(TOP_SITES)
-        .map(|(frames, bytes, blocks)| {
+        .map(|(stack, bytes, blocks)| {
+            let frames: Vec<String> = stack.iter().map(frame_text).collect();
             json!({
                 "site": frames.first().cloned().unwrap_or_else(|| "<non-python>".into()),
                 "bytes": bytes,
@@ -365,18 +370,31 @@ fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
         .collect()
 }
 
-/// The shown frames of a stack (`_memory_viz` filter and format), innermost first, starting at the first Python
-/// frame when there is one (the C++ frames above it are the allocator itself).
-pub fn stack_text(snap: &Snapshot, frames: Frames) -> Vec<String> {
-    let shown: Vec<Frame> = snap.frames(frames).filter(frame_shown).collect();
+/// The shown frames of a stack (`_memory_viz`'s filter), innermost first,
+/// starting at the first Python frame when there is one (the C++ frames above
+/// it are the allocator itself), at most [`SITE_FRAMES`]. `cache` remembers
+/// the filter's verdict per frame dict.
+fn site_frames<'s>(
+    snap: &'s Snapshot,
+    frames: Frames,
+    cache: &mut HashMap<u32, bool>,
+) -> Vec<Frame<'s>> {
+    let shown: Vec<Frame> = snap
+        .frame_entries(frames)
+        .filter(|(id, f)| *cache.entry(*id).or_insert_with(|| frame_shown(f)))
+        .map(|(_, f)| f)
+        .collect();
     let first_py = shown
         .iter()
         .position(|f| f.filename.ends_with(".py"))
         .unwrap_or(0);
-    shown
+    shown.into_iter().skip(first_py).take(SITE_FRAMES).collect()
+}
+
+/// [`site_frames`] formatted as `_memory_viz` does (`file:line:name`).
+pub fn stack_text(snap: &Snapshot, frames: Frames) -> Vec<String> {
+    site_frames(snap, frames, &mut HashMap::new())
         .iter()
-        .skip(first_py)
-        .take(SITE_FRAMES)
         .map(frame_text)
         .collect()
 }

@@ -152,7 +152,7 @@ pub struct Snapshot<'a> {
 }
 
 /// One frame as recorded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Frame<'s> {
     pub filename: &'s str,
     pub line: i64,
@@ -267,6 +267,12 @@ impl<'a> Snapshot<'a> {
 
     /// The frames of a list, skipping entries that are not frame dicts.
     pub fn frames(&self, f: Frames) -> impl Iterator<Item = Frame<'_>> + '_ {
+        self.frame_entries(f).map(|(_, frame)| frame)
+    }
+
+    /// [`Snapshot::frames`] with each frame dict's arena id (torch shares
+    /// frame dicts between stacks, so per-frame work can be cached by id).
+    pub fn frame_entries(&self, f: Frames) -> impl Iterator<Item = (u32, Frame<'_>)> + '_ {
         let p = &self.pickle;
         let list = (f != Frames::NONE)
             .then(|| p.items(V::object(f.0)))
@@ -289,7 +295,7 @@ impl<'a> Snapshot<'a> {
                     _ => {}
                 }
             }
-            named.then_some(frame)
+            Some((fr.id()?, frame)).filter(|_| named)
         })
     }
 }

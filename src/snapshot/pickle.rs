@@ -1557,3 +1557,50 @@ impl<'p> Pairs<'p> {
         (0..self.len()).filter_map(move |i| self.get(i))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dicts_share_shapes_and_stay_dicts_when_they_grow() {
+        // [{a: 1, b: 2}, {a: 3, b: 4} then c: 5 set on it], keys memoized as torch does.
+        let data = b"\x80\x04](}(\x8c\x01a\x94K\x01\x8c\x01b\x94K\x02u}(h\x00K\x03h\x01K\x04u\x8c\x01cK\x05se.";
+        let p = decode(data).unwrap();
+        let items = p.items(p.root).unwrap();
+        assert_eq!(items.len(), 2);
+        let (d0, d1) = (items[0], items[1]);
+        assert_eq!(p.dict(d0).unwrap().shape().map(<[V]>::len), Some(2));
+        assert_eq!(
+            p.shapes.len(),
+            1,
+            "both dicts were built with the one key shape"
+        );
+        let get = |d, k| p.get(d, k).and_then(|v| p.i64(v));
+        assert_eq!(
+            (get(d0, "a"), get(d0, "b"), get(d0, "c")),
+            (Some(1), Some(2), None)
+        );
+        // The SETITEM after SETITEMS moved d1 out of its shape; all three keys remain.
+        assert_eq!(
+            (get(d1, "a"), get(d1, "b"), get(d1, "c")),
+            (Some(3), Some(4), Some(5))
+        );
+        assert_eq!(p.dict(d1).unwrap().len(), 3);
+        assert_eq!(p.dict(d1).unwrap().shape(), None);
+    }
+
+    #[test]
+    fn a_list_appended_between_other_objects_keeps_its_order() {
+        // l = []; APPENDS [1, 2]; then a dict is built; APPENDS [3] to l.
+        let data = b"\x80\x04]\x94(K\x01K\x02e}(\x8c\x01k\x94K\x09u0h\x00(K\x03e.";
+        let p = decode(data).unwrap();
+        let items: Vec<i64> = p
+            .items(p.root)
+            .unwrap()
+            .iter()
+            .filter_map(|&v| p.i64(v))
+            .collect();
+        assert_eq!(items, vec![1, 2, 3]);
+    }
+}
