@@ -14,11 +14,13 @@
 //!   handling of the above exception", "The above exception was the direct
 //!   cause") is one observation, even re-raised under another class; identical
 //!   messages without such a line between (ranks, retries) are all kept.
-//! - `format_era` for OOMs: "1.0-1.3" (cached), "1.4-2.0" (reserved in total),
+//! - `format_era` for OOMs: "1.0-1.3" (cached), "1.10-2.0" (reserved in total
+//!   and the max_split_size_mb hint), "1.4-2.0" (reserved in total, no hint),
 //!   "1.0-2.0" (cut before telling), "2.1" (the "capacty" typo), "2.2-2.3"
 //!   (`torch.cuda.OutOfMemoryError`), "2.4+" (`torch.OutOfMemoryError`, the
 //!   private-pool clause or the docs.pytorch.org link), "2.2+" (2.2 wording
-//!   without those clues), "cudaMallocAsync"; none for XPU and the 1EB message.
+//!   without those clues), "cudaMallocAsync", "pre-1.0" (THC's "cuda runtime
+//!   error (2)"); none for XPU and the 1EB message.
 //!   For summaries: "1.x" (KB/MB units) or "2.0+" (KiB/MiB units or Requested rows).
 //! - A `[rankN]` prefix sets `rank`; a `(VllmWorkerProcess pid=N)` prefix is
 //!   stripped from wrapped lines but names no rank.

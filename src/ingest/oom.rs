@@ -72,7 +72,7 @@ patterns! {
     ASYNC_FREE = r"Free \(according to CUDA\) : SIZE";
     ASYNC_FRACTION = r"PyTorch limit \(set by user-supplied memory fraction\) : SIZE";
     // The end of each era's message: its absence means the text was cut.
-    COMPLETE = r"cached \)|reserved in total by PyTorch \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
+    COMPLETE = r"cached \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
@@ -159,19 +159,29 @@ fn hit_line(data: &[u8], hit: usize, anchor_len: usize, stop: &[u8]) -> HitLine 
     }
 }
 
-/// Appends the lines a hard wrap pushed below the first one, until `complete`
-/// says the message is whole, a line plainly belongs to something else, or
-/// the limits are reached.
+/// How a message's end is recognised.
+struct Ending<'a> {
+    /// The text read so far is the whole message.
+    complete: &'a dyn Fn(&str) -> bool,
+    /// A whole message may still go on with a line starting so (the 1.10-2.0
+    /// hint after the closing parenthesis that 1.4-1.9 messages end with).
+    resume: Option<&'a str>,
+}
+
+/// Appends the lines a hard wrap pushed below the first one, until the
+/// message is whole, a line plainly belongs to something else, or the limits
+/// are reached.
 fn continue_lines(
     data: &[u8],
     msg: &mut Message,
     mut pos: usize,
     log_prefix: &str,
-    complete: &dyn Fn(&str) -> bool,
+    ending: &Ending,
 ) {
     let log_prefix = log_prefix.trim_end();
     for _ in 0..MAX_LINES {
-        if complete(&msg.text) || msg.text.len() > MAX_TEXT || pos >= data.len() {
+        let whole = (ending.complete)(&msg.text);
+        if (whole && ending.resume.is_none()) || msg.text.len() > MAX_TEXT || pos >= data.len() {
             return;
         }
         let le = line_end(data, pos);
@@ -185,7 +195,13 @@ fn continue_lines(
             }
         }
         let line = line.trim();
-        if line.is_empty() || starts_other_record(line, &msg.text) {
+        if line.is_empty()
+            || starts_other_record(line, &msg.text)
+            || (whole
+                && !ending
+                    .resume
+                    .is_some_and(|r| line.starts_with(r) || r.starts_with(line)))
+        {
             return;
         }
         msg.text.push_str(line);
@@ -212,12 +228,7 @@ fn starts_other_record(line: &str, so_far: &str) -> bool {
 
 /// Builds a message whose first word starts at `msg_start` in `line.before`
 /// (or at the hit when `msg_start == line.before.len()`).
-fn gather(
-    data: &[u8],
-    line: HitLine,
-    msg_start: usize,
-    complete: &dyn Fn(&str) -> bool,
-) -> (Message, usize) {
+fn gather(data: &[u8], line: HitLine, msg_start: usize, ending: &Ending) -> (Message, usize) {
     let msg_start = text::ceil_boundary(&line.before, msg_start);
     let mut text = line.before[msg_start..].to_owned();
     text.push_str(line.after.trim_end());
@@ -232,18 +243,52 @@ fn gather(
     };
     if !line.bounded {
         let log_prefix = msg.prefix.clone();
-        continue_lines(data, &mut msg, line.bound + 1, &log_prefix, complete);
+        continue_lines(data, &mut msg, line.bound + 1, &log_prefix, ending);
     }
     (msg, first_len)
 }
 
 /// An `oom` observation with the exception class printed before the message
 /// and the rank its prefix names.
-fn oom_observation(input: &str, before_msg: &str, msg: &Message) -> Observation {
+fn oom_observation(data: &[u8], input: &str, before_msg: &str, msg: &Message) -> Observation {
     let mut obs = Observation::new(Kind::Oom, input);
-    obs.exception = exception_before(before_msg).map(|(e, _)| e);
+    // The class on the message's line may be the tail of one a wrap split
+    // ("torch.OutOfMemoryErr" / "or: CUDA …"); the joined name is taken only
+    // when it is a class PyTorch raises for an OOM (§7.3), so a source line
+    // ending in a word ("    raise") is never glued onto it.
+    let on_line = exception_before(before_msg).map(|(e, _)| e);
+    let wrapped = wrapped_exception(data, msg.start, before_msg)
+        .filter(|w| OOM_CLASSES.contains(&w.as_str()))
+        .filter(|w| {
+            on_line
+                .as_ref()
+                .is_none_or(|t| w.ends_with(t.as_str()) && w != t)
+        });
+    obs.exception = wrapped.or(on_line);
     obs.rank = text::rank_in(&msg.prefix);
     obs
+}
+
+/// The classes an OOM is raised as (allocator.md §7.3; 2.8+ runtime errors).
+const OOM_CLASSES: [&str; 5] = [
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "torch._C._OutOfMemoryError",
+    "OutOfMemoryError",
+    "RuntimeError",
+];
+
+/// The exception class a hard wrap left on the line above a message that
+/// starts its line ("… torch.OutOfMemoryErr" / "or: CUDA out of memory.").
+fn wrapped_exception(data: &[u8], line_start: usize, before_msg: &str) -> Option<String> {
+    const SHORT: usize = 80;
+    if line_start == 0 || before_msg.len() > SHORT {
+        return None;
+    }
+    let prev_start = text::line_start(data, line_start - 1);
+    let prev = clean(&data[prev_start..line_start - 1]);
+    let piece = before_msg[shared_prefix(&prev, before_msg)..].trim_start();
+    exception_before(&format!("{}{piece}", prev.trim_end())).map(|(e, _)| e)
 }
 
 /// The device kind a message's first word names ("CUDA", "HIP", "XPU").
@@ -390,13 +435,16 @@ fn allocator(
     input: &str,
     before_msg: &str,
 ) -> Found {
-    let complete = |t: &str| COMPLETE.is_match(t);
-    let (msg, first_len) = gather(data, line, msg_start, &complete);
+    let ending = Ending {
+        complete: &native_complete,
+        resume: Some("If reserved memory"),
+    };
+    let (msg, first_len) = gather(data, line, msg_start, &ending);
     let t = msg.text.as_str();
-    let mut obs = oom_observation(input, before_msg, &msg);
+    let mut obs = oom_observation(data, input, before_msg, &msg);
     obs.device_kind = Some(device);
     obs.backend = Some(Backend::Native);
-    obs.truncated = !complete(t);
+    obs.truncated = !native_complete(t);
     obs.requested_bytes = size(&REQUESTED, t);
     obs.device_index = index(&DEVICE_NEW, t).or_else(|| index(&DEVICE_OLD, t));
     obs.total_capacity_bytes = size(&TOTAL_NEW, t).or_else(|| size(&TOTAL_OLD, t));
@@ -426,6 +474,23 @@ fn allocator(
     }
 }
 
+/// Whether a native message is whole: 1.4-1.9 messages end at the closing
+/// parenthesis, 1.10-2.0 ones go on with a hint that must then be whole too.
+fn native_complete(t: &str) -> bool {
+    static CLOSED: LazyLock<Regex> = LazyLock::new(|| pattern(r"reserved in total by PyTorch \)"));
+    static HINT_END: LazyLock<Regex> =
+        LazyLock::new(|| pattern(r"Memory Management and PYTORCH_\w*ALLOC_CONF"));
+    match CLOSED.find(t) {
+        Some(m) => {
+            // The hint begins "If reserved memory"; a wrap may have cut even "If".
+            let rest = t[m.end()..].trim_start();
+            let started = !rest.is_empty() && (rest.starts_with("If") || "If".starts_with(rest));
+            !started || HINT_END.is_match(rest)
+        }
+        None => COMPLETE.is_match(t),
+    }
+}
+
 /// The PyTorch era a native message's wording identifies (allocator.md §7.2, §7.3).
 fn era(t: &str, exception: Option<&str>, device: DeviceKind) -> Option<&'static str> {
     static OLD_RESERVED: LazyLock<Regex> =
@@ -441,8 +506,14 @@ fn era(t: &str, exception: Option<&str>, device: DeviceKind) -> Option<&'static 
     if t.contains("more than 1EB") {
         return None;
     }
+    static SPLIT_HINT: LazyLock<Regex> = LazyLock::new(|| pattern("try setting max_split_size_mb"));
     if OLD_RESERVED.is_match(t) {
-        Some("1.4-2.0")
+        // The max_split_size_mb hint arrived in 1.10; without it (or cut before it) 1.4 on.
+        Some(if SPLIT_HINT.is_match(t) {
+            "1.10-2.0"
+        } else {
+            "1.4-2.0"
+        })
     } else if OLD_CACHED.is_match(t) || CACHED.is_match(t) {
         Some("1.0-1.3")
     } else if TYPO.is_match(t) {
@@ -475,9 +546,13 @@ pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     let lead = line.before.rfind("Allocation on device")?;
     let before = line.before[..lead].to_owned();
     let complete = |t: &str| ASYNC_FRACTION.is_match(t);
-    let (msg, first_len) = gather(data, line, lead, &complete);
+    let ending = Ending {
+        complete: &complete,
+        resume: None,
+    };
+    let (msg, first_len) = gather(data, line, lead, &ending);
     let t = msg.text.as_str();
-    let mut obs = oom_observation(input, &before, &msg);
+    let mut obs = oom_observation(data, input, &before, &msg);
     obs.device_kind = Some(DeviceKind::Cuda);
     obs.backend = Some(Backend::CudaMallocAsync);
     obs.format_era = Some("cudaMallocAsync".to_owned());
@@ -550,7 +625,11 @@ fn non_allocator(
         OomSource::Host => HOST_REQUESTED.is_match(t),
         _ => true,
     };
-    let (msg, first_len) = gather(data, line, lead, &complete);
+    let ending = Ending {
+        complete: &complete,
+        resume: None,
+    };
+    let (msg, first_len) = gather(data, line, lead, &ending);
     let t = msg.text.as_str();
     let mut obs = Observation::new(Kind::NonAllocatorOom, input);
     obs.exception = exception.map(|(e, _, _)| e);
@@ -564,6 +643,8 @@ fn non_allocator(
             obs.requested_bytes = size(&MPS_REQUESTED, t);
             obs.truncated = !complete(t);
         }
+        // THC, the allocator before 1.0 (allocator.md §7.2).
+        OomSource::LegacyThc => obs.format_era = Some("pre-1.0".to_owned()),
         OomSource::Host => {
             obs.requested_bytes = HOST_REQUESTED
                 .captures(t)
