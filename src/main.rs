@@ -118,7 +118,8 @@ enum Command {
         /// memory_stats() JSON written by scripts/torch_crosscheck.py, to compare against.
         #[arg(long)]
         compare_with: Option<PathBuf>,
-        /// Write the simulated run as a torch memory snapshot pickle.
+        /// Write the last config's simulated run as a torch memory snapshot pickle
+        /// (protocol 4: opens in pytorch.org/memory_viz and torch.cuda._memory_viz).
         #[arg(long)]
         emit_snapshot: Option<PathBuf>,
         /// Also write a self-contained HTML report.
@@ -129,12 +130,19 @@ enum Command {
     },
     /// Search the config space by replay and rank the results.
     #[command(
-        after_help = "Examples:\n  allocdoc recommend trace.csv --capacity 16GiB\n  allocdoc recommend snapshot.pickle --format json"
+        after_help = "Examples:\n  allocdoc recommend trace.csv --capacity 16GiB\n  allocdoc recommend snapshot.pickle --format json\n  allocdoc recommend oom.log --current max_split_size_mb:128"
     )]
     Recommend {
+        /// A trace CSV, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
         input: String,
+        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else no limit).
         #[arg(long, value_parser = size_arg)]
         capacity: Option<u64>,
+        /// The config in use today (default: PyTorch's defaults).
+        #[arg(long)]
+        current: Option<String>,
+        /// Also write a self-contained HTML report: the current and the recommended
+        /// config's memory over the trace, the segment map, the ranked table.
         #[arg(long)]
         report: Option<PathBuf>,
         #[command(flatten)]
@@ -157,6 +165,8 @@ enum Command {
         /// `sim` (default) or `cuda[:N]`.
         #[arg(long, default_value = "sim")]
         device: String,
+        /// Also write a self-contained HTML report: both configs' memory over the
+        /// trace overlaid, the segment map at the OOM or the peak, the verdict.
         #[arg(long)]
         report: Option<PathBuf>,
         #[command(flatten)]
@@ -198,6 +208,67 @@ enum RulesAction {
     Show { id: String },
     /// Run every rule's own test cases.
     Test { dir: Option<PathBuf> },
+}
+
+/// On a real GPU, Ctrl-C stops the replay at its next driver call so the device
+/// returns every allocation before the process exits.
+#[cfg(feature = "cuda")]
+fn stop_cuda_on_ctrl_c(device: &str) {
+    if device.starts_with("cuda") {
+        let _ = ctrlc::set_handler(|| {
+            allocdoc::device::cuda::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed)
+        });
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn stop_cuda_on_ctrl_c(_device: &str) {}
+
+/// The config search's progress on standard error, drawn only once the search
+/// has taken more than a second (short searches stay silent).
+struct SearchBar {
+    bar: indicatif::ProgressBar,
+    start: std::time::Instant,
+}
+
+impl SearchBar {
+    fn new() -> Self {
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::hidden());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        SearchBar {
+            bar,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    fn update(&self, p: allocdoc::advise::search::Progress) {
+        use allocdoc::advise::search::Progress;
+        if self.bar.is_hidden() && self.start.elapsed().as_secs_f64() > 1.0 {
+            self.bar
+                .set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        match p {
+            Progress::Candidates { done, total } => {
+                self.bar.set_message("replaying configs");
+                self.bar.set_length(total as u64);
+                self.bar.set_position(done as u64);
+            }
+            Progress::Bisect { step } => {
+                self.bar.set_message("bisecting the smallest capacity");
+                self.bar.set_length(step as u64);
+                self.bar.set_position(step as u64);
+            }
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
@@ -247,30 +318,43 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             emit_snapshot,
             report,
             format,
-        } => app::replay::run(&app::replay::ReplayOptions {
-            trace,
-            confs,
-            capacity,
-            device,
-            fidelity,
-            summary,
-            torch_version,
-            compare_with,
-            emit_snapshot,
-            report,
-            format: format.format.into(),
-        }),
+        } => {
+            stop_cuda_on_ctrl_c(&device);
+            app::replay::run(&app::replay::ReplayOptions {
+                trace,
+                confs,
+                capacity,
+                device,
+                fidelity,
+                summary,
+                torch_version,
+                compare_with,
+                emit_snapshot,
+                report,
+                format: format.format.into(),
+            })
+        }
         Command::Recommend {
             input,
             capacity,
+            current,
             report,
             format,
-        } => app::recommend::run(&app::recommend::RecommendOptions {
-            input,
-            capacity,
-            report,
-            format: format.format.into(),
-        }),
+        } => {
+            let bar = SearchBar::new();
+            let out = app::recommend::run_with_progress(
+                &app::recommend::RecommendOptions {
+                    input,
+                    capacity,
+                    current,
+                    report,
+                    format: format.format.into(),
+                },
+                &|p| bar.update(p),
+            );
+            bar.finish();
+            out
+        }
         Command::Validate {
             input,
             conf,
@@ -279,15 +363,18 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             device,
             report,
             format,
-        } => app::validate::run(&app::validate::ValidateOptions {
-            input,
-            conf,
-            current,
-            capacity,
-            device,
-            report,
-            format: format.format.into(),
-        }),
+        } => {
+            stop_cuda_on_ctrl_c(&device);
+            app::validate::run(&app::validate::ValidateOptions {
+                input,
+                conf,
+                current,
+                capacity,
+                device,
+                report,
+                format: format.format.into(),
+            })
+        }
         Command::Rules {
             action,
             rules,

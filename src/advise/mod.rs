@@ -10,6 +10,7 @@
 pub mod combine;
 pub mod context;
 pub mod facts;
+pub mod search;
 
 pub use combine::Recommendation;
 pub use context::Context;

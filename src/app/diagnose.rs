@@ -26,11 +26,6 @@ pub struct DiagnoseOptions {
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
-    if opts.report.is_some() {
-        return Err(Error::Usage(
-            "--report is not available for `diagnose` yet; use --format markdown".into(),
-        ));
-    }
     let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
     let mut ctx = Context::default();
     if let Some(v) = &opts.torch_version {
@@ -45,10 +40,34 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     }
     let evidence = read_inputs(&opts.inputs, &mut ctx)?;
     let d = advise::diagnose(evidence, &ctx, &rules);
+    if let Some(path) = &opts.report {
+        std::fs::write(
+            path,
+            crate::report::diagnose::html(&d, pictures(&opts.inputs)),
+        )
+        .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
+    }
     let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
     notes.extend(d.evidence.notes.iter().cloned());
     out.stderr = notes;
     Ok(out)
+}
+
+/// The snapshot pickles among the inputs, read again for the report's
+/// timeline and segment map (standard input was consumed by the diagnosis).
+fn pictures(inputs: &[String]) -> crate::report::diagnose::Pictures {
+    let mut pictures = crate::report::diagnose::Pictures::default();
+    for name in inputs.iter().filter(|n| n.as_str() != "-") {
+        let Ok(data) = std::fs::read(name) else {
+            continue;
+        };
+        if crate::snapshot::is_pickle(&data)
+            && let Ok(snap) = crate::snapshot::load(name, &data)
+        {
+            pictures.add_snapshot(name, &snap);
+        }
+    }
+    pictures
 }
 
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {

@@ -62,11 +62,14 @@ pub struct Replay {
 
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
     let replay = execute(opts)?;
-    let stdout = match opts.format {
+    let mut stdout = match opts.format {
         Format::Text => crate::report::replay::text(&replay),
         Format::Json => crate::report::replay::json(&replay),
         Format::Markdown => crate::report::replay::markdown(&replay),
     };
+    if let (Some(path), Some(last)) = (&opts.compare_with, replay.runs.last()) {
+        super::validate::append_torch_comparison(&mut stdout, &last.result, path, opts.format)?;
+    }
     let mut stderr = replay.notes.clone();
     if replay.capacity_defaulted {
         stderr.push(format!(
@@ -100,15 +103,18 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
     }
     let (name, data) = read_input(&opts.trace)?;
     let is_snapshot = crate::snapshot::is_pickle(&data);
+    if opts.fidelity && !is_snapshot {
+        return Err(Error::Usage(
+            "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),
+        ));
+    }
     for (flag, given) in [
-        ("--fidelity", opts.fidelity && !is_snapshot),
-        ("--compare-with", opts.compare_with.is_some()),
         ("--emit-snapshot", opts.emit_snapshot.is_some()),
         ("--report", opts.report.is_some()),
     ] {
-        if given {
+        if given && is_snapshot {
             return Err(Error::Usage(format!(
-                "{flag} needs a snapshot replay, which this build of `replay` does not include"
+                "{flag} works on trace CSV and RMM-log replays; a snapshot's own trace is not supported yet"
             )));
         }
     }
@@ -152,12 +158,22 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         .capacity
         .or(trace.capacity_hint())
         .unwrap_or(DEFAULT_CAPACITY);
-    let runs = confs
+    let last = confs.len().saturating_sub(1);
+    let runs: Vec<Run> = confs
         .into_iter()
         .zip(&settings)
-        .map(|(conf, settings)| run_one(&trace, conf, settings, capacity, opts.summary))
+        .enumerate()
+        .map(|(i, (conf, settings))| {
+            let options = RunOptions {
+                // Per-event points only for the report; history only for the snapshot of the last run.
+                timeline: opts.report.is_some(),
+                history: opts.emit_snapshot.is_some() && i == last,
+                ..RunOptions::default()
+            };
+            run_one(&trace, conf, settings, capacity, opts.summary, options)
+        })
         .collect();
-    Ok(Replay {
+    let replay = Replay {
         input: name,
         events: trace.len() as u64,
         capacity_bytes: capacity,
@@ -166,7 +182,26 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         runs,
         fidelity: None,
         notes,
-    })
+    };
+    if let Some(path) = &opts.report {
+        let runs: Vec<(&str, &RunResult, &Settings)> = replay
+            .runs
+            .iter()
+            .zip(&settings)
+            .map(|(r, s)| (conf_name(&r.conf), &r.result, s))
+            .collect();
+        let views = views_from(&trace, &runs, capacity);
+        write_output(path, crate::report::replay::html(&replay, views).as_bytes())?;
+    }
+    if let (Some(path), Some(run)) = (&opts.emit_snapshot, replay.runs.last()) {
+        let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
+            &run.result.segments,
+            &run.result.history,
+            Some(run.conf.clone()),
+        );
+        write_output(path, &crate::snapshot::writer::to_bytes(&snapshot))?;
+    }
+    Ok(replay)
 }
 
 /// A snapshot's trace replayed from the state it started in: once per
@@ -246,13 +281,88 @@ fn snapshot_replay(
     })
 }
 
-fn run_one(trace: &Trace, conf: String, settings: &Settings, capacity: u64, summary: bool) -> Run {
-    let result = replay_with(
-        trace,
-        settings,
-        SimDevice::new(capacity),
-        RunOptions::default(),
-    );
+/// What an HTML report draws from replays: one timeline per run and the
+/// segment map worth looking at.
+#[derive(Default)]
+pub struct ReportViews {
+    pub timelines: Vec<crate::report::html::Timeline>,
+    pub map: Option<crate::report::html::SegmentMap>,
+}
+
+/// Replays `trace` under each named config on the simulated card, keeping
+/// every event's figures, for `--report` of commands whose own runs do not.
+pub fn report_views(trace: &Trace, runs: &[(&str, &Settings)], capacity: u64) -> ReportViews {
+    let options = RunOptions {
+        timeline: true,
+        ..RunOptions::default()
+    };
+    let results: Vec<RunResult> = runs
+        .iter()
+        .map(|(_, settings)| replay_with(trace, settings, SimDevice::new(capacity), options))
+        .collect();
+    let named: Vec<(&str, &RunResult, &Settings)> = runs
+        .iter()
+        .zip(&results)
+        .map(|((name, settings), result)| (*name, result, *settings))
+        .collect();
+    views_from(trace, &named, capacity)
+}
+
+/// The timelines of runs replayed with a timeline, and the segment map of
+/// the first run that ran out (at its OOM), else of the last run at its
+/// allocated peak (replayed again up to there: replays are deterministic).
+pub fn views_from(
+    trace: &Trace,
+    runs: &[(&str, &RunResult, &Settings)],
+    capacity: u64,
+) -> ReportViews {
+    use crate::report::html::{SegmentMap, Timeline};
+    let timelines = runs
+        .iter()
+        .map(|(name, result, _)| Timeline::from_run(*name, result))
+        .collect();
+    let oom = runs.iter().find_map(|(name, result, _)| {
+        let index = result.oom.as_ref()?.event_index;
+        Some(SegmentMap::from_allocator(
+            format!("of {name} at its OOM (event {index})"),
+            &result.segments,
+        ))
+    });
+    let map = oom.or_else(|| {
+        let (name, result, settings) = runs.last()?;
+        let index = result.peak_event_index?;
+        let options = RunOptions {
+            stop_after: Some(index + 1),
+            ..RunOptions::default()
+        };
+        let prefix = replay_with(trace, settings, SimDevice::new(capacity), options);
+        Some(SegmentMap::from_allocator(
+            format!("of {name} at its allocated peak (event {index})"),
+            &prefix.segments,
+        ))
+    });
+    ReportViews { timelines, map }
+}
+
+/// A config as shown in reports: `(defaults)` for the empty one.
+pub fn conf_name(conf: &str) -> &str {
+    if conf.is_empty() { "(defaults)" } else { conf }
+}
+
+fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
+    std::fs::write(path, bytes)
+        .map_err(|e| Error::Usage(format!("{}: cannot write: {e}", path.display())))
+}
+
+fn run_one(
+    trace: &Trace,
+    conf: String,
+    settings: &Settings,
+    capacity: u64,
+    summary: bool,
+    options: RunOptions,
+) -> Run {
+    let result = replay_with(trace, settings, SimDevice::new(capacity), options);
     let render = |stats: &std::collections::BTreeMap<String, i64>| {
         memory_summary(stats, 0, false, settings.version)
     };

@@ -8,6 +8,8 @@
 use crate::evidence::ProcessUse;
 use thiserror::Error;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod sim;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -96,3 +98,35 @@ impl<T: Device + ?Sized> Device for Box<T> {
         (**self).process_memory()
     }
 }
+
+/// Which device a command runs on: `--device sim` or `--device cuda[:N]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Sim,
+    Cuda(i32),
+}
+
+impl DeviceSpec {
+    pub fn parse(s: &str) -> Result<Self, crate::Error> {
+        let bad = || {
+            crate::Error::Usage(format!(
+                "--device {s:?}: expected `sim`, `cuda` or `cuda:N`"
+            ))
+        };
+        match s.trim() {
+            "" | "sim" => Ok(DeviceSpec::Sim),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<i32>().ok())
+                .filter(|n| *n >= 0)
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(bad),
+        }
+    }
+}
+
+/// The capacity of a run "without a limit": far beyond any card, yet small
+/// enough that the allocator's arithmetic on it (9/8 of it as virtual address
+/// space for an expandable segment) cannot overflow.
+pub const NO_LIMIT: u64 = 1 << 50;

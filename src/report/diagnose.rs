@@ -36,6 +36,9 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
     if let Some((value, source)) = &d.current_conf {
         let _ = writeln!(out, "  current config ({source}): {value}");
     }
+    if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
+        let _ = write!(out, "\n{}", ranks.table().to_text());
+    }
     if !d.findings.is_empty() {
         let mut t = Table::new();
         t.load_style(presets::UTF8_FULL_CONDENSED)
@@ -248,6 +251,9 @@ struct Json<'a> {
     findings: &'a [Finding],
     recommendation: Option<&'a Recommendation>,
     verdict: &'a str,
+    /// Per-rank figures and flags, when the inputs hold two or more ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks: Option<super::ranks::RankTable>,
     next_steps: Vec<&'a str>,
     not_evaluated: &'a [NotEvaluated],
 }
@@ -259,6 +265,7 @@ pub fn json(d: &Diagnosis) -> String {
         findings: &d.findings,
         recommendation: d.recommendation.as_ref(),
         verdict: &d.verdict,
+        ranks: super::ranks::rank_table(&d.evidence),
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
     })
@@ -274,6 +281,10 @@ pub fn markdown(d: &Diagnosis) -> String {
             let _ = writeln!(out, "({})", sizes.join(", "));
         }
         out.push('\n');
+    }
+    if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
+        let t = ranks.table();
+        let _ = writeln!(out, "{}", super::markdown::table(&t));
     }
     if !d.findings.is_empty() {
         out.push_str("| severity | rule | finding |\n|---|---|---|\n");
@@ -315,4 +326,160 @@ pub fn markdown(d: &Diagnosis) -> String {
         }
     }
     out
+}
+
+/// `diagnose --report`: the verdict, the export line, the primary
+/// observation's figures, the findings with the values they read, the
+/// per-rank table and every observation.
+pub fn html(d: &Diagnosis, pictures: Pictures) -> String {
+    use super::html::{self, Figure, ReportData, TableRow, Tone, Verdict};
+    use crate::units::human;
+    let tone = if d.recommendation.is_some() {
+        Tone::Good
+    } else if d.cause.rules_out_settings() {
+        Tone::Bad
+    } else {
+        Tone::Neutral
+    };
+    let figures = primary(d)
+        .map(|p| {
+            let fields: [(&str, Option<u64>); 6] = [
+                ("requested", p.requested_bytes),
+                ("allocated", p.allocated_bytes),
+                ("reserved", p.reserved_bytes.or(p.cached_bytes)),
+                ("reserved − allocated", p.reserved_unallocated_bytes),
+                ("free on the card", p.free_bytes),
+                ("capacity", p.total_capacity_bytes),
+            ];
+            fields
+                .iter()
+                .filter_map(|(label, v)| {
+                    v.map(|v| Figure {
+                        label: (*label).into(),
+                        value: human(v),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let findings = d
+        .findings
+        .iter()
+        .map(|f| html::Finding {
+            rule: f.rule.clone(),
+            severity: f.severity.as_str().into(),
+            message: f.message.clone(),
+            evidence: f
+                .evidence
+                .iter()
+                .map(|(k, v)| {
+                    // Facts carry no unit; integers of a MiB or more under a
+                    // name that is not a count are byte sizes.
+                    let count = ["retries", "ooms", "segments", "count", "events"]
+                        .iter()
+                        .any(|c| k.contains(c));
+                    let shown = match v {
+                        crate::rules::expr::Value::Num(n)
+                            if !count && n.fract() == 0.0 && *n >= 1048576.0 =>
+                        {
+                            format!("{} ({} bytes)", human(*n as u64), *n as u64)
+                        }
+                        crate::rules::expr::Value::Num(n) => format!("{n}"),
+                        crate::rules::expr::Value::Bool(b) => b.to_string(),
+                    };
+                    (k.clone(), shown)
+                })
+                .collect(),
+        })
+        .collect();
+    let mut tables = Vec::new();
+    if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
+        tables.push(ranks.table());
+    }
+    tables.push(html::Table {
+        title: "Observations".into(),
+        headers: vec!["where".into(), "figures".into()],
+        rows: d
+            .evidence
+            .observations
+            .iter()
+            .map(|o| TableRow {
+                cells: vec![describe(o), sizes(o).join(" · ")],
+                flag: None,
+            })
+            .collect(),
+        note: d
+            .current_conf
+            .as_ref()
+            .map(|(value, source)| format!("Current config ({source}): {value}")),
+    });
+    let mut subtitle = format!("cause: {}", d.cause.as_str());
+    let inputs: Vec<&str> = d
+        .evidence
+        .observations
+        .iter()
+        .map(|o| o.input.as_str())
+        .fold(Vec::new(), |mut v, i| {
+            if !v.contains(&i) {
+                v.push(i);
+            }
+            v
+        });
+    if !inputs.is_empty() {
+        let _ = write!(subtitle, " · inputs: {}", inputs.join(", "));
+    }
+    html::render(&ReportData {
+        title: "allocdoc diagnose".into(),
+        subtitle: Some(subtitle),
+        verdict: Verdict {
+            headline: d.verdict.clone(),
+            tone,
+        },
+        export_line: d.recommendation.as_ref().map(|r| r.line.clone()),
+        figures,
+        findings,
+        tables,
+        top_sites: pictures
+            .map
+            .as_ref()
+            .map(|m| m.live_by_size(10))
+            .unwrap_or_default(),
+        sites_title: Some("Live blocks in the segment map, by size".into()),
+        timelines: pictures.timelines,
+        x_label: "trace entry".into(),
+        segment_map: pictures.map,
+        ..ReportData::default()
+    })
+}
+
+/// What a snapshot input adds to the diagnose report: its recorded trace as
+/// a timeline and its segments as a map (the first snapshot with segments).
+#[derive(Default)]
+pub struct Pictures {
+    pub timelines: Vec<super::html::Timeline>,
+    pub map: Option<super::html::SegmentMap>,
+}
+
+impl Pictures {
+    /// Adds one decoded snapshot: a timeline per traced device, the map of
+    /// its first device when no map was taken yet.
+    pub fn add_snapshot(&mut self, input: &str, snap: &crate::snapshot::Snapshot<'_>) {
+        use super::html::{SegmentMap, Timeline};
+        for device in snap.devices() {
+            if snap.trace_len(device) > 0 {
+                self.timelines.push(Timeline::from_snapshot_trace(
+                    format!("{input}, device {device} (requested)"),
+                    snap,
+                    device,
+                ));
+            }
+            if self.map.is_none() && snap.segments.iter().any(|s| s.device == device) {
+                self.map = Some(SegmentMap::from_snapshot(
+                    format!("in {input}, device {device}, when it was taken"),
+                    snap,
+                    device,
+                ));
+            }
+        }
+    }
 }

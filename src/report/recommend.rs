@@ -1,1 +1,484 @@
-//! Rendering: recommend.
+//! Rendering: `recommend` and `validate` (text, JSON, Markdown, HTML).
+
+use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
+use super::markdown;
+use crate::app::Format;
+use crate::app::recommend::RecommendResult;
+use crate::app::validate::{RunSummary, Validation};
+use crate::units::human;
+use crate::workload::probe::Calibration;
+use std::fmt::Write;
+
+/// How many ranked candidates the text and Markdown tables show.
+const SHOWN: usize = 10;
+
+fn conf_label(conf: &str) -> &str {
+    if conf.is_empty() {
+        "(PyTorch defaults)"
+    } else {
+        conf
+    }
+}
+
+fn oom_cell(r: &RunSummary) -> String {
+    match &r.oom {
+        Some(o) => format!("event {} ({})", o.event_index, human(o.requested_bytes)),
+        None => "none".to_string(),
+    }
+}
+
+fn capacity_text(c: Option<u64>) -> String {
+    c.map_or_else(|| "no limit".to_string(), human)
+}
+
+const RUN_HEADERS: [&str; 8] = [
+    "config",
+    "OOM",
+    "peak reserved",
+    "peak alloc.",
+    "mallocs",
+    "frees",
+    "retries",
+    "syncs",
+];
+
+fn run_row(label: String, r: &RunSummary, flag: Option<String>) -> TableRow {
+    TableRow {
+        cells: vec![
+            label,
+            oom_cell(r),
+            human(r.peak_reserved_bytes),
+            human(r.peak_allocated_bytes),
+            r.device_allocs.to_string(),
+            r.device_frees.to_string(),
+            r.alloc_retries.to_string(),
+            r.synchronizations.to_string(),
+        ],
+        flag,
+    }
+}
+
+fn runs_table(title: &str, rows: Vec<TableRow>, note: Option<String>) -> Table {
+    Table {
+        title: title.to_string(),
+        headers: RUN_HEADERS.iter().map(|h| h.to_string()).collect(),
+        rows,
+        note,
+    }
+}
+
+/// The probe's fit: observed vs reproduced, and what the probe is.
+fn fit_table(p: &Calibration) -> Table {
+    let pct = |got: u64, want: u64| {
+        if want == 0 {
+            "-".to_string()
+        } else {
+            format!("{:+.1} %", 100.0 * (got as f64 - want as f64) / want as f64)
+        }
+    };
+    let mut rows = vec![
+        TableRow {
+            cells: vec![
+                "allocated".into(),
+                human(p.observed.allocated_bytes),
+                human(p.reproduced.allocated_bytes),
+                pct(p.reproduced.allocated_bytes, p.observed.allocated_bytes),
+            ],
+            flag: None,
+        },
+        TableRow {
+            cells: vec![
+                "reserved".into(),
+                human(p.observed.reserved_bytes),
+                human(p.reproduced.reserved_bytes),
+                pct(p.reproduced.reserved_bytes, p.observed.reserved_bytes),
+            ],
+            flag: None,
+        },
+    ];
+    if let Some(r) = p.observed.requested_bytes {
+        rows.push(TableRow {
+            cells: vec![
+                "request".into(),
+                human(r),
+                if p.reproduces_oom {
+                    format!("{} (OOM reproduced)", human(r))
+                } else {
+                    format!("{} (no OOM under the current config)", human(r))
+                },
+                "-".into(),
+            ],
+            flag: (!p.reproduces_oom).then(|| "OOM not reproduced".to_string()),
+        });
+    }
+    Table {
+        title: "Synthetic probe fit (observed in the evidence vs reproduced by replay)".into(),
+        headers: vec![
+            "figure".into(),
+            "observed".into(),
+            "reproduced".into(),
+            "error".into(),
+        ],
+        rows,
+        note: Some(format!(
+            "SYNTHETIC: no trace was given, so this is a \"{}\" workload ({} steps of {} tensors) \
+             fitted to the evidence; fit error {:.1} % ({} the {:.0} % tolerance). Results are \
+             only as good as the fit.",
+            p.family.name(),
+            p.params.steps,
+            human(p.params.unit),
+            100.0 * p.error,
+            if p.within_tolerance {
+                "within"
+            } else {
+                "OUTSIDE"
+            },
+            100.0 * crate::workload::probe::TOLERANCE
+        )),
+    }
+}
+
+fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
+    let mut tables = Vec::new();
+    if let Some(p) = &r.probe {
+        tables.push(fit_table(p));
+    }
+    let ranked = r
+        .candidates
+        .iter()
+        .take(SHOWN)
+        .enumerate()
+        .map(|(i, c)| run_row(format!("#{} {}", i + 1, conf_label(&c.conf)), c, None))
+        .collect();
+    tables.push(runs_table(
+        &format!("Best {} of {} configs, ranked", SHOWN.min(r.candidates.len()), r.candidates.len()),
+        ranked,
+        Some("Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree (mallocs, frees), retries and synchronisations.".into()),
+    ));
+    let mut rows = vec![run_row(
+        format!("current: {}", conf_label(&r.current.conf)),
+        &r.current,
+        None,
+    )];
+    if let Some(best) = r.candidates.first() {
+        rows.push(run_row(
+            format!("recommended: {}", conf_label(&best.conf)),
+            best,
+            None,
+        ));
+    }
+    if let Some(a) = &r.advice {
+        rows.push(run_row(
+            format!("rule engine (diagnose): {}", conf_label(&a.conf)),
+            a,
+            None,
+        ));
+    }
+    tables.push(runs_table("Against the current config", rows, None));
+    tables
+}
+
+fn recommendation_headline(r: &RecommendResult) -> String {
+    match (&r.recommendation, r.candidates.first()) {
+        (Some(rec), Some(best)) => {
+            let mut s = if rec.value.is_empty() {
+                "PyTorch's defaults do best here".to_string()
+            } else {
+                format!("{} does best", rec.value)
+            };
+            match (
+                &r.current.oom,
+                r.current
+                    .peak_reserved_bytes
+                    .checked_sub(best.peak_reserved_bytes),
+            ) {
+                (Some(_), _) => s.push_str(": it avoids the OOM the current config hits"),
+                (None, Some(saved)) if saved > 0 => {
+                    let _ = write!(
+                        s,
+                        ": peak reserved {} lower than the current config",
+                        human(saved)
+                    );
+                }
+                _ => {}
+            }
+            if let Some(m) = r.min_capacity_bytes {
+                let _ = write!(s, "; it still runs with {}", human(m));
+            }
+            s
+        }
+        _ => format!(
+            "every one of the {} configs runs out of memory at {}: no allocator setting avoids this OOM",
+            r.candidates.len(),
+            capacity_text(r.capacity_bytes)
+        ),
+    }
+}
+
+/// `recommend`'s output in `format`.
+pub fn recommendation(r: &RecommendResult, format: Format) -> String {
+    match format {
+        Format::Json => json_with_probe(r, r.probe.as_ref()),
+        Format::Text => {
+            let mut s = format!(
+                "recommend: {} ({} events), capacity {}\n{}\n\n",
+                r.input,
+                r.events,
+                capacity_text(r.capacity_bytes),
+                recommendation_headline(r)
+            );
+            for t in recommendation_tables(r) {
+                s.push_str(&t.to_text());
+                s.push('\n');
+            }
+            if let Some(rec) = &r.recommendation {
+                let _ = writeln!(s, "{}", rec.line);
+            }
+            for n in &r.notes {
+                let _ = writeln!(s, "note: {n}");
+            }
+            s
+        }
+        Format::Markdown => {
+            let mut s = markdown::summary_line("allocdoc recommend", &recommendation_headline(r));
+            s.push('\n');
+            if let Some(rec) = &r.recommendation {
+                s.push_str(&markdown::code_block("sh", &rec.line));
+                s.push('\n');
+            }
+            for t in recommendation_tables(r) {
+                let _ = write!(
+                    s,
+                    "**{}**\n\n{}\n",
+                    markdown::cell(&t.title),
+                    markdown::table(&t)
+                );
+                if let Some(n) = &t.note {
+                    let _ = writeln!(s, "{}\n", markdown::cell(n));
+                }
+            }
+            for n in &r.notes {
+                let _ = writeln!(s, "- note: {}", markdown::cell(n));
+            }
+            s
+        }
+    }
+}
+
+/// `recommend --report`: the self-contained HTML page.
+pub fn recommendation_html(r: &RecommendResult, views: crate::app::replay::ReportViews) -> String {
+    super::html::render(&ReportData {
+        title: "allocdoc recommend".into(),
+        subtitle: Some(format!("{} ({} events)", r.input, r.events)),
+        verdict: Verdict {
+            headline: recommendation_headline(r),
+            tone: if r.recommendation.is_some() {
+                Tone::Good
+            } else {
+                Tone::Bad
+            },
+        },
+        export_line: r.recommendation.as_ref().map(|x| x.line.clone()),
+        figures: vec![
+            Figure {
+                label: "capacity".into(),
+                value: capacity_text(r.capacity_bytes),
+            },
+            Figure {
+                label: "configs searched".into(),
+                value: r.candidates.len().to_string(),
+            },
+            Figure {
+                label: "smallest capacity".into(),
+                value: r.min_capacity_bytes.map_or_else(|| "-".into(), human),
+            },
+        ],
+        capacity: r.capacity_bytes,
+        tables: recommendation_tables(r),
+        ..views_data(views)
+    })
+}
+
+fn validation_tables(v: &Validation) -> Vec<Table> {
+    let mut tables = Vec::new();
+    if let Some(p) = &v.probe {
+        tables.push(fit_table(p));
+    }
+    let flag = |r: &RunSummary| r.oom.as_ref().map(|_| "OOM".to_string());
+    tables.push(runs_table(
+        "Current vs candidate",
+        vec![
+            run_row(
+                format!("current: {}", conf_label(&v.current.conf)),
+                &v.current,
+                flag(&v.current),
+            ),
+            run_row(
+                format!("candidate: {}", conf_label(&v.candidate.conf)),
+                &v.candidate,
+                flag(&v.candidate),
+            ),
+        ],
+        v.device.starts_with("cuda").then(|| {
+            format!(
+                "Measured on {}: driver time {:.0} µs (current) vs {:.0} µs (candidate).",
+                v.device, v.current.driver_time_us, v.candidate.driver_time_us
+            )
+        }),
+    ));
+    tables
+}
+
+/// `validate`'s output in `format`.
+pub fn validation(v: &Validation, format: Format) -> String {
+    match format {
+        Format::Json => json_with_probe(v, v.probe.as_ref()),
+        Format::Text => {
+            let mut s = format!(
+                "validate: {} on {}, capacity {}\nVerdict: {}\n\n",
+                v.input,
+                v.device,
+                capacity_text(v.capacity_bytes),
+                v.verdict
+            );
+            for t in validation_tables(v) {
+                s.push_str(&t.to_text());
+                s.push('\n');
+            }
+            s
+        }
+        Format::Markdown => {
+            let mut s = markdown::summary_line("allocdoc validate", &v.verdict);
+            s.push('\n');
+            for t in validation_tables(v) {
+                let _ = write!(
+                    s,
+                    "**{}**\n\n{}\n",
+                    markdown::cell(&t.title),
+                    markdown::table(&t)
+                );
+                if let Some(n) = &t.note {
+                    let _ = writeln!(s, "{}\n", markdown::cell(n));
+                }
+            }
+            s
+        }
+    }
+}
+
+/// `value` as pretty JSON, with the probe's fit under `probe` when there is one.
+fn json_with_probe(value: &impl serde::Serialize, probe: Option<&Calibration>) -> String {
+    let mut value = serde_json::to_value(value).unwrap_or_default();
+    if let (Some(p), Some(obj)) = (probe, value.as_object_mut()) {
+        obj.insert("probe".into(), probe_json(p));
+    }
+    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+fn probe_json(p: &Calibration) -> serde_json::Value {
+    serde_json::json!({
+        "synthetic": true,
+        "family": p.family.name(),
+        "steps": p.params.steps,
+        "unit_bytes": p.params.unit,
+        "seed": p.params.seed,
+        "observed": {"allocated_bytes": p.observed.allocated_bytes,
+                     "reserved_bytes": p.observed.reserved_bytes,
+                     "requested_bytes": p.observed.requested_bytes},
+        "reproduced": {"allocated_bytes": p.reproduced.allocated_bytes,
+                       "reserved_bytes": p.reproduced.reserved_bytes},
+        "fit_error": p.error,
+        "tolerance": crate::workload::probe::TOLERANCE,
+        "within_tolerance": p.within_tolerance,
+        "reproduces_oom": p.reproduces_oom,
+        "capacity_bytes": p.capacity,
+    })
+}
+
+/// `validate --report`: the self-contained HTML page.
+pub fn validation_html(v: &Validation, views: crate::app::replay::ReportViews) -> String {
+    super::html::render(&ReportData {
+        title: "allocdoc validate".into(),
+        subtitle: Some(format!("{} on {}", v.input, v.device)),
+        verdict: Verdict {
+            headline: v.verdict.clone(),
+            tone: if v.candidate.oom.is_none() {
+                Tone::Good
+            } else {
+                Tone::Bad
+            },
+        },
+        export_line: v
+            .candidate
+            .oom
+            .is_none()
+            .then(|| format!("export PYTORCH_CUDA_ALLOC_CONF={}", v.candidate.conf)),
+        capacity: v.capacity_bytes,
+        tables: validation_tables(v),
+        ..views_data(views)
+    })
+}
+
+/// The timelines, the segment map and what is live there, for `..` in a [`ReportData`].
+fn views_data(views: crate::app::replay::ReportViews) -> ReportData {
+    ReportData {
+        top_sites: views
+            .map
+            .as_ref()
+            .map(|m| m.live_by_size(10))
+            .unwrap_or_default(),
+        sites_title: Some("Live blocks in the segment map, by size".into()),
+        timelines: views.timelines,
+        x_label: "event".into(),
+        segment_map: views.map,
+        ..ReportData::default()
+    }
+}
+
+/// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.
+pub fn torch_comparison(c: &crate::app::validate::TorchComparison, format: Format) -> String {
+    if format == Format::Json {
+        let mut s = serde_json::to_string_pretty(c).unwrap_or_default();
+        s.push('\n');
+        return s;
+    }
+    let show = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let rows: Vec<TableRow> = c
+        .figures
+        .iter()
+        .map(|f| TableRow {
+            cells: vec![f.metric.to_string(), show(f.allocdoc), show(f.torch)],
+            flag: (!f.agrees()).then(|| "differs".to_string()),
+        })
+        .collect();
+    let differing = c.figures.iter().filter(|f| !f.agrees()).count();
+    let table = Table {
+        title: format!(
+            "allocdoc vs PyTorch {} on {} (config: {})",
+            c.torch_version,
+            c.device_name,
+            if c.conf.is_empty() {
+                "defaults"
+            } else {
+                &c.conf
+            }
+        ),
+        headers: vec!["figure".into(), "allocdoc".into(), "PyTorch".into()],
+        rows,
+        note: Some(if differing == 0 {
+            "Every figure agrees.".to_string()
+        } else {
+            format!("{differing} figure(s) differ.")
+        }),
+    };
+    match format {
+        Format::Markdown => format!(
+            "**{}**\n\n{}",
+            markdown::cell(&table.title),
+            markdown::table(&table)
+        ),
+        _ => table.to_text(),
+    }
+}

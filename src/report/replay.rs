@@ -19,11 +19,7 @@ fn fragmentation_at_peak(run: &Run) -> f64 {
 }
 
 fn conf_label(conf: &str) -> String {
-    if conf.is_empty() {
-        "(defaults)".to_string()
-    } else {
-        conf.to_string()
-    }
+    crate::app::replay::conf_name(conf).to_string()
 }
 
 /// The comparison rows: a label and one cell per run.
@@ -145,8 +141,12 @@ pub fn text(replay: &Replay) -> String {
     out
 }
 
+/// For a GitHub issue: the verdict as a summary line, the comparison table,
+/// then the OOM messages and summaries folded into `<details>`.
 pub fn markdown(replay: &Replay) -> String {
-    let mut out = format!("## {}\n\n| config |", heading(replay));
+    use super::markdown::{code_block, details, summary_line};
+    let mut out = summary_line("allocdoc replay", &verdict(replay).0);
+    let _ = write!(out, "\n{}\n\n| config |", heading(replay));
     for run in &replay.runs {
         let _ = write!(out, " `{}` |", conf_label(&run.conf));
     }
@@ -158,25 +158,29 @@ pub fn markdown(replay: &Replay) -> String {
     }
     for run in &replay.runs {
         if let Some(oom) = &run.result.oom {
-            let _ = write!(
-                out,
-                "\n`{}` fails at event {}:\n\n```\n{}: {}\n```\n",
-                conf_label(&run.conf),
-                oom.event_index,
-                exception_name(replay.torch_version),
-                oom.message
-            );
+            out.push('\n');
+            out.push_str(&details(
+                &format!(
+                    "{} fails at event {}",
+                    conf_label(&run.conf),
+                    oom.event_index
+                ),
+                &code_block(
+                    "",
+                    &format!("{}: {}", exception_name(replay.torch_version), oom.message),
+                ),
+            ));
         }
         for (when, summary) in [
             ("when allocated memory peaked", &run.summary_at_peak),
             ("at the end", &run.summary_at_end),
         ] {
             if let Some(s) = summary {
-                let _ = write!(
-                    out,
-                    "\n`memory_summary()` of `{}` {when}:\n\n```\n{s}```\n",
-                    conf_label(&run.conf)
-                );
+                out.push('\n');
+                out.push_str(&details(
+                    &format!("memory_summary() of {} {when}", conf_label(&run.conf)),
+                    &code_block("", s),
+                ));
             }
         }
     }
@@ -224,6 +228,109 @@ pub fn json(replay: &Replay) -> String {
     let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
     out.push('\n');
     out
+}
+
+/// The one-line verdict on the last config (the candidate), naming the
+/// earlier configs that ran out.
+fn verdict(replay: &Replay) -> (String, super::html::Tone) {
+    use super::html::Tone;
+    match replay.runs.last() {
+        Some(run) => match &run.result.oom {
+            None => {
+                let mut headline = format!(
+                    "{} runs the whole trace: peak reserved {}",
+                    conf_label(&run.conf),
+                    human(run.result.peak_reserved_bytes)
+                );
+                for other in replay.runs.iter().filter(|r| r.result.oom.is_some()) {
+                    let at = other.result.oom.as_ref().map_or(0, |o| o.event_index);
+                    let _ = write!(
+                        headline,
+                        "; {} runs out of memory at event {at}",
+                        conf_label(&other.conf)
+                    );
+                }
+                (headline, Tone::Good)
+            }
+            Some(oom) => (
+                format!(
+                    "{} runs out of memory at event {}: {}",
+                    conf_label(&run.conf),
+                    oom.event_index,
+                    oom.message.lines().next().unwrap_or_default()
+                ),
+                Tone::Bad,
+            ),
+        },
+        None => (String::from("no runs"), Tone::Neutral),
+    }
+}
+
+/// `replay --report`: every run's timeline overlaid, the segment map the app
+/// picked (first OOM, else the last run at its peak), what is live there by
+/// block size, and the comparison table.
+pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
+    use super::html::{Figure, ReportData, Table, TableRow, Verdict};
+    let last = replay.runs.last();
+    let (headline, tone) = verdict(replay);
+    let export_line = last
+        .filter(|r| r.result.oom.is_none() && !r.conf.is_empty())
+        .map(|r| format!("export PYTORCH_CUDA_ALLOC_CONF={}", r.conf));
+    let mut figures = vec![
+        Figure {
+            label: "capacity".into(),
+            value: human(replay.capacity_bytes),
+        },
+        Figure {
+            label: "events".into(),
+            value: replay.events.to_string(),
+        },
+    ];
+    for run in &replay.runs {
+        figures.push(Figure {
+            label: format!("peak reserved, {}", conf_label(&run.conf)),
+            value: human(run.result.peak_reserved_bytes),
+        });
+    }
+    let names: Vec<String> = replay.runs.iter().map(|r| conf_label(&r.conf)).collect();
+    let mut headers = vec![String::new()];
+    headers.extend(names.iter().cloned());
+    let table = Table {
+        title: "Runs".into(),
+        headers,
+        rows: rows(replay)
+            .into_iter()
+            .map(|(label, cells)| {
+                let mut all = vec![label.to_string()];
+                all.extend(cells);
+                TableRow {
+                    cells: all,
+                    flag: None,
+                }
+            })
+            .collect(),
+        note: None,
+    };
+    let top_sites = views
+        .map
+        .as_ref()
+        .map(|m| m.live_by_size(10))
+        .unwrap_or_default();
+    super::html::render(&ReportData {
+        title: format!("allocdoc replay: {}", replay.input),
+        subtitle: Some(heading(replay)),
+        verdict: Verdict { headline, tone },
+        export_line,
+        figures,
+        timelines: views.timelines,
+        x_label: "event".into(),
+        capacity: Some(replay.capacity_bytes),
+        segment_map: views.map,
+        findings: Vec::new(),
+        top_sites,
+        sites_title: Some("Live blocks in the segment map, by size".into()),
+        tables: vec![table],
+    })
 }
 
 /// `--fidelity` on a snapshot: how closely the replay followed the recording.

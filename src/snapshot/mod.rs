@@ -30,3 +30,4 @@ pub fn observations(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, E
     evidence::device_observations(input_name, &snap)
         .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
 }
+pub mod writer;

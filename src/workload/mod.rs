@@ -1,5 +1,6 @@
 //! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
 
+pub mod probe;
 pub mod replay;
 pub mod rmm;
 pub mod snapshot_trace;

@@ -32,6 +32,9 @@ pub struct ReplayOptions {
     pub timeline: bool,
     /// Stop after this many events (used to look at the state at a given event).
     pub stop_after: Option<u64>,
+    /// Record the allocator's trace entries (`_record_memory_history`), for
+    /// `replay --emit-snapshot`.
+    pub history: bool,
 }
 
 /// One run of a trace under one config on one device.
@@ -63,6 +66,9 @@ pub struct RunResult {
     /// The segments at the end of the run (snapshot view).
     #[serde(skip)]
     pub segments: Vec<SegmentInfo>,
+    /// The allocator's trace entries, when [`ReplayOptions::history`] asked for them.
+    #[serde(skip)]
+    pub history: Vec<crate::allocator::TraceEntry>,
 }
 
 /// Replays `trace` under `settings` on `device` until its end or its first OOM.
@@ -79,6 +85,9 @@ pub fn replay_with<D: Device>(
 ) -> RunResult {
     let capacity_bytes = device.total_memory();
     let mut allocator = CachingAllocator::new(settings.clone(), device);
+    if options.history {
+        allocator.record_history();
+    }
     let mut addresses: Vec<u64> = vec![0; trace.ids() as usize];
     let mut timeline = Vec::new();
     if options.timeline {
@@ -155,6 +164,7 @@ pub fn replay_with<D: Device>(
         allocated_at_peak_reserved: allocated_at_peak_reserved as u64,
         timeline,
         segments: allocator.segments(),
+        history: allocator.take_trace(),
     }
 }
 
@@ -195,7 +205,7 @@ mod tests {
         );
         let options = ReplayOptions {
             timeline: true,
-            stop_after: None,
+            ..ReplayOptions::default()
         };
         let run = replay_with(&t, &Settings::default(), SimDevice::new(1 << 30), options);
         assert!(run.oom.is_none());

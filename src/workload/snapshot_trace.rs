@@ -679,6 +679,7 @@ pub fn replay_on_sim(
         allocated_at_peak_reserved: run.allocated_at_peak_reserved,
         timeline: Vec::new(),
         segments: alloc.segments(),
+        history: Vec::new(),
     };
     Ok((result, run.fidelity))
 }

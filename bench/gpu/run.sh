@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# allocdoc on a real GPU, in one short run (designed for < 8 minutes on an H200 machine):
+#   1. cargo build --release (and the examples used below)
+#   2. the GPU tests (they skip with a reason when no driver is present)
+#   3. calibrated probes validated on the CUDA device under 3 configs
+#   4. cache-hit malloc+free latency of the bundled allocator vs raw cuMemAlloc+cuMemFree
+#   5. the torch cross-check: 3 traces x 3 configs, when torch is importable
+# Everything lands under $OUT (default bench/gpu/out). Run from the repository root:
+#   OUT=/tmp/gpu bash bench/gpu/run.sh
+set -u -o pipefail
+OUT=${OUT:-bench/gpu/out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
+BIN=target/release/allocdoc
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$OUT/gpu.csv" || true
+nproc; rustc --version
+
+step "build"
+timeout 240 cargo build --release --bins --examples || { echo "build failed"; exit 1; }
+
+step "GPU tests (cuda feature; no skips expected here)"
+timeout 120 cargo test --release --lib device::cuda -- --nocapture 2>&1 | tee "$OUT/test-lib-cuda.txt"
+timeout 120 cargo test --release --test validate -- --include-ignored gpu_ --nocapture 2>&1 | tee "$OUT/test-validate-gpu.txt"
+
+step "traces for the probes and the cross-check"
+mkdir -p "$OUT/traces"
+timeout 60 target/release/examples/results --write-traces "$OUT/traces" > "$OUT/results-sim.md"
+ls -l "$OUT/traces"
+
+step "validate on the CUDA device: text evidence (calibrated probe) and traces, 3 configs each"
+CONFS=("expandable_segments:True" "max_split_size_mb:128" "max_split_size_mb:512")
+mkdir -p "$OUT/validate"
+for ev in fixtures/validate/*.txt "$OUT"/traces/*.csv; do
+  [ -e "$ev" ] || continue
+  name=$(basename "$ev"); name=${name%.*}
+  cap=$(sed -n 's/^# capacity: //p' "$ev" | head -1)
+  for c in "${CONFS[@]}"; do
+    tag=$(echo "$c" | tr ':,' '__')
+    timeout 60 $BIN validate "$ev" --conf "$c" ${cap:+--capacity $cap} --device cuda --format json \
+      > "$OUT/validate/$name.$tag.cuda.json" 2> "$OUT/validate/$name.$tag.cuda.err"
+    echo "$name $c cuda exit $?"
+    timeout 60 $BIN validate "$ev" --conf "$c" ${cap:+--capacity $cap} --device sim --format json \
+      > "$OUT/validate/$name.$tag.sim.json" 2>/dev/null
+    echo "$name $c sim  exit $?"
+  done
+done
+
+step "cache-hit latency: bundled allocator on the CUDA device vs raw cuMemAlloc+cuMemFree"
+timeout 120 target/release/examples/gpu_latency --out "$OUT/latency.json" || echo "latency failed: $?"
+
+step "torch cross-check (3 traces x 3 configs)"
+if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  mkdir -p "$OUT/torch"
+  for t in "$OUT"/traces/*.csv; do
+    name=$(basename "$t" .csv)
+    cap=$(sed -n 's/^# capacity: //p' "$t" | head -1)
+    for c in "" "expandable_segments:True" "max_split_size_mb:128"; do
+      tag=$(echo "${c:-default}" | tr ':,' '__')
+      timeout 90 python3 scripts/torch_crosscheck.py "$t" --conf "$c" ${cap:+--capacity $cap} \
+        --out "$OUT/torch/$name.$tag.torch.json"
+      timeout 60 $BIN replay "$t" --conf "$c" ${cap:+--capacity $cap} \
+        --compare-with "$OUT/torch/$name.$tag.torch.json" > "$OUT/torch/$name.$tag.compare.txt" 2>&1
+      echo "$name ${c:-default}: compare exit $?"
+    done
+  done
+else
+  echo "torch with CUDA is not importable here: cross-check skipped" | tee "$OUT/torch-skipped.txt"
+fi
+
+step "done"

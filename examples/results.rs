@@ -1,0 +1,183 @@
+//! The results table of docs/RESULTS.md: each probe family at capacities where
+//! PyTorch's default config runs out of memory, under the default, PyTorch's
+//! own hint (expandable_segments:True), max_split_size_mb:128/256/512, and the
+//! config `recommend` picks.
+//!
+//!     cargo run --release --example results                       # the Markdown tables
+//!     cargo run --release --example results -- --write-traces DIR # also one trace CSV per family
+//!     cargo run --release --example results -- --snapshots ../shared/snapshots # also every traced snapshot
+//!
+//! Deterministic: the same build prints the same table.
+
+use allocdoc::advise::search::{self, Scored};
+use allocdoc::app::recommend::recommend;
+use allocdoc::app::validate::{RunSummary, Source, Workload, load_workload};
+use allocdoc::conf::Settings;
+use allocdoc::units::human;
+use allocdoc::workload::Event;
+use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
+use std::fmt::Write;
+
+/// Steps per epoch and tensor size per family, chosen so one epoch holds a few GiB.
+fn params(family: Family) -> Params {
+    let (steps, unit) = match family {
+        Family::VariableLength => (400, 6 << 20),
+        Family::GrowingKvCache => (160, 7 << 20),
+        Family::DynamicBatch => (600, 5 << 20),
+        Family::MixedSmallLarge => (300, 9 << 20),
+        Family::InterleavedLongLived => (200, 13 << 20),
+    };
+    Params {
+        steps,
+        unit,
+        seed: 42,
+    }
+}
+
+const COMPARED: [&str; 5] = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "max_split_size_mb:256",
+    "max_split_size_mb:512",
+];
+
+fn cell(r: &RunSummary) -> String {
+    match &r.oom {
+        Some(o) => format!("OOM @ {}", o.event_index),
+        None => format!("ok, {}", human(r.peak_reserved_bytes)),
+    }
+}
+
+fn settings(conf: &str) -> Settings {
+    allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
+        .expect("valid config")
+        .settings
+}
+
+fn write_csv(path: &std::path::Path, events: &[Event], capacity: u64) -> std::io::Result<()> {
+    let mut s = format!("# capacity: {capacity}\naction,id,size,stream\n");
+    for e in events {
+        let _ = match *e {
+            Event::Alloc { id, size, stream } => writeln!(s, "alloc,{id},{size},{stream}"),
+            Event::Free { id } => writeln!(s, "free,{id},,0"),
+            Event::EmptyCache => writeln!(s, "empty_cache,,,"),
+            // The probe families make neither.
+            Event::RecordStream { .. } | Event::SynchronizeStream { .. } => Ok(()),
+        };
+    }
+    std::fs::write(path, s)
+}
+
+/// The table rows for one workload, each config at each capacity. With
+/// `where_default_fails`, the capacities are where the default config runs out
+/// of memory (just under the smallest card it fits on, and halfway from there
+/// down to what the tensors alone need); otherwise one row without a limit.
+fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec<u64> {
+    let defaults = Settings::default();
+    workload
+        .with_replayer(|replay| {
+            let free = replay(&defaults, "", allocdoc::device::NO_LIMIT);
+            let default_min = search::min_capacity(
+                &free.score(),
+                allocdoc::device::NO_LIMIT,
+                |cap| replay(&defaults, "", cap).score(),
+                &|_| {},
+            );
+            let lo = free.peak_allocated_bytes.min(default_min);
+            let under = default_min.saturating_sub(search::CAPACITY_RESOLUTION);
+            let mut caps = if where_default_fails {
+                vec![under, lo + (default_min - lo) / 2]
+            } else {
+                vec![allocdoc::device::NO_LIMIT]
+            };
+            caps.dedup();
+            // Only capacities where the default really fails make a row of this kind.
+            caps.retain(|&c| !where_default_fails || replay(&defaults, "", c).oom.is_some());
+            let events = free.events;
+            for &capacity in &caps {
+                let shown = if capacity == allocdoc::device::NO_LIMIT {
+                    "no limit".to_string()
+                } else {
+                    human(capacity)
+                };
+                let _ = write!(out, "| {} | {events} | {shown} |", workload.input);
+                for c in COMPARED {
+                    let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity)));
+                }
+                let r = recommend(workload, Some(capacity), "", &defaults, &|_| {})
+                    .expect("the workload replays");
+                let ours = match (&r.recommendation, r.candidates.first()) {
+                    (Some(rec), Some(best)) => format!(
+                        "{}: {} (runs from {})",
+                        if rec.value.is_empty() {
+                            "defaults".to_string()
+                        } else {
+                            format!("`{}`", rec.value)
+                        },
+                        cell(best),
+                        r.min_capacity_bytes.map_or_else(|| "-".into(), human)
+                    ),
+                    _ => "every config OOMs".to_string(),
+                };
+                let _ = writeln!(out, " {ours} |");
+            }
+            caps
+        })
+        .expect("the workload replays")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(std::path::PathBuf::from)
+    };
+    let traces_dir = flag("--write-traces");
+    let header = "| workload | events | capacity | default | expandable_segments:True | max_split_size_mb:128 | max_split_size_mb:256 | max_split_size_mb:512 | ours (recommend) |\n|---|---:|---:|---|---|---|---|---|---|\n";
+    let mut out = format!("### Trace families (3 epochs each)\n\n{header}");
+    for family in Family::ALL {
+        let events = epochs(&generate(family, &params(family)), 3);
+        let workload = Workload {
+            input: family.name().to_string(),
+            source: Source::Trace(trace(events.clone())),
+            implied_capacity: None,
+            probe: None,
+            advice: None,
+            recorded: None,
+        };
+        let caps = rows(&mut out, &workload, true);
+        // One trace per family (just under the default's need) for the GPU script.
+        if let (Some(dir), Some(&capacity)) = (&traces_dir, caps.first()) {
+            let path = dir.join(format!("{}.csv", family.name().replace(' ', "-")));
+            if let Err(e) = write_csv(&path, &events, capacity) {
+                eprintln!("results: {}: {e}", path.display());
+                std::process::exit(2);
+            }
+        }
+    }
+    if let Some(dir) = flag("--snapshots") {
+        let _ = write!(
+            out,
+            "\n### Recorded snapshot traces ({}), replayed from their recorded start state\n\n{header}",
+            dir.display()
+        );
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.sort();
+        for path in names {
+            let name = path.to_string_lossy().into_owned();
+            // Snapshots without a trace are skipped: there is nothing to replay.
+            if let Ok(mut w) = load_workload(&name, None, "", &Settings::default()) {
+                w.input = path
+                    .file_name()
+                    .map_or(name.clone(), |f| f.to_string_lossy().into_owned());
+                rows(&mut out, &w, false);
+            }
+        }
+    }
+    print!("{out}");
+}
