@@ -775,3 +775,64 @@ fn extreme_sizes_do_not_panic() {
         u64::MAX
     );
 }
+
+/// Requests and cards at the edges of `u64` (0, 2^60, u64::MAX, …): every call
+/// returns (an OOM at worst) without an arithmetic overflow, which a debug build
+/// (`cargo test`, overflow checks on) turns into a panic; the stats still recount.
+#[test]
+fn extreme_sizes_and_capacities_do_not_overflow() {
+    const EDGES: [u64; 10] = [
+        0,
+        1,
+        512,
+        (1 << 60) - 1,
+        1 << 60,
+        1 << 62,
+        1 << 63,
+        u64::MAX - 1,
+        u64::MAX,
+        (1 << 59) + 1,
+    ];
+    let configs = [
+        Settings::default(),
+        expandable(),
+        Settings {
+            max_split_size: 1 << 62,
+            roundup_power2_divisions: [8; 16],
+            ..Settings::default()
+        },
+        Settings {
+            garbage_collection_threshold: 0.5,
+            per_process_memory_fraction: Some(1.0),
+            ..expandable()
+        },
+    ];
+    for settings in configs {
+        for capacity in [0, 1 << 60, u64::MAX - 1, u64::MAX] {
+            let mut a = allocator(settings.clone(), capacity);
+            let mut live = Vec::new();
+            // Twice over, so the big requests also stack up: the reserved and
+            // allocated totals run past i64::MAX unless they saturate.
+            for size in EDGES.iter().chain(&EDGES).chain(&[(1 << 60) - 1; 16]) {
+                match a.malloc(*size, 0) {
+                    Ok(0) => assert_eq!(*size, 0),
+                    Ok(p) => live.push(p),
+                    Err(oom) => assert!(oom.message.contains("out of memory"), "{}", oom.message),
+                }
+                a.check_invariants().unwrap();
+            }
+            let stats = a.memory_stats();
+            assert!(
+                stats.iter().all(|(k, &v)| v >= 0 || k == "max_split_size"),
+                "{stats:?}"
+            );
+            let _ = memory_summary(&stats, 0, false, TorchVersion::DEFAULT);
+            for p in live.drain(..).rev() {
+                a.free(p).unwrap();
+                a.check_invariants().unwrap();
+            }
+            a.empty_cache();
+            assert_eq!(a.total_allocated_memory(), 0, "capacity {capacity}");
+        }
+    }
+}

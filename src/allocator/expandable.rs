@@ -80,10 +80,12 @@ impl<D: Device> CachingAllocator<D> {
         let total = self.device.total_memory();
         // 9/8 of the card; a card too large for that (an unbounded simulated one)
         // gets 2^62 bytes, so the reservation still fits a 64-bit address space.
-        let pages = total
-            .saturating_add(total / 8)
-            .div_ceil(page)
-            .min((1 << 62) / page);
+        let most = (1u64 << 62).checked_div(page)?;
+        let pages = total.saturating_add(total / 8).div_ceil(page).min(most);
+        if pages == 0 {
+            // A card without memory: nothing could ever be mapped.
+            return None;
+        }
         let segment = ExpandableSegment {
             base: 0,
             page,
@@ -116,7 +118,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let mapped_addr = segment.base + begin * segment.page;
         let mapped_size = (end - begin) * segment.page;
-        if self.device.map(mapped_addr, mapped_size).is_err() {
+        if !self.may_hold(mapped_size) || self.device.map(mapped_addr, mapped_size).is_err() {
             return false;
         }
         self.pool_mut(b.small).erase_unmapped(&b);

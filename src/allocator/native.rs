@@ -365,6 +365,16 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// Whether `bytes` more from the device keep the total within `i64::MAX`, the
+    /// most PyTorch's int64 stats count; only an unbounded simulated card (or a
+    /// request past 2^62 bytes) reaches it, and it fails like a cudaMalloc would.
+    #[inline]
+    pub(super) fn may_hold(&self, bytes: u64) -> bool {
+        self.total_allocated_memory
+            .checked_add(bytes)
+            .is_some_and(|total| total <= i64::MAX as u64)
+    }
+
     /// `alloc_block`: a new segment (cudaMalloc) or expandable growth.
     fn alloc_block(&mut self, p: &AllocParams, is_retry: bool) -> Option<BlockId> {
         if is_retry {
@@ -378,6 +388,9 @@ impl<D: Device> CachingAllocator<D> {
         }
         if self.settings.expandable_segments {
             return self.try_allocate_expandable_block(p);
+        }
+        if !self.may_hold(p.alloc_size) {
+            return None;
         }
         let addr = self.device.malloc(p.alloc_size).ok()?;
         self.total_allocated_memory += p.alloc_size;

@@ -14,20 +14,21 @@ pub struct Stat {
 }
 
 impl Stat {
-    /// `Stat::increase`.
+    /// `Stat::increase`. PyTorch's int64 arithmetic would overflow (undefined
+    /// behaviour) on totals past i64::MAX; here they saturate.
     #[inline]
     pub fn increase(&mut self, amount: u64) {
-        let amount = amount as i64;
-        self.current += amount;
+        let amount = i64::try_from(amount).unwrap_or(i64::MAX);
+        self.current = self.current.saturating_add(amount);
         self.peak = self.peak.max(self.current);
-        self.allocated += amount;
+        self.allocated = self.allocated.saturating_add(amount);
     }
     /// `Stat::decrease`.
     #[inline]
     pub fn decrease(&mut self, amount: u64) {
-        let amount = amount as i64;
-        self.current -= amount;
-        self.freed += amount;
+        let amount = i64::try_from(amount).unwrap_or(i64::MAX);
+        self.current = self.current.saturating_sub(amount);
+        self.freed = self.freed.saturating_add(amount);
     }
     pub fn reset_accumulated(&mut self) {
         self.allocated = 0;

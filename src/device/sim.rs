@@ -218,7 +218,7 @@ impl Device for SimDevice {
         }
         let mut out = vec![ProcessUse {
             pid: None,
-            bytes: self.used + self.context_bytes,
+            bytes: self.used.saturating_add(self.context_bytes),
         }];
         out.extend(self.other_processes.iter().cloned());
         out
