@@ -278,32 +278,63 @@ fn validate_exit_codes_follow_the_candidate() {
     assert!(String::from_utf8_lossy(&oom.stdout).contains("still runs out of memory"));
 }
 
-/// `--device cuda` on a machine without a driver: exit 3 and a reason.
+/// `--device cuda` on a machine without a driver: `validate` and `replay`
+/// (trace and snapshot) exit 3 and say why.
 #[test]
-fn validate_on_cuda_without_a_driver_exits_3() {
+fn cuda_without_a_driver_exits_3() {
     #[cfg(feature = "cuda")]
     if allocdoc::device::cuda::driver_present() {
         eprintln!("skipped: this machine has a CUDA driver (the gpu_* tests cover it)");
         return;
     }
-    let out = bin()
-        .args([
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/gen-small-plain.pickle")
+        .to_string_lossy()
+        .into_owned();
+    let csv = fixture("interleaved_16mib.csv");
+    let summary = fixture("summary_001.txt");
+    let cases: [&[&str]; 4] = [
+        &[
             "validate",
-            &fixture("summary_001.txt"),
+            &summary,
             "--conf",
             "expandable_segments:True",
             "--device",
             "cuda",
-        ])
+        ],
+        &["replay", &csv, "--device", "cuda"],
+        &[
+            "replay",
+            &csv,
+            "--conf",
+            "",
+            "--device",
+            "cuda:1",
+            "--capacity",
+            "1GiB",
+        ],
+        &["replay", &snapshot, "--device", "cuda:0"],
+    ];
+    for args in cases {
+        let out = bin().args(args).output().expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: no result without a device"
+        );
+        assert!(
+            err.contains("--device cuda:")
+                && (err.contains("no CUDA driver") || err.contains("without the `cuda` feature")),
+            "{args:?}: {err}"
+        );
+    }
+    // A device name that is neither is a usage error.
+    let out = bin()
+        .args(["replay", &csv, "--device", "gpu"])
         .output()
         .expect("runs");
-    assert_eq!(out.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("cuda")
-            && (err.contains("no CUDA driver") || err.contains("without the `cuda` feature")),
-        "{err}"
-    );
+    assert_eq!(out.status.code(), Some(2));
 }
 
 /// recommend's JSON carries the contract's fields and exits 1 when every candidate OOMs.
