@@ -361,17 +361,23 @@ pub struct ReportViews {
 /// Replays `trace` under each named config on the simulated card, keeping
 /// every event's figures, for `--report` of commands whose own runs do not.
 pub fn report_views(trace: &Trace, runs: &[(&str, &Settings)], capacity: u64) -> ReportViews {
-    report_views_with(runs, |settings, options| {
-        replay_with(trace, settings, SimDevice::new(capacity), options)
-    })
+    let views = report_views_with(runs, |settings, options| {
+        Ok(replay_with(
+            trace,
+            settings,
+            SimDevice::new(capacity),
+            options,
+        ))
+    });
+    views.unwrap_or_default() // a trace replay does not fail
 }
 
 /// [`report_views`] for any workload: `replay(settings, options)` runs it on
 /// the simulated card.
 pub fn report_views_with(
     runs: &[(&str, &Settings)],
-    replay: impl Fn(&Settings, RunOptions) -> RunResult,
-) -> ReportViews {
+    replay: impl Fn(&Settings, RunOptions) -> Result<RunResult, Error>,
+) -> Result<ReportViews, Error> {
     let options = RunOptions {
         timeline: true,
         ..RunOptions::default()
@@ -379,19 +385,21 @@ pub fn report_views_with(
     let results: Vec<RunResult> = runs
         .iter()
         .map(|(_, settings)| replay(settings, options))
-        .collect();
+        .collect::<Result<_, _>>()?;
     let named: Vec<(&str, &RunResult, &Settings)> = runs
         .iter()
         .zip(&results)
         .map(|((name, settings), result)| (*name, result, *settings))
         .collect();
-    views_from(&named, |settings, events| {
+    Ok(views_from(&named, |settings, events| {
         let options = RunOptions {
             stop_after: Some(events),
             ..RunOptions::default()
         };
-        replay(settings, options).segments
-    })
+        replay(settings, options)
+            .map(|run| run.segments)
+            .unwrap_or_default()
+    }))
 }
 
 /// The timelines of runs replayed with a timeline, and the segment map of
