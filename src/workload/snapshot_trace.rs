@@ -171,8 +171,14 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 .iter()
                 .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
         {
+            // Its start state would be expandable segments (a reserved range with
+            // mapped pages, `segment_map`/`segment_unmap` in the trace), and the
+            // bundled allocator can seed only cudaMalloc'd segments (allocator::seed).
             return Err(Error::Input(
-                "replaying a snapshot recorded with expandable segments is not supported yet"
+                "the snapshot was recorded with expandable_segments:True: replaying its trace \
+                 needs its expandable segments rebuilt at the trace start, which the bundled \
+                 allocator cannot seed yet (only cudaMalloc segments); `allocdoc diagnose` \
+                 still reads it"
                     .into(),
             ));
         }
