@@ -436,42 +436,29 @@ fn replay_snapshot<D: crate::device::Device>(
     conf: &str,
     device: D,
 ) -> RunSummary {
-    let mut alloc = crate::allocator::CachingAllocator::new(settings.clone(), device);
-    let (oom, events) = match st.run(&mut alloc, false) {
-        Ok(run) => (
-            run.oom.map(|o| OomAt {
-                event_index: o.event_index as u64,
-                requested_bytes: o.requested_bytes,
-                message: o.message,
-            }),
-            run.events as u64,
-        ),
-        Err(e) => (
-            Some(OomAt {
+    use crate::workload::{ReplayOptions, snapshot_trace};
+    let capacity_bytes = device.total_memory();
+    match snapshot_trace::replay_on(st, settings, device, false, ReplayOptions::default()) {
+        Ok((run, _)) => summarize(conf, run),
+        Err(e) => RunSummary {
+            conf: conf.to_string(),
+            oom: Some(OomAt {
                 event_index: 0,
                 requested_bytes: 0,
                 message: format!("the state at the trace start does not fit: {e}"),
             }),
-            0,
-        ),
-    };
-    let stats = alloc.stats().flat(settings.version);
-    let stat = |k: &str| stats.get(k).copied().unwrap_or(0).max(0) as u64;
-    let counters = alloc.device().counters();
-    RunSummary {
-        capacity_bytes: alloc.device().total_memory(),
-        conf: conf.to_string(),
-        oom,
-        events,
-        peak_reserved_bytes: stat("reserved_bytes.all.peak"),
-        peak_allocated_bytes: stat("allocated_bytes.all.peak"),
-        device_allocs: stat("num_device_alloc"),
-        device_frees: stat("num_device_free"),
-        alloc_retries: stat("num_alloc_retries"),
-        synchronizations: stat("num_sync_all_streams") + counters.synchronizations,
-        driver_time_us: counters.driver_time_us,
-        end_allocated_bytes: stat("allocated_bytes.all.current"),
-        end_reserved_bytes: stat("reserved_bytes.all.current"),
+            events: st.trace.len() as u64,
+            peak_reserved_bytes: 0,
+            peak_allocated_bytes: 0,
+            device_allocs: 0,
+            device_frees: 0,
+            alloc_retries: 0,
+            synchronizations: 0,
+            driver_time_us: 0.0,
+            capacity_bytes,
+            end_allocated_bytes: 0,
+            end_reserved_bytes: 0,
+        },
     }
 }
 
