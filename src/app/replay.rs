@@ -12,7 +12,6 @@ use crate::device::{Device, DeviceSpec};
 use crate::evidence::Backend;
 use crate::units::human;
 use crate::workload::{ReplayOptions as RunOptions, RunResult, Trace, detect_trace, replay_with};
-use std::io::Read;
 use std::path::PathBuf;
 
 /// The card replays run on when `--capacity` is not given (an 80 GiB A100/H100).
@@ -96,7 +95,11 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
 /// Loads the trace, parses every config and replays the trace under each.
 pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
     let spec = DeviceSpec::parse(&opts.device)?;
-    let (name, data) = read_input(&opts.trace)?;
+    let data = super::validate::read_input(&opts.trace)?;
+    let name = match opts.trace.as_str() {
+        "" | "-" => "<stdin>".to_string(),
+        path => path.to_string(),
+    };
     let is_snapshot = crate::snapshot::is_pickle(&data);
     if opts.fidelity && !is_snapshot {
         return Err(Error::Usage(
@@ -496,18 +499,4 @@ fn parse_conf(conf: &str, version: TorchVersion) -> Result<Settings, Error> {
         )));
     }
     Ok(parsed.settings)
-}
-
-/// The input's display name and bytes (`-` or empty = standard input).
-fn read_input(path: &str) -> Result<(String, Vec<u8>), Error> {
-    if path.is_empty() || path == "-" {
-        let mut data = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut data)
-            .map_err(|e| Error::Input(format!("<stdin>: cannot read: {e}")))?;
-        return Ok(("<stdin>".into(), data));
-    }
-    let data =
-        std::fs::read(path).map_err(|e| Error::Input(format!("{path}: cannot read: {e}")))?;
-    Ok((path.to_string(), data))
 }

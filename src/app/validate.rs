@@ -190,10 +190,10 @@ pub(crate) fn read_input(input: &str) -> Result<Vec<u8>, Error> {
         let mut data = Vec::new();
         std::io::stdin()
             .read_to_end(&mut data)
-            .map_err(|e| Error::Input(format!("<stdin>: {e}")))?;
+            .map_err(|e| Error::Input(format!("<stdin>: cannot read: {e}")))?;
         Ok(data)
     } else {
-        std::fs::read(input).map_err(|e| Error::Input(format!("{input}: {e}")))
+        std::fs::read(input).map_err(|e| Error::Input(format!("{input}: cannot read: {e}")))
     }
 }
 
