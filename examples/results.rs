@@ -105,8 +105,14 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                 for c in COMPARED {
                     let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity)));
                 }
-                let r = recommend(workload, Some(capacity), "", &defaults, &|_| {})
-                    .expect("the workload replays");
+                let r = recommend(
+                    workload,
+                    workload.capacity(Some(capacity)),
+                    "",
+                    &defaults,
+                    &|_| {},
+                )
+                .expect("the workload replays");
                 let ours = match (&r.recommendation, r.candidates.first()) {
                     (Some(rec), Some(best)) => format!(
                         "{}: {} (runs from {})",

@@ -92,7 +92,7 @@ enum Command {
     },
     /// Run a trace through the bundled caching allocator under one or more configs.
     #[command(
-        after_help = "Examples:\n  allocdoc replay trace.csv --capacity 24GiB\n  allocdoc replay trace.csv --conf '' --conf expandable_segments:True --capacity 24GiB\n  allocdoc replay snapshot.pickle --fidelity"
+        after_help = "Examples:\n  allocdoc replay trace.csv --capacity 24GiB\n  allocdoc replay trace.csv --conf '' --conf expandable_segments:True --capacity 24GiB\n  allocdoc replay snapshot.pickle --fidelity\n  allocdoc replay trace.csv --device cuda:0 --capacity 8GiB"
     )]
     Replay {
         /// A trace CSV (action,id,size,stream), an RMM replay log or a snapshot pickle with a trace.
@@ -100,10 +100,12 @@ enum Command {
         /// A config to run under (repeatable; '' is PyTorch's default).
         #[arg(long = "conf")]
         confs: Vec<String>,
-        /// Device capacity, e.g. 24GiB.
+        /// Device capacity, e.g. 24GiB (default: a snapshot's recorded OOM, else an
+        /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
         #[arg(long, value_parser = size_arg)]
         capacity: Option<u64>,
-        /// `sim` (default) or `cuda[:N]`.
+        /// `sim` (default) or `cuda[:N]`: run the allocator on GPU N, which must have
+        /// --capacity free (exit 3 when no CUDA driver or GPU is usable).
         #[arg(long, default_value = "sim")]
         device: String,
         /// Compare every allocation with the addresses recorded in the snapshot.
@@ -130,12 +132,12 @@ enum Command {
     },
     /// Search the config space by replay and rank the results.
     #[command(
-        after_help = "Examples:\n  allocdoc recommend trace.csv --capacity 16GiB\n  allocdoc recommend snapshot.pickle --format json\n  allocdoc recommend oom.log --current max_split_size_mb:128"
+        after_help = "When PyTorch's defaults rank first, the recommendation is to unset the variable: its line is `unset PYTORCH_CUDA_ALLOC_CONF` (value \"\").\n\nExamples:\n  allocdoc recommend trace.csv --capacity 16GiB\n  allocdoc recommend snapshot.pickle --format json\n  allocdoc recommend rmm_log.csv --capacity 24GiB\n  allocdoc recommend oom.log --current max_split_size_mb:128"
     )]
     Recommend {
-        /// A trace CSV, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
+        /// A trace CSV, an RMM replay log, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
         input: String,
-        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else no limit).
+        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an 80 GiB card).
         #[arg(long, value_parser = size_arg)]
         capacity: Option<u64>,
         /// The config in use today (default: PyTorch's defaults).
@@ -153,6 +155,7 @@ enum Command {
         after_help = "Examples:\n  allocdoc validate trace.csv --conf expandable_segments:True --capacity 24GiB\n  allocdoc validate oom.log --conf expandable_segments:True\n  allocdoc validate oom.log --conf expandable_segments:True --device cuda"
     )]
     Validate {
+        /// A trace CSV, an RMM replay log, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
         input: String,
         /// The candidate config.
         #[arg(long)]
@@ -160,6 +163,8 @@ enum Command {
         /// The config in use today (default: PyTorch's defaults).
         #[arg(long)]
         current: Option<String>,
+        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an
+        /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
         #[arg(long, value_parser = size_arg)]
         capacity: Option<u64>,
         /// `sim` (default) or `cuda[:N]`.

@@ -74,7 +74,8 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                 .filter(|r| r.oom.is_none())
                 .map(|r| r.peak_reserved_bytes)
                 .min();
-            let r = recommend(&w, Some(capacity), "", &defaults, &|_| {}).expect("search");
+            let r =
+                recommend(&w, w.capacity(Some(capacity)), "", &defaults, &|_| {}).expect("search");
             assert_eq!(r.candidates.len(), brute.len());
             match best_ok {
                 Some(best) => {
@@ -278,32 +279,63 @@ fn validate_exit_codes_follow_the_candidate() {
     assert!(String::from_utf8_lossy(&oom.stdout).contains("still runs out of memory"));
 }
 
-/// `--device cuda` on a machine without a driver: exit 3 and a reason.
+/// `--device cuda` on a machine without a driver: `validate` and `replay`
+/// (trace and snapshot) exit 3 and say why.
 #[test]
-fn validate_on_cuda_without_a_driver_exits_3() {
+fn cuda_without_a_driver_exits_3() {
     #[cfg(feature = "cuda")]
     if allocdoc::device::cuda::driver_present() {
         eprintln!("skipped: this machine has a CUDA driver (the gpu_* tests cover it)");
         return;
     }
-    let out = bin()
-        .args([
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/gen-small-plain.pickle")
+        .to_string_lossy()
+        .into_owned();
+    let csv = fixture("interleaved_16mib.csv");
+    let summary = fixture("summary_001.txt");
+    let cases: [&[&str]; 4] = [
+        &[
             "validate",
-            &fixture("summary_001.txt"),
+            &summary,
             "--conf",
             "expandable_segments:True",
             "--device",
             "cuda",
-        ])
+        ],
+        &["replay", &csv, "--device", "cuda"],
+        &[
+            "replay",
+            &csv,
+            "--conf",
+            "",
+            "--device",
+            "cuda:1",
+            "--capacity",
+            "1GiB",
+        ],
+        &["replay", &snapshot, "--device", "cuda:0"],
+    ];
+    for args in cases {
+        let out = bin().args(args).output().expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: no result without a device"
+        );
+        assert!(
+            err.contains("--device cuda:")
+                && (err.contains("no CUDA driver") || err.contains("without the `cuda` feature")),
+            "{args:?}: {err}"
+        );
+    }
+    // A device name that is neither is a usage error.
+    let out = bin()
+        .args(["replay", &csv, "--device", "gpu"])
         .output()
         .expect("runs");
-    assert_eq!(out.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("cuda")
-            && (err.contains("no CUDA driver") || err.contains("without the `cuda` feature")),
-        "{err}"
-    );
+    assert_eq!(out.status.code(), Some(2));
 }
 
 /// recommend's JSON carries the contract's fields and exits 1 when every candidate OOMs.
@@ -334,11 +366,9 @@ fn recommend_json_and_exit_code() {
         assert!(first.get(key).is_some(), "candidate lacks {key}");
     }
     assert_eq!(v["recommendation"]["env"], "PYTORCH_CUDA_ALLOC_CONF");
-    let value = v["recommendation"]["value"].as_str().expect("value");
-    assert_eq!(
-        v["recommendation"]["line"],
-        format!("export PYTORCH_CUDA_ALLOC_CONF={value}")
-    );
+    // At 84 MiB PyTorch's defaults already run it with the least reserved.
+    assert_eq!(v["recommendation"]["value"], "");
+    assert_eq!(v["recommendation"]["line"], "unset PYTORCH_CUDA_ALLOC_CONF");
     assert!(v["min_capacity_bytes"].as_u64().expect("min capacity") <= 84 * 1024 * 1024);
     let none = bin()
         .args(["recommend", &csv, "--capacity", "40MiB", "--format", "json"])
@@ -457,4 +487,255 @@ fn text_output_snapshots() {
             "expandable_segments:True"
         ])
     );
+}
+
+/// Runs the binary and parses its standard output as JSON, checking the exit code.
+fn json_of(args: &[&str], code: i32) -> serde_json::Value {
+    let out = bin().args(args).output().expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on standard output")
+}
+
+fn int(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("`{key}` is not an integer in {v}"))
+}
+
+/// The contract's `oom` object: `{event_index, requested_bytes, message}` or null.
+fn oom_of(run: &serde_json::Value) -> Option<(u64, u64)> {
+    let oom = &run["oom"];
+    if oom.is_null() {
+        return None;
+    }
+    let message = oom["message"].as_str().expect("oom.message is a string");
+    assert!(
+        message.starts_with("CUDA out of memory. Tried to allocate"),
+        "{message}"
+    );
+    Some((int(oom, "event_index"), int(oom, "requested_bytes")))
+}
+
+/// The contract's counters of a replay run or a recommend candidate.
+fn assert_run_fields(run: &serde_json::Value) {
+    assert!(run["conf"].is_string(), "conf: {run}");
+    for key in [
+        "peak_reserved_bytes",
+        "device_allocs",
+        "device_frees",
+        "alloc_retries",
+    ] {
+        int(run, key);
+    }
+}
+
+/// `replay`, `recommend` and `validate --format json` carry the contract's
+/// fields with the contract's types, and the numbers of the devlog case.
+#[test]
+fn json_follows_the_contract() {
+    const MIB: u64 = 1 << 20;
+    let csv = fixture("interleaved_16mib.csv");
+    // replay: 16 MiB + 16 MiB fit in 40 MiB, the third 16 MiB block (event 2) does not.
+    let v = json_of(
+        &[
+            "replay",
+            &csv,
+            "--conf",
+            "",
+            "--conf",
+            "max_split_size_mb:32",
+            "--capacity",
+            "40MiB",
+            "--format",
+            "json",
+        ],
+        1,
+    );
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["conf"], "");
+    assert_eq!(runs[1]["conf"], "max_split_size_mb:32");
+    for run in runs {
+        assert_run_fields(run);
+        assert_eq!(int(run, "capacity_bytes"), 40 * MIB);
+        assert_eq!(
+            int(run, "events"),
+            7,
+            "comments and the header are not events"
+        );
+        assert_eq!(oom_of(run), Some((2, 16 * MIB)));
+        assert_eq!(int(run, "peak_allocated_bytes"), 32 * MIB);
+        let stats = run["stats"].as_object().expect("stats");
+        assert_eq!(stats["reserved_bytes.all.peak"], run["peak_reserved_bytes"]);
+        assert!(
+            stats.values().all(serde_json::Value::is_i64),
+            "flat integer stats"
+        );
+    }
+    assert!(v.get("fidelity").is_none(), "fidelity only with --fidelity");
+
+    // replay --fidelity on a snapshot: the fidelity object.
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/gen-small-plain.pickle")
+        .to_string_lossy()
+        .into_owned();
+    let v = json_of(&["replay", &snapshot, "--fidelity", "--format", "json"], 0);
+    let f = &v["fidelity"];
+    assert_eq!(int(f, "alloc_events"), 21);
+    assert!(int(f, "address_matches") <= 21);
+    assert!(f["first_divergence"].is_null() || f["first_divergence"].is_object());
+    let run = &v["runs"][0];
+    assert_run_fields(run);
+    assert_eq!(int(run, "events"), 40);
+    assert_eq!(int(run, "capacity_bytes"), 80 << 30, "the default card");
+
+    // recommend without --capacity: the capacity it searched at is the default card,
+    // and PyTorch's defaults win, so the line unsets the variable.
+    let v = json_of(&["recommend", &csv, "--format", "json"], 0);
+    assert_eq!(int(&v, "capacity_bytes"), 80 << 30);
+    let candidates = v["candidates"].as_array().expect("candidates");
+    assert_eq!(candidates.len(), 70);
+    for c in candidates {
+        assert_run_fields(c);
+        assert_eq!(oom_of(c), None);
+    }
+    let rec = &v["recommendation"];
+    assert_eq!(rec["env"], "PYTORCH_CUDA_ALLOC_CONF");
+    assert_eq!(rec["value"], "");
+    assert_eq!(rec["line"], "unset PYTORCH_CUDA_ALLOC_CONF");
+    // The four 16 MiB blocks and the 32 MiB one need 80 MiB under the defaults; the bisection stops within 1 MiB.
+    let min = int(&v, "min_capacity_bytes");
+    assert!((64 * MIB..=81 * MIB).contains(&min), "{min}");
+    let text = bin().args(["recommend", &csv]).output().expect("runs");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("capacity 80.00 GiB (the default card: set --capacity)"),
+        "{text}"
+    );
+    assert!(text.contains("\nunset PYTORCH_CUDA_ALLOC_CONF\n"), "{text}");
+
+    // validate: the capacity as given, both runs with the contract's oom object.
+    let v = json_of(
+        &[
+            "validate",
+            &csv,
+            "--conf",
+            "expandable_segments:True",
+            "--capacity",
+            "40MiB",
+            "--format",
+            "json",
+        ],
+        1,
+    );
+    assert_eq!(int(&v, "capacity_bytes"), 40 * MIB);
+    assert_eq!(v["capacity_source"], "given");
+    for side in ["current", "candidate"] {
+        assert_run_fields(&v[side]);
+        assert_eq!(oom_of(&v[side]), Some((2, 16 * MIB)), "{side}");
+    }
+}
+
+/// An RMM replay log is a trace to recommend and validate: the same results
+/// as the trace CSV of the same allocations.
+#[test]
+fn rmm_logs_replay_like_their_trace() {
+    let csv = fixture("interleaved_16mib.csv");
+    let rmm = fixture("interleaved_16mib_rmm.csv");
+    for args in [
+        vec!["recommend", "--capacity", "84MiB", "--format", "json"],
+        vec![
+            "validate",
+            "--conf",
+            "max_split_size_mb:32",
+            "--capacity",
+            "60MiB",
+            "--format",
+            "json",
+        ],
+    ] {
+        let mut of_csv = json_of(
+            &[&args[..1], &[csv.as_str()], &args[1..]].concat(),
+            1 - i32::from(args[0] == "recommend"),
+        );
+        let mut of_rmm = json_of(
+            &[&args[..1], &[rmm.as_str()], &args[1..]].concat(),
+            1 - i32::from(args[0] == "recommend"),
+        );
+        of_csv["input"] = serde_json::Value::Null;
+        of_rmm["input"] = serde_json::Value::Null;
+        assert_eq!(of_csv, of_rmm, "{args:?}");
+    }
+}
+
+/// A snapshot's own trace gets the timelines in `--report` (replay, validate,
+/// recommend) and `replay --emit-snapshot` writes a snapshot that reads back.
+#[test]
+fn snapshot_reports_and_emitted_snapshots() {
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/gen-small-plain.pickle")
+        .to_string_lossy()
+        .into_owned();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = dir.path().join("r.html");
+    let emitted = dir.path().join("e.pickle");
+    let (report_s, emitted_s) = (report.to_string_lossy(), emitted.to_string_lossy());
+    let cases: [&[&str]; 3] = [
+        &[
+            "replay",
+            &snapshot,
+            "--conf",
+            "",
+            "--conf",
+            "expandable_segments:True",
+            "--report",
+            &report_s,
+            "--emit-snapshot",
+            &emitted_s,
+        ],
+        &[
+            "validate",
+            &snapshot,
+            "--conf",
+            "expandable_segments:True",
+            "--report",
+            &report_s,
+        ],
+        &["recommend", &snapshot, "--report", &report_s],
+    ];
+    for args in cases {
+        let out = bin().args(args).output().expect("runs");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let html = std::fs::read_to_string(&report).expect("report written");
+        // One memory-over-time line pair per config, and the segment map.
+        assert!(
+            html.matches("<polyline").count() >= 2,
+            "{args:?}: no timelines"
+        );
+        assert!(
+            html.contains("at its allocated peak"),
+            "{args:?}: no segment map"
+        );
+        std::fs::remove_file(&report).expect("remove");
+    }
+    // The emitted snapshot: the expandable-segments run's 40 replayed entries
+    // (plus the segment it mapped), readable by `parse`.
+    let v = json_of(&["parse", "--format", "json", &emitted_s], 0);
+    let o = &v["observations"][0];
+    assert_eq!(o["kind"], "snapshot");
+    assert_eq!(
+        o["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"],
+        "expandable_segments:True"
+    );
+    assert!(int(o, "trace_events") >= 40, "{o}");
 }

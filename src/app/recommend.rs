@@ -1,7 +1,7 @@
 //! The `recommend` command: search the config space by replay
 //! ([`crate::advise::search`]), rank, and bisect the winner's smallest capacity.
 
-use super::validate::{Replayer, RunSummary, Workload, load_workload, parse_conf};
+use super::validate::{CapacitySource, Replayer, RunSummary, Workload, load_workload, parse_conf};
 use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::search::{self, Progress};
@@ -28,11 +28,18 @@ pub struct Recommendation {
 }
 
 impl Recommendation {
+    /// The shell line for `value`. PyTorch's defaults (`value` empty) are
+    /// asked for by unsetting the variable, not by exporting it empty.
     pub fn new(value: String) -> Self {
+        let line = if value.is_empty() {
+            "unset PYTORCH_CUDA_ALLOC_CONF".to_string()
+        } else {
+            format!("export PYTORCH_CUDA_ALLOC_CONF={value}")
+        };
         Recommendation {
             env: "PYTORCH_CUDA_ALLOC_CONF",
-            line: format!("export PYTORCH_CUDA_ALLOC_CONF={value}"),
             value,
+            line,
         }
     }
 }
@@ -41,12 +48,14 @@ impl Recommendation {
 /// the contract come first; the rest is extra.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecommendResult {
-    /// `None` when the search ran without a capacity limit.
-    pub capacity_bytes: Option<u64>,
+    /// The capacity every candidate ran at.
+    pub capacity_bytes: u64,
     /// Ranked best first.
     pub candidates: Vec<RunSummary>,
     pub recommendation: Option<Recommendation>,
     pub min_capacity_bytes: Option<u64>,
+    /// Where `capacity_bytes` came from.
+    pub capacity_source: CapacitySource,
     pub input: String,
     pub events: u64,
     /// The current config's run (also among the candidates when it is in the space).
@@ -63,7 +72,7 @@ pub struct RecommendResult {
 /// called from worker threads; the library never draws it.
 pub fn recommend(
     workload: &Workload,
-    capacity: Option<u64>,
+    capacity: (u64, CapacitySource),
     current_conf: &str,
     current: &Settings,
     progress: &(dyn Fn(Progress) + Sync),
@@ -76,12 +85,11 @@ pub fn recommend(
 fn search_with(
     workload: &Workload,
     replay: &Replayer,
-    capacity: Option<u64>,
+    (cap, capacity_source): (u64, CapacitySource),
     current_conf: &str,
     current: &Settings,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> RecommendResult {
-    let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
     let with_gc = current.per_process_memory_fraction.is_some();
     let mut notes = Vec::new();
     if !with_gc {
@@ -90,9 +98,6 @@ fn search_with(
              fraction set (per_process_memory_fraction)"
                 .to_string(),
         );
-    }
-    if capacity.is_none() {
-        notes.push("no --capacity: candidates ran without a memory limit".to_string());
     }
     let sizes = workload.request_sizes();
     let result = search::search(
@@ -139,7 +144,8 @@ fn search_with(
         }
     };
     RecommendResult {
-        capacity_bytes: capacity,
+        capacity_bytes: cap,
+        capacity_source,
         advice,
         events: current_run.events,
         candidates,
@@ -165,7 +171,7 @@ pub fn run_with_progress(
     let current = parse_conf("--current", &current_conf)?;
     let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
     let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
-    let capacity = opts.capacity.or(workload.implied_capacity);
+    let capacity = workload.capacity(opts.capacity);
     let mut result = recommend(&workload, capacity, &current_conf, &current, progress)?;
     result.notes.extend(note);
     let stdout = crate::report::recommend::recommendation(&result, opts.format);
@@ -180,7 +186,7 @@ pub fn run_with_progress(
         if let Some((conf, settings)) = &best {
             runs.push((super::replay::conf_name(conf), settings));
         }
-        let views = super::validate::report_views(&workload.source, &runs, capacity);
+        let views = super::validate::report_views(&workload, &runs, capacity.0)?;
         std::fs::write(
             path,
             crate::report::recommend::recommendation_html(&result, views),

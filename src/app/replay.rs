@@ -1,15 +1,17 @@
 //! The `replay` command: run a trace through the bundled caching allocator
-//! under one or more configs on the simulated card.
+//! under one or more configs, on the simulated card or a GPU (`--device
+//! cuda[:N]`: one fresh device per run, released when the run ends). The
+//! `--report` pictures and `--fidelity` always come from the simulated card.
 
 use super::{Format, Outcome};
 use crate::Error;
 use crate::allocator::summary::memory_summary;
 use crate::conf::{Settings, TorchVersion};
 use crate::device::sim::SimDevice;
+use crate::device::{Device, DeviceSpec};
 use crate::evidence::Backend;
 use crate::units::human;
 use crate::workload::{ReplayOptions as RunOptions, RunResult, Trace, detect_trace, replay_with};
-use std::io::Read;
 use std::path::PathBuf;
 
 /// The card replays run on when `--capacity` is not given (an 80 GiB A100/H100).
@@ -52,6 +54,8 @@ pub struct Replay {
     pub capacity_bytes: u64,
     /// `--capacity` was not given: the default card was used.
     pub capacity_defaulted: bool,
+    /// The device the runs replayed on.
+    pub device: DeviceSpec,
     pub torch_version: TorchVersion,
     pub runs: Vec<Run>,
     /// `--fidelity` on a snapshot: the recorded config's replay compared with the recording.
@@ -90,33 +94,17 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
 
 /// Loads the trace, parses every config and replays the trace under each.
 pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
-    let device = opts.device.trim();
-    if device.starts_with("cuda") {
-        return Err(Error::NoDevice(format!(
-            "--device {device}: replay on a real GPU is not available in this build; use --device sim"
-        )));
-    }
-    if device != "sim" && !device.is_empty() {
-        return Err(Error::Usage(format!(
-            "--device {device}: expected sim or cuda[:N]"
-        )));
-    }
-    let (name, data) = read_input(&opts.trace)?;
+    let spec = DeviceSpec::parse(&opts.device)?;
+    let data = super::validate::read_input(&opts.trace)?;
+    let name = match opts.trace.as_str() {
+        "" | "-" => "<stdin>".to_string(),
+        path => path.to_string(),
+    };
     let is_snapshot = crate::snapshot::is_pickle(&data);
     if opts.fidelity && !is_snapshot {
         return Err(Error::Usage(
             "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),
         ));
-    }
-    for (flag, given) in [
-        ("--emit-snapshot", opts.emit_snapshot.is_some()),
-        ("--report", opts.report.is_some()),
-    ] {
-        if given && is_snapshot {
-            return Err(Error::Usage(format!(
-                "{flag} works on trace CSV and RMM-log replays; a snapshot's own trace is not supported yet"
-            )));
-        }
     }
     let version = match &opts.torch_version {
         Some(v) => {
@@ -125,7 +113,7 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         None => TorchVersion::DEFAULT,
     };
     if is_snapshot {
-        return snapshot_replay(opts, name, &data, version);
+        return snapshot_replay(opts, spec, name, &data, version);
     }
     let mut notes = Vec::new();
     let trace = match detect_trace(&name, &data)? {
@@ -154,10 +142,13 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         .iter()
         .map(|c| parse_conf(c, version))
         .collect::<Result<_, _>>()?;
-    let capacity = opts
-        .capacity
-        .or(trace.capacity_hint())
-        .unwrap_or(DEFAULT_CAPACITY);
+    let given = opts.capacity.or(trace.capacity_hint());
+    let open = DeviceOpener {
+        spec,
+        given,
+        default: DEFAULT_CAPACITY,
+        start_addresses: Vec::new(),
+    };
     let last = confs.len().saturating_sub(1);
     let runs: Vec<Run> = confs
         .into_iter()
@@ -170,14 +161,22 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
                 history: opts.emit_snapshot.is_some() && i == last,
                 ..RunOptions::default()
             };
-            run_one(&trace, conf, settings, capacity, opts.summary, options)
+            let summary = opts.summary.then_some(0);
+            run_one(conf, settings, &open, summary, options, &|s, d, o| {
+                Ok(replay_with(&trace, s, d, o))
+            })
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
+    // The card the runs had: `--capacity`, else (sim) the default, else (GPU) the free memory.
+    let capacity = runs.first().map_or(given.unwrap_or(DEFAULT_CAPACITY), |r| {
+        r.result.capacity_bytes
+    });
     let replay = Replay {
         input: name,
         events: trace.len() as u64,
         capacity_bytes: capacity,
-        capacity_defaulted: opts.capacity.is_none() && trace.capacity_hint().is_none(),
+        capacity_defaulted: given.is_none() && spec == DeviceSpec::Sim,
+        device: spec,
         torch_version: version,
         runs,
         fidelity: None,
@@ -190,9 +189,21 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
             .zip(&settings)
             .map(|(r, s)| (conf_name(&r.conf), &r.result, s))
             .collect();
-        let views = views_from(&trace, &runs, capacity);
+        let views = views_from(&runs, |settings, events| {
+            let options = RunOptions {
+                stop_after: Some(events),
+                ..RunOptions::default()
+            };
+            replay_with(&trace, settings, SimDevice::new(capacity), options).segments
+        });
         write_output(path, crate::report::replay::html(&replay, views).as_bytes())?;
     }
+    emit_snapshot(opts, &replay)?;
+    Ok(replay)
+}
+
+/// `--emit-snapshot`: the last run's segments and trace entries as a snapshot pickle.
+fn emit_snapshot(opts: &ReplayOptions, replay: &Replay) -> Result<(), Error> {
     if let (Some(path), Some(run)) = (&opts.emit_snapshot, replay.runs.last()) {
         let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
             &run.result.segments,
@@ -201,14 +212,44 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         );
         write_output(path, &crate::snapshot::writer::to_bytes(&snapshot))?;
     }
-    Ok(replay)
+    Ok(())
+}
+
+/// Opens a fresh device for each run: the simulated card (`given`, else
+/// `default`), or GPU N capped at `given` (else at its free memory).
+struct DeviceOpener {
+    spec: DeviceSpec,
+    given: Option<u64>,
+    default: u64,
+    /// Where the simulated card puts a snapshot's start segments (recorded addresses).
+    start_addresses: Vec<u64>,
+}
+
+impl DeviceOpener {
+    fn open(&self) -> Result<Box<dyn Device>, Error> {
+        match self.spec {
+            DeviceSpec::Sim => Ok(Box::new(
+                SimDevice::new(self.given.unwrap_or(self.default))
+                    .with_recorded_addresses(self.start_addresses.iter().copied()),
+            )),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(ordinal) => Ok(Box::new(crate::device::cuda::CudaDevice::open(
+                ordinal, self.given,
+            )?)),
+            #[cfg(not(feature = "cuda"))]
+            DeviceSpec::Cuda(ordinal) => Err(Error::NoDevice(format!(
+                "--device cuda:{ordinal}: this allocdoc was built without the `cuda` feature"
+            ))),
+        }
+    }
 }
 
 /// A snapshot's trace replayed from the state it started in: once per
 /// `--conf` (the recorded config when none is given), plus the `--fidelity`
-/// comparison under the recorded config.
+/// comparison under the recorded config (on the simulated card).
 fn snapshot_replay(
     opts: &ReplayOptions,
+    spec: DeviceSpec,
     name: String,
     data: &[u8],
     version: TorchVersion,
@@ -224,7 +265,7 @@ fn snapshot_replay(
     recorded.version = version;
     let trace = st::SnapshotTrace::new(&snap, device, &recorded)
         .map_err(|e| Error::Input(format!("{name}: {e}")))?;
-    let (capacity, source) = st::capacity(&snap, device, opts.capacity, DEFAULT_CAPACITY);
+    let (capacity, source) = st::capacity(&trace, opts.capacity, DEFAULT_CAPACITY);
     let mut notes = vec![format!(
         "note: {name}: device {device}, {} segments and {} live blocks seeded at the start of the trace",
         trace.start.segments.len(),
@@ -251,34 +292,65 @@ fn snapshot_replay(
             .map(|c| Ok((c.clone(), parse_conf(c, version)?)))
             .collect::<Result<_, Error>>()?
     };
-    let mut runs = Vec::new();
-    for (conf, settings) in runs_for {
-        let (result, _) = st::replay_on_sim(&trace, &settings, capacity, false)?;
-        let summary_at_end = opts
-            .summary
-            .then(|| memory_summary(&result.stats, device, false, settings.version));
-        runs.push(Run {
-            conf,
-            result,
-            summary_at_peak: None,
-            summary_at_end,
-        });
-    }
+    let open = DeviceOpener {
+        spec,
+        given: (source != CapacitySource::Default).then_some(capacity),
+        default: capacity,
+        start_addresses: trace.recorded_addresses(false),
+    };
+    let replay = |settings: &Settings, device: Box<dyn Device>, options: RunOptions| {
+        Ok(st::replay_on(&trace, settings, device, false, options)?.0)
+    };
+    let last = runs_for.len().saturating_sub(1);
+    let runs: Vec<Run> = runs_for
+        .iter()
+        .enumerate()
+        .map(|(i, (conf, settings))| {
+            let options = RunOptions {
+                timeline: opts.report.is_some(),
+                history: opts.emit_snapshot.is_some() && i == last,
+                ..RunOptions::default()
+            };
+            let summary = opts.summary.then_some(device);
+            run_one(conf.clone(), settings, &open, summary, options, &replay)
+        })
+        .collect::<Result<_, _>>()?;
     let fidelity = if opts.fidelity {
-        st::replay_on_sim(&trace, &recorded, capacity, true)?.1
+        st::replay_on_sim(&trace, &recorded, capacity, true, RunOptions::default())?.1
     } else {
         None
     };
-    Ok(Replay {
+    let replay = Replay {
         input: name,
         events: trace.trace.len() as u64,
-        capacity_bytes: capacity,
-        capacity_defaulted: source == CapacitySource::Default,
+        capacity_bytes: runs.first().map_or(capacity, |r| r.result.capacity_bytes),
+        capacity_defaulted: source == CapacitySource::Default && spec == DeviceSpec::Sim,
+        device: spec,
         torch_version: version,
         runs,
         fidelity,
         notes,
-    })
+    };
+    if let Some(path) = &opts.report {
+        let runs: Vec<(&str, &RunResult, &Settings)> = replay
+            .runs
+            .iter()
+            .zip(&runs_for)
+            .map(|(r, (_, s))| (conf_name(&r.conf), &r.result, s))
+            .collect();
+        let views = views_from(&runs, |settings, events| {
+            let options = RunOptions {
+                stop_after: Some(events),
+                ..RunOptions::default()
+            };
+            st::replay_on_sim(&trace, settings, capacity, false, options)
+                .map(|(run, _)| run.segments)
+                .unwrap_or_default()
+        });
+        write_output(path, crate::report::replay::html(&replay, views).as_bytes())?;
+    }
+    emit_snapshot(opts, &replay)?;
+    Ok(replay)
 }
 
 /// What an HTML report draws from replays: one timeline per run and the
@@ -292,29 +364,54 @@ pub struct ReportViews {
 /// Replays `trace` under each named config on the simulated card, keeping
 /// every event's figures, for `--report` of commands whose own runs do not.
 pub fn report_views(trace: &Trace, runs: &[(&str, &Settings)], capacity: u64) -> ReportViews {
+    let views = report_views_with(runs, |settings, options| {
+        Ok(replay_with(
+            trace,
+            settings,
+            SimDevice::new(capacity),
+            options,
+        ))
+    });
+    views.unwrap_or_default() // a trace replay does not fail
+}
+
+/// [`report_views`] for any workload: `replay(settings, options)` runs it on
+/// the simulated card.
+pub fn report_views_with(
+    runs: &[(&str, &Settings)],
+    replay: impl Fn(&Settings, RunOptions) -> Result<RunResult, Error>,
+) -> Result<ReportViews, Error> {
     let options = RunOptions {
         timeline: true,
         ..RunOptions::default()
     };
     let results: Vec<RunResult> = runs
         .iter()
-        .map(|(_, settings)| replay_with(trace, settings, SimDevice::new(capacity), options))
-        .collect();
+        .map(|(_, settings)| replay(settings, options))
+        .collect::<Result<_, _>>()?;
     let named: Vec<(&str, &RunResult, &Settings)> = runs
         .iter()
         .zip(&results)
         .map(|((name, settings), result)| (*name, result, *settings))
         .collect();
-    views_from(trace, &named, capacity)
+    Ok(views_from(&named, |settings, events| {
+        let options = RunOptions {
+            stop_after: Some(events),
+            ..RunOptions::default()
+        };
+        replay(settings, options)
+            .map(|run| run.segments)
+            .unwrap_or_default()
+    }))
 }
 
 /// The timelines of runs replayed with a timeline, and the segment map of
 /// the first run that ran out (at its OOM), else of the last run at its
-/// allocated peak (replayed again up to there: replays are deterministic).
+/// allocated peak: `segments_after(settings, n)` replays the first `n`
+/// events again (replays are deterministic) and returns the segments then.
 pub fn views_from(
-    trace: &Trace,
     runs: &[(&str, &RunResult, &Settings)],
-    capacity: u64,
+    segments_after: impl Fn(&Settings, u64) -> Vec<crate::allocator::SegmentInfo>,
 ) -> ReportViews {
     use crate::report::html::{SegmentMap, Timeline};
     let timelines = runs
@@ -331,14 +428,9 @@ pub fn views_from(
     let map = oom.or_else(|| {
         let (name, result, settings) = runs.last()?;
         let index = result.peak_event_index?;
-        let options = RunOptions {
-            stop_after: Some(index + 1),
-            ..RunOptions::default()
-        };
-        let prefix = replay_with(trace, settings, SimDevice::new(capacity), options);
         Some(SegmentMap::from_allocator(
             format!("of {name} at its allocated peak (event {index})"),
-            &prefix.segments,
+            &segments_after(settings, index + 1),
         ))
     });
     ReportViews { timelines, map }
@@ -354,38 +446,47 @@ fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<(), Error> {
         .map_err(|e| Error::Usage(format!("{}: cannot write: {e}", path.display())))
 }
 
+/// One replay of the workload under some settings on a device.
+type DeviceReplay<'r> =
+    dyn Fn(&Settings, Box<dyn Device>, RunOptions) -> Result<RunResult, Error> + 'r;
+
+/// One config's run on a fresh device from `open`; with `summary` (the
+/// device index), `memory_summary()` at the end and at the allocated peak
+/// (replayed again up to there on a fresh device: replays are deterministic).
 fn run_one(
-    trace: &Trace,
     conf: String,
     settings: &Settings,
-    capacity: u64,
-    summary: bool,
+    open: &DeviceOpener,
+    summary: Option<u32>,
     options: RunOptions,
-) -> Run {
-    let result = replay_with(trace, settings, SimDevice::new(capacity), options);
-    let render = |stats: &std::collections::BTreeMap<String, i64>| {
-        memory_summary(stats, 0, false, settings.version)
-    };
-    let (summary_at_peak, summary_at_end) = if summary {
-        // Replaying is deterministic: re-run up to the peak to see the state there.
-        let at_peak = result.peak_event_index.map(|index| {
-            let options = RunOptions {
-                stop_after: Some(index + 1),
-                ..RunOptions::default()
+    replay: &DeviceReplay,
+) -> Result<Run, Error> {
+    let result = replay(settings, open.open()?, options)?;
+    let (summary_at_peak, summary_at_end) = match summary {
+        Some(device) => {
+            let render = |stats: &std::collections::BTreeMap<String, i64>| {
+                memory_summary(stats, device, false, settings.version)
             };
-            let prefix = replay_with(trace, settings, SimDevice::new(capacity), options);
-            render(&prefix.stats)
-        });
-        (at_peak, Some(render(&result.stats)))
-    } else {
-        (None, None)
+            let at_peak = match result.peak_event_index {
+                Some(index) => {
+                    let options = RunOptions {
+                        stop_after: Some(index + 1),
+                        ..RunOptions::default()
+                    };
+                    Some(render(&replay(settings, open.open()?, options)?.stats))
+                }
+                None => None,
+            };
+            (at_peak, Some(render(&result.stats)))
+        }
+        None => (None, None),
     };
-    Run {
+    Ok(Run {
         conf,
         result,
         summary_at_peak,
         summary_at_end,
-    }
+    })
 }
 
 /// Parses a `--conf` value for `version`; the native backend only.
@@ -398,18 +499,4 @@ fn parse_conf(conf: &str, version: TorchVersion) -> Result<Settings, Error> {
         )));
     }
     Ok(parsed.settings)
-}
-
-/// The input's display name and bytes (`-` or empty = standard input).
-fn read_input(path: &str) -> Result<(String, Vec<u8>), Error> {
-    if path.is_empty() || path == "-" {
-        let mut data = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut data)
-            .map_err(|e| Error::Input(format!("<stdin>: cannot read: {e}")))?;
-        return Ok(("<stdin>".into(), data));
-    }
-    let data =
-        std::fs::read(path).map_err(|e| Error::Input(format!("{path}: cannot read: {e}")))?;
-    Ok((path.to_string(), data))
 }

@@ -46,6 +46,9 @@ pub struct RunSummary {
     pub synchronizations: u64,
     /// Modelled (sim) or measured (cuda) time in driver calls.
     pub driver_time_us: f64,
+    /// The device's capacity for this run (the cap on a GPU).
+    #[serde(skip)]
+    pub capacity_bytes: u64,
     /// Allocated and reserved bytes when the run ended (at the OOM, if any).
     #[serde(skip)]
     pub end_allocated_bytes: u64,
@@ -102,7 +105,40 @@ pub struct Workload {
     pub recorded: Option<Settings>,
 }
 
+/// Where the capacity of the runs came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacitySource {
+    /// `--capacity`.
+    Given,
+    /// The evidence: a snapshot's recorded OOM, a probe's fit, an RMM log's failure.
+    Evidence,
+    /// Nothing said: the simulated card of [`super::replay::DEFAULT_CAPACITY`].
+    Default,
+}
+
+impl CapacitySource {
+    /// How a capacity was chosen, for text output.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CapacitySource::Given => "from --capacity",
+            CapacitySource::Evidence => "implied by the evidence",
+            CapacitySource::Default => "the default card: set --capacity",
+        }
+    }
+}
+
 impl Workload {
+    /// The capacity to replay at: `--capacity`, else what the evidence
+    /// implies, else the default card (as `replay` does).
+    pub fn capacity(&self, given: Option<u64>) -> (u64, CapacitySource) {
+        match (given, self.implied_capacity) {
+            (Some(c), _) => (c, CapacitySource::Given),
+            (None, Some(c)) => (c, CapacitySource::Evidence),
+            (None, None) => (super::replay::DEFAULT_CAPACITY, CapacitySource::Default),
+        }
+    }
+
     /// The config to compare against: `--current` when given, else what a
     /// snapshot recorded, else PyTorch's defaults. Returns (value, settings, note).
     pub fn current(
@@ -129,19 +165,21 @@ impl Workload {
     }
 }
 
-/// The `--report` pictures of a workload, replayed on the simulated card.
-/// A snapshot's own trace replays through `snapshot_trace`, which keeps no
-/// per-event timeline yet: its report has the tables only.
+/// The `--report` pictures of a workload, replayed on the simulated card of
+/// `capacity` bytes (a snapshot from the state its trace started in).
 pub fn report_views(
-    source: &Source,
+    workload: &Workload,
     runs: &[(&str, &Settings)],
-    capacity: Option<u64>,
-) -> super::replay::ReportViews {
-    match source {
-        Source::Trace(trace) => {
-            super::replay::report_views(trace, runs, capacity.unwrap_or(crate::device::NO_LIMIT))
-        }
-        Source::Snapshot(_) => super::replay::ReportViews::default(),
+    capacity: u64,
+) -> Result<super::replay::ReportViews, Error> {
+    use crate::workload::snapshot_trace::replay_on_sim;
+    match &workload.source {
+        Source::Trace(trace) => Ok(super::replay::report_views(trace, runs, capacity)),
+        Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st, _| {
+            super::replay::report_views_with(runs, |settings, options| {
+                Ok(replay_on_sim(st, settings, capacity, false, options)?.0)
+            })
+        })?,
     }
 }
 
@@ -152,10 +190,10 @@ pub(crate) fn read_input(input: &str) -> Result<Vec<u8>, Error> {
         let mut data = Vec::new();
         std::io::stdin()
             .read_to_end(&mut data)
-            .map_err(|e| Error::Input(format!("<stdin>: {e}")))?;
+            .map_err(|e| Error::Input(format!("<stdin>: cannot read: {e}")))?;
         Ok(data)
     } else {
-        std::fs::read(input).map_err(|e| Error::Input(format!("{input}: {e}")))
+        std::fs::read(input).map_err(|e| Error::Input(format!("{input}: cannot read: {e}")))
     }
 }
 
@@ -229,10 +267,12 @@ pub fn load_workload(
         }
         crate::ingest::InputKind::Pickle => {
             // Decode once now so a snapshot without a trace fails here, with its reason.
-            let recorded = with_snapshot_trace(name, &data, |_, recorded| recorded.cloned())?;
+            let (recorded, implied_capacity) = with_snapshot_trace(name, &data, |st, recorded| {
+                (recorded.cloned(), st.recorded_capacity())
+            })?;
             return Ok(Workload {
                 input: name.to_string(),
-                implied_capacity: None,
+                implied_capacity,
                 source: Source::Snapshot(data),
                 probe: None,
                 advice: None,
@@ -240,10 +280,16 @@ pub fn load_workload(
             });
         }
         crate::ingest::InputKind::RmmLog => {
-            return Err(Error::Input(format!(
-                "{name}: RMM logs are not replayed by recommend/validate yet; give a trace CSV, \
-                 a snapshot pickle with a trace, or text evidence (an OOM message, memory_summary())"
-            )));
+            // RMM's own allocations, replayed through PyTorch's caching allocator.
+            let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
+            return Ok(Workload {
+                input: name.to_string(),
+                implied_capacity: trace.capacity_hint(),
+                source: Source::Trace(trace),
+                probe: None,
+                advice: None,
+                recorded: None,
+            });
         }
         crate::ingest::InputKind::Text => {}
     }
@@ -390,46 +436,36 @@ fn replay_snapshot<D: crate::device::Device>(
     conf: &str,
     device: D,
 ) -> RunSummary {
-    let mut alloc = crate::allocator::CachingAllocator::new(settings.clone(), device);
-    let (oom, events) = match st.run(&mut alloc, false) {
-        Ok(run) => (
-            run.oom.map(|o| OomAt {
-                event_index: o.event_index as u64,
-                requested_bytes: o.requested_bytes,
-                message: o.message,
-            }),
-            run.events as u64,
-        ),
-        Err(e) => (
-            Some(OomAt {
+    use crate::workload::{ReplayOptions, snapshot_trace};
+    let capacity_bytes = device.total_memory();
+    match snapshot_trace::replay_on(st, settings, device, false, ReplayOptions::default()) {
+        Ok((run, _)) => summarize(conf, run),
+        Err(e) => RunSummary {
+            conf: conf.to_string(),
+            oom: Some(OomAt {
                 event_index: 0,
                 requested_bytes: 0,
                 message: format!("the state at the trace start does not fit: {e}"),
             }),
-            0,
-        ),
-    };
-    let stats = alloc.stats().flat(settings.version);
-    let stat = |k: &str| stats.get(k).copied().unwrap_or(0).max(0) as u64;
-    let counters = alloc.device().counters();
-    RunSummary {
-        conf: conf.to_string(),
-        oom,
-        events,
-        peak_reserved_bytes: stat("reserved_bytes.all.peak"),
-        peak_allocated_bytes: stat("allocated_bytes.all.peak"),
-        device_allocs: stat("num_device_alloc"),
-        device_frees: stat("num_device_free"),
-        alloc_retries: stat("num_alloc_retries"),
-        synchronizations: stat("num_sync_all_streams") + counters.synchronizations,
-        driver_time_us: counters.driver_time_us,
-        end_allocated_bytes: stat("allocated_bytes.all.current"),
-        end_reserved_bytes: stat("reserved_bytes.all.current"),
+            events: st.trace.len() as u64,
+            peak_reserved_bytes: 0,
+            peak_allocated_bytes: 0,
+            device_allocs: 0,
+            device_frees: 0,
+            alloc_retries: 0,
+            synchronizations: 0,
+            driver_time_us: 0.0,
+            capacity_bytes,
+            end_allocated_bytes: 0,
+            end_reserved_bytes: 0,
+        },
     }
 }
 
 /// Replays on the device `spec` names; a CUDA device is opened per run and
-/// released (every allocation returned) when the run ends.
+/// released (every allocation returned) when the run ends. `capacity` caps
+/// the card; without it the simulated card has no limit and a GPU is capped
+/// at its free memory.
 pub fn replay_on(
     spec: DeviceSpec,
     workload: &Workload,
@@ -465,6 +501,7 @@ pub fn replay_on(
 fn summarize(conf: &str, run: crate::workload::RunResult) -> RunSummary {
     let stat = |k: &str| run.stats.get(k).copied().unwrap_or(0).max(0) as u64;
     RunSummary {
+        capacity_bytes: run.capacity_bytes,
         conf: conf.to_string(),
         oom: run.oom.map(|o| OomAt {
             event_index: o.event_index,
@@ -497,7 +534,9 @@ pub(crate) fn parse_conf(flag: &str, value: &str) -> Result<Settings, Error> {
 pub struct Validation {
     pub input: String,
     pub device: String,
-    pub capacity_bytes: Option<u64>,
+    /// The capacity both runs had (a GPU's cap when `--device cuda`).
+    pub capacity_bytes: u64,
+    pub capacity_source: CapacitySource,
     pub current: RunSummary,
     pub candidate: RunSummary,
     pub verdict: String,
@@ -565,34 +604,38 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let candidate = parse_conf("--conf", &opts.conf)?;
     let workload = load_workload(&opts.input, opts.capacity, &current_conf, &current)?;
     let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
-    let capacity = opts.capacity.or(workload.implied_capacity);
-    let before = replay_on(spec, &workload, &current, &current_conf, capacity)?;
-    let after = replay_on(spec, &workload, &candidate, &opts.conf, capacity)?;
+    let (capacity, source) = workload.capacity(opts.capacity);
+    // A GPU without a stated capacity is capped at its free memory.
+    let cap = (spec == DeviceSpec::Sim || source != CapacitySource::Default).then_some(capacity);
+    let before = replay_on(spec, &workload, &current, &current_conf, cap)?;
+    let after = replay_on(spec, &workload, &candidate, &opts.conf, cap)?;
+    let capacity = after.capacity_bytes;
     let mut verdict = verdict(&before, &after);
     if let Some(p) = &workload.probe {
         verdict = format!("on a synthetic probe ({}), {verdict}", p.family.name());
     }
     let exit_code = i32::from(after.oom.is_some());
     let v = Validation {
-        input: workload.input,
+        input: workload.input.clone(),
         device: opts.device.clone(),
         capacity_bytes: capacity,
+        capacity_source: source,
         current: before,
         candidate: after,
         verdict,
-        probe: workload.probe,
+        probe: workload.probe.clone(),
     };
     let stdout = crate::report::recommend::validation(&v, opts.format);
     if let Some(path) = &opts.report {
         // The pictures come from the simulated card, whatever --device ran the verdict.
         let views = report_views(
-            &workload.source,
+            &workload,
             &[
                 (super::replay::conf_name(&current_conf), &current),
                 (super::replay::conf_name(&opts.conf), &candidate),
             ],
             capacity,
-        );
+        )?;
         std::fs::write(path, crate::report::recommend::validation_html(&v, views))
             .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
     }

@@ -4,7 +4,7 @@ use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
 use super::markdown;
 use crate::app::Format;
 use crate::app::recommend::RecommendResult;
-use crate::app::validate::{RunSummary, Validation};
+use crate::app::validate::{CapacitySource, RunSummary, Validation};
 use crate::units::human;
 use crate::workload::probe::Calibration;
 use std::fmt::Write;
@@ -27,8 +27,9 @@ fn oom_cell(r: &RunSummary) -> String {
     }
 }
 
-fn capacity_text(c: Option<u64>) -> String {
-    c.map_or_else(|| "no limit".to_string(), human)
+/// A capacity and where it came from, e.g. `80.00 GiB (the default card: set --capacity)`.
+fn capacity_text(bytes: u64, source: CapacitySource) -> String {
+    format!("{} ({})", human(bytes), source.describe())
 }
 
 const RUN_HEADERS: [&str; 8] = [
@@ -182,7 +183,7 @@ fn recommendation_headline(r: &RecommendResult) -> String {
     match (&r.recommendation, r.candidates.first()) {
         (Some(rec), Some(best)) => {
             let mut s = if rec.value.is_empty() {
-                "PyTorch's defaults do best here".to_string()
+                "PyTorch's defaults do best here (unset PYTORCH_CUDA_ALLOC_CONF)".to_string()
             } else {
                 format!("{} does best", rec.value)
             };
@@ -210,7 +211,7 @@ fn recommendation_headline(r: &RecommendResult) -> String {
         _ => format!(
             "every one of the {} configs runs out of memory at {}: no allocator setting avoids this OOM",
             r.candidates.len(),
-            capacity_text(r.capacity_bytes)
+            human(r.capacity_bytes)
         ),
     }
 }
@@ -224,7 +225,7 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
                 "recommend: {} ({} events), capacity {}\n{}\n\n",
                 r.input,
                 r.events,
-                capacity_text(r.capacity_bytes),
+                capacity_text(r.capacity_bytes, r.capacity_source),
                 recommendation_headline(r)
             );
             for t in recommendation_tables(r) {
@@ -282,7 +283,7 @@ pub fn recommendation_html(r: &RecommendResult, views: crate::app::replay::Repor
         figures: vec![
             Figure {
                 label: "capacity".into(),
-                value: capacity_text(r.capacity_bytes),
+                value: capacity_text(r.capacity_bytes, r.capacity_source),
             },
             Figure {
                 label: "configs searched".into(),
@@ -293,7 +294,7 @@ pub fn recommendation_html(r: &RecommendResult, views: crate::app::replay::Repor
                 value: r.min_capacity_bytes.map_or_else(|| "-".into(), human),
             },
         ],
-        capacity: r.capacity_bytes,
+        capacity: Some(r.capacity_bytes),
         tables: recommendation_tables(r),
         ..views_data(views)
     })
@@ -338,7 +339,7 @@ pub fn validation(v: &Validation, format: Format) -> String {
                 "validate: {} on {}, capacity {}\nVerdict: {}\n\n",
                 v.input,
                 v.device,
-                capacity_text(v.capacity_bytes),
+                capacity_text(v.capacity_bytes, v.capacity_source),
                 v.verdict
             );
             for t in validation_tables(v) {
@@ -414,8 +415,8 @@ pub fn validation_html(v: &Validation, views: crate::app::replay::ReportViews) -
             .candidate
             .oom
             .is_none()
-            .then(|| format!("export PYTORCH_CUDA_ALLOC_CONF={}", v.candidate.conf)),
-        capacity: v.capacity_bytes,
+            .then(|| crate::app::recommend::Recommendation::new(v.candidate.conf.clone()).line),
+        capacity: Some(v.capacity_bytes),
         tables: validation_tables(v),
         ..views_data(views)
     })

@@ -72,17 +72,23 @@ fn rows(replay: &Replay) -> Vec<(&'static str, Vec<String>)> {
 }
 
 fn heading(replay: &Replay) -> String {
+    let card = match replay.device {
+        crate::device::DeviceSpec::Sim => format!(
+            "a simulated {} card{}",
+            human(replay.capacity_bytes),
+            if replay.capacity_defaulted {
+                " (default; set --capacity)"
+            } else {
+                ""
+            }
+        ),
+        crate::device::DeviceSpec::Cuda(n) => {
+            format!("cuda:{n}, capped at {}", human(replay.capacity_bytes))
+        }
+    };
     format!(
-        "Replay of {} ({} events) on a simulated {} card{}, PyTorch {} allocator",
-        replay.input,
-        replay.events,
-        human(replay.capacity_bytes),
-        if replay.capacity_defaulted {
-            " (default; set --capacity)"
-        } else {
-            ""
-        },
-        replay.torch_version
+        "Replay of {} ({} events) on {card}, PyTorch {} allocator",
+        replay.input, replay.events, replay.torch_version
     )
 }
 

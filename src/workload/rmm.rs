@@ -44,10 +44,13 @@ pub struct RmmLog {
     pub streams: Vec<u64>,
 }
 
-/// True when `text` starts with RMM's log header.
+/// True when `text` starts with RMM's log header (after blank and `#` comment
+/// lines, which the parser skips as trace CSVs do).
 pub fn is_rmm_log(text: &[u8]) -> bool {
-    let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
-    first.trim_ascii() == HEADER.as_bytes()
+    text.split(|&b| b == b'\n')
+        .map(<[u8]>::trim_ascii)
+        .find(|l| !l.is_empty() && !l.starts_with(b"#"))
+        .is_some_and(|first| first == HEADER.as_bytes())
 }
 
 /// `0x7f8a40000000`, `7f8a40000000` (hex as RMM prints pointers) or a decimal stream id.
@@ -69,13 +72,15 @@ pub fn parse(input_name: &str, text: &[u8]) -> Result<RmmLog, Error> {
     };
     let mut live: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut header = false;
     for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
         let line = i as u64 + 1;
         let raw = raw.trim_ascii();
-        if raw.is_empty() {
+        if raw.is_empty() || raw.starts_with(b"#") {
             continue;
         }
-        if i == 0 {
+        if !header {
+            header = true;
             if raw != HEADER.as_bytes() {
                 return Err(bad(
                     line,
@@ -264,6 +269,12 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "x.csv:2: unknown action `grow`");
+        // Comment lines before the header are skipped; line numbers still count them.
+        let commented =
+            b"# from a run\n\nThread,Time,Action,Pointer,Size,Stream\n1,t,grow,0x1,5,0\n";
+        assert!(is_rmm_log(commented));
+        let e = parse("x.csv", commented).unwrap_err();
+        assert_eq!(e.to_string(), "x.csv:4: unknown action `grow`");
         let e = parse("x.csv", b"action,id,size,stream\n").unwrap_err();
         assert!(
             e.to_string()

@@ -35,7 +35,7 @@ use crate::device::sim::SimDevice;
 use crate::device::{Device, DeviceCounters};
 use crate::snapshot::Snapshot;
 use crate::snapshot::model::{Action, BlockState, Segment, TraceEntry as TraceRecord};
-use crate::workload::replay::{OomEvent, RunResult};
+use crate::workload::replay::{OomEvent, ReplayOptions, RunResult, TimelinePoint};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -122,6 +122,10 @@ pub struct SnapshotRun {
     /// The device's counters once the start state was seeded (the replay's
     /// own driver work is what comes after).
     pub seeded_counters: DeviceCounters,
+    /// Allocated and reserved bytes after each entry, when asked for.
+    pub timeline: Vec<TimelinePoint>,
+    /// The replay's own trace entries (`_record_memory_history`), when asked for.
+    pub history: Vec<TraceEntry>,
 }
 
 pub use crate::snapshot::evidence::recorded_settings;
@@ -167,8 +171,14 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 .iter()
                 .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
         {
+            // Its start state would be expandable segments (a reserved range with
+            // mapped pages, `segment_map`/`segment_unmap` in the trace), and the
+            // bundled allocator can seed only cudaMalloc'd segments (allocator::seed).
             return Err(Error::Input(
-                "replaying a snapshot recorded with expandable segments is not supported yet"
+                "the snapshot was recorded with expandable_segments:True: replaying its trace \
+                 needs its expandable segments rebuilt at the trace start, which the bundled \
+                 allocator cannot seed yet (only cudaMalloc segments); `allocdoc diagnose` \
+                 still reads it"
                     .into(),
             ));
         }
@@ -304,14 +314,48 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         v
     }
 
-    /// Seeds `alloc` with the start state and replays the trace. `alloc`'s
-    /// device must hand out [`Self::recorded_addresses`] in order.
+    /// The card the recording implies: at its last `oom` entry, the device's
+    /// free memory then plus what the allocator held in the snapshot (a lower
+    /// bound of the card); `None` without a recorded OOM.
+    pub fn recorded_capacity(&self) -> Option<u64> {
+        let last_oom = self.trace.iter().rfind(|e| e.action == Action::Oom)?;
+        let reserved: u64 = self
+            .snap
+            .segments
+            .iter()
+            .filter(|s| s.device == self.device)
+            .map(|s| s.total_size)
+            .sum();
+        Some(last_oom.device_free.saturating_add(reserved))
+    }
+
+    /// Seeds `alloc` with the start state and replays the trace. With
+    /// `fidelity`, `alloc`'s device must hand out [`Self::recorded_addresses`]
+    /// in order.
     pub fn run<D: Device>(
         &self,
         alloc: &mut CachingAllocator<D>,
         fidelity: bool,
     ) -> Result<SnapshotRun, Error> {
+        self.run_with(alloc, fidelity, ReplayOptions::default())
+    }
+
+    /// [`Self::run`] keeping what `options` asks for: the per-entry timeline,
+    /// the replay's trace entries, or stopping after some entries.
+    pub fn run_with<D: Device>(
+        &self,
+        alloc: &mut CachingAllocator<D>,
+        fidelity: bool,
+        options: ReplayOptions,
+    ) -> Result<SnapshotRun, Error> {
         let trace = &self.trace;
+        let limit = options
+            .stop_after
+            .map_or(trace.len(), |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let mut timeline = Vec::new();
+        if options.timeline {
+            timeline.reserve(trace.len());
+        }
         // Recorded address → replayed address of every live allocation.
         let mut map: HashMap<u64, u64> = HashMap::new();
         for seg in &self.start.segments {
@@ -346,7 +390,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut peak_event_index = None;
         let mut allocated_at_peak_reserved = 0;
         let mut i = 0;
-        while i < trace.len() {
+        while i < trace.len() && i < limit {
             let e = &trace[i];
             match e.action {
                 Action::Alloc => {
@@ -433,6 +477,12 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 peak_reserved = reserved;
                 allocated_at_peak_reserved = allocated as u64;
             }
+            if options.timeline {
+                timeline.push(TimelinePoint {
+                    allocated: allocated as u64,
+                    reserved: reserved as u64,
+                });
+            }
             i += 1;
         }
         ours.extend(alloc.take_trace());
@@ -454,6 +504,8 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             peak_event_index,
             allocated_at_peak_reserved,
             seeded_counters,
+            timeline,
+            history: if options.history { ours } else { Vec::new() },
         })
     }
 
@@ -616,34 +668,11 @@ pub enum CapacitySource {
 }
 
 /// The capacity a snapshot's replay should use.
-pub fn capacity(
-    snap: &Snapshot,
-    device: u32,
-    given: Option<u64>,
-    default: u64,
-) -> (u64, CapacitySource) {
-    if let Some(c) = given {
-        return (c, CapacitySource::Given);
-    }
-    let last_oom = snap
-        .trace(device)
-        .filter_map(Result::ok)
-        .filter(|e| e.action == Action::Oom)
-        .last();
-    match last_oom {
-        Some(e) => {
-            let reserved: u64 = snap
-                .segments
-                .iter()
-                .filter(|s| s.device == device)
-                .map(|s| s.total_size)
-                .sum();
-            (
-                e.device_free.saturating_add(reserved),
-                CapacitySource::OomEntry,
-            )
-        }
-        None => (default, CapacitySource::Default),
+pub fn capacity(trace: &SnapshotTrace, given: Option<u64>, default: u64) -> (u64, CapacitySource) {
+    match (given, trace.recorded_capacity()) {
+        (Some(c), _) => (c, CapacitySource::Given),
+        (None, Some(c)) => (c, CapacitySource::OomEntry),
+        (None, None) => (default, CapacitySource::Default),
     }
 }
 
@@ -655,10 +684,24 @@ pub fn replay_on_sim(
     settings: &Settings,
     capacity: u64,
     fidelity: bool,
+    options: ReplayOptions,
 ) -> Result<(RunResult, Option<Fidelity>), Error> {
     let sim = SimDevice::new(capacity).with_recorded_addresses(trace.recorded_addresses(fidelity));
-    let mut alloc = CachingAllocator::new(settings.clone(), sim);
-    let run = trace.run(&mut alloc, fidelity)?;
+    replay_on(trace, settings, sim, fidelity, options)
+}
+
+/// Replays the trace under `settings` on `device` (the simulated card or a
+/// GPU); with `fidelity`, `device` must hand out the recorded addresses.
+pub fn replay_on<D: Device>(
+    trace: &SnapshotTrace,
+    settings: &Settings,
+    device: D,
+    fidelity: bool,
+    options: ReplayOptions,
+) -> Result<(RunResult, Option<Fidelity>), Error> {
+    let capacity = device.total_memory();
+    let mut alloc = CachingAllocator::new(settings.clone(), device);
+    let run = trace.run_with(&mut alloc, fidelity, options)?;
     let stats = alloc.stats();
     let result = RunResult {
         capacity_bytes: capacity,
@@ -677,9 +720,9 @@ pub fn replay_on_sim(
         counters: since(alloc.device().counters(), run.seeded_counters),
         peak_event_index: run.peak_event_index,
         allocated_at_peak_reserved: run.allocated_at_peak_reserved,
-        timeline: Vec::new(),
+        timeline: run.timeline,
         segments: alloc.segments(),
-        history: Vec::new(),
+        history: run.history,
     };
     Ok((result, run.fidelity))
 }
