@@ -55,8 +55,11 @@ pub fn oom_message(version: TorchVersion, f: &OomFigures<'_>) -> String {
     };
     let d = f.device_index;
     if version < TorchVersion::new(1, 4) {
+        // THCCachingAllocator (1.0-1.3) prints amount_cached - amount_allocated as
+        // "cached", not the reserved total (the spec's §7.2 reading is wrong here).
+        let cached = format_size(f.reserved.saturating_sub(f.allocated));
         return format!(
-            "CUDA out of memory. Tried to allocate {a} (GPU {d}; {t} total capacity; {al} already allocated; {free} free; {r} cached)"
+            "CUDA out of memory. Tried to allocate {a} (GPU {d}; {t} total capacity; {al} already allocated; {free} free; {cached} cached)"
         );
     }
     if version < TorchVersion::new(2, 1) {
@@ -188,5 +191,10 @@ mod tests {
             oom_message(TorchVersion::new(2, 1), &f).contains("has a total capacty of 6.00 GiB")
         );
         assert!(oom_message(TorchVersion::new(2, 12), &f).ends_with(URL_NEW));
+        // 1.0-1.3: "cached" is reserved minus allocated (5.31 - 5.25 GiB).
+        assert!(
+            oom_message(TorchVersion::new(1, 3), &f)
+                .ends_with("5.25 GiB already allocated; 0 bytes free; 61.44 MiB cached)")
+        );
     }
 }
