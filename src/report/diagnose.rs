@@ -12,7 +12,7 @@ use comfy_table::{ContentArrangement, Table, presets};
 use serde::Serialize;
 use std::fmt::Write;
 
-/// Width of the findings table, fixed so output is the same on every terminal.
+/// Widest the findings table gets: longer message lines are hard to read.
 const TABLE_WIDTH: u16 = 110;
 
 pub fn text(d: &Diagnosis, verbose: bool) -> String {
@@ -44,7 +44,7 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
         t.load_style(presets::UTF8_FULL_CONDENSED)
             .force_no_tty()
             .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_width(TABLE_WIDTH)
+            .set_width(TABLE_WIDTH.min(super::common::text_width()))
             .set_header(["severity", "rule", "finding"]);
         for f in &d.findings {
             t.add_row([f.severity.as_str(), f.rule.as_str(), f.message.as_str()]);
