@@ -156,6 +156,7 @@ enum Command {
         after_help = "Examples:\n  allocdoc validate trace.csv --conf expandable_segments:True --capacity 24GiB\n  allocdoc validate oom.log --conf expandable_segments:True\n  allocdoc validate oom.log --conf expandable_segments:True --device cuda"
     )]
     Validate {
+        /// A trace CSV, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
         input: String,
         /// The candidate config.
         #[arg(long)]
@@ -163,6 +164,7 @@ enum Command {
         /// The config in use today (default: PyTorch's defaults).
         #[arg(long)]
         current: Option<String>,
+        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else no limit).
         #[arg(long, value_parser = size_arg)]
         capacity: Option<u64>,
         /// `sim` (default) or `cuda[:N]`.

@@ -190,7 +190,7 @@ fn kind_name(k: Kind) -> &'static str {
 
 /// `train.log:812: caching-allocator OOM (PyTorch 2.4+ format), cuda:0, rank 3`.
 fn describe(o: &Observation) -> String {
-    let mut s = o.input.clone();
+    let mut s = super::parse::display_name(&o.input).to_owned();
     if let Some(l) = o.line {
         let _ = write!(s, ":{l}");
     }
@@ -225,8 +225,14 @@ fn describe(o: &Observation) -> String {
 }
 
 fn sizes(o: &Observation) -> Vec<String> {
+    // An OOM states the one request that failed; summaries, stats and
+    // snapshots state what the live blocks asked for in total.
+    let requested = match o.kind {
+        Kind::Oom | Kind::NonAllocatorOom => "requested",
+        _ => "requested by live tensors",
+    };
     let fields: [(&str, Option<u64>); 9] = [
-        ("requested", o.requested_bytes),
+        (requested, o.requested_bytes),
         ("capacity", o.total_capacity_bytes),
         ("free", o.free_bytes),
         ("allocated", o.allocated_bytes),
