@@ -84,17 +84,19 @@ fn evaluation_set_agreement() {
     );
 }
 
+/// The contract's `cause` values.
+const CAUSES: [&str; 7] = [
+    "fragmentation",
+    "capacity",
+    "request_exceeds_capacity",
+    "other_processes",
+    "memory_fraction_cap",
+    "not_allocator",
+    "unknown",
+];
+
 #[test]
 fn every_label_is_a_contract_cause() {
-    const CAUSES: [&str; 7] = [
-        "fragmentation",
-        "capacity",
-        "request_exceeds_capacity",
-        "other_processes",
-        "memory_fraction_cap",
-        "not_allocator",
-        "unknown",
-    ];
     for f in eval_files() {
         let (url, cause) = label(&f);
         assert!(url.starts_with("https://github.com/"), "{}", f.display());
@@ -251,4 +253,100 @@ fn user_rules_cannot_recommend_a_setting_for_a_request_larger_than_the_card() {
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v["cause"], "fragmentation");
     assert!(v["recommendation"].is_null(), "{}", out.stdout);
+}
+
+/// The contract's `diagnose --format json` shape, checked field by field on
+/// every kind of input: an allocator OOM, an old-format OOM, a request larger
+/// than the card, host memory, a summary-only log, a snapshot, and no evidence.
+#[test]
+fn diagnose_json_keeps_the_contract() {
+    const KINDS: [&str; 5] = [
+        "oom",
+        "non_allocator_oom",
+        "memory_summary",
+        "memory_stats",
+        "snapshot",
+    ];
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    let empty = empty.path().to_str().unwrap().to_string();
+    let inputs = [
+        (FRAGMENTED, "fragmentation"),
+        (OLD_FRAGMENTED, "fragmentation"),
+        (TOO_LARGE, "request_exceeds_capacity"),
+        (HOST, "not_allocator"),
+        (README, "fragmentation"),
+        ("fixtures/text/real_summary_2x_mib.log", ""),
+        ("fixtures/snapshots/gen-small-plain.pickle", ""),
+        (empty.as_str(), "unknown"),
+    ];
+    for (input, want_cause) in inputs {
+        let out = render(input, Format::Json);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let cause = v["cause"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{input}: cause"));
+        assert!(CAUSES.contains(&cause), "{input}: cause {cause}");
+        if !want_cause.is_empty() {
+            assert_eq!(cause, want_cause, "{input}");
+        }
+        let observations = v["observations"].as_array().unwrap();
+        assert_eq!(observations.is_empty(), input == empty, "{input}");
+        for o in observations {
+            let kind = o["kind"].as_str().unwrap();
+            assert!(KINDS.contains(&kind), "{input}: kind {kind}");
+            assert_eq!(o["input"].as_str(), Some(input), "{input}");
+            if kind != "snapshot" {
+                assert!(o["line"].as_u64().is_some_and(|l| l >= 1), "{input}");
+            }
+            // Every byte field is an integer.
+            for (key, value) in o.as_object().unwrap() {
+                if key.ends_with("_bytes") {
+                    assert!(value.is_u64(), "{input}: {key} = {value}");
+                }
+            }
+        }
+        for f in v["findings"].as_array().unwrap() {
+            assert!(f["rule"].as_str().is_some_and(|r| !r.is_empty()), "{input}");
+            assert!(
+                ["info", "warning", "error"].contains(&f["severity"].as_str().unwrap()),
+                "{input}: {f}"
+            );
+            assert!(
+                f["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{input}"
+            );
+            assert!(f["evidence"].is_object(), "{input}");
+        }
+        let r = &v["recommendation"];
+        if r.is_null() {
+            continue;
+        }
+        assert_eq!(r["env"], "PYTORCH_CUDA_ALLOC_CONF", "{input}");
+        let value = r["value"].as_str().unwrap();
+        assert_eq!(
+            r["line"].as_str(),
+            Some(format!("export PYTORCH_CUDA_ALLOC_CONF={value}").as_str()),
+            "{input}"
+        );
+        // `settings` holds exactly the value's key:value pairs, as strings.
+        let settings = r["settings"].as_object().unwrap();
+        let pairs: Vec<(String, String)> = value
+            .split(',')
+            .map(|kv| {
+                let (k, v) = kv.split_once(':').unwrap();
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        assert_eq!(settings.len(), pairs.len(), "{input}: {value}");
+        for (k, want) in pairs {
+            assert_eq!(settings[&k].as_str(), Some(want.as_str()), "{input}: {k}");
+        }
+        assert_eq!(
+            allocdoc::conf::parse(value, allocdoc::conf::TorchVersion::LATEST_KNOWN)
+                .map(|_| ())
+                .ok(),
+            Some(()),
+            "{input}: the recommended value must be valid"
+        );
+    }
 }

@@ -48,7 +48,7 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
         .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
     }
     let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
-    notes.extend(d.evidence.notes.iter().cloned());
+    notes.extend(d.evidence.notes.iter().map(|n| format!("note: {n}")));
     out.stderr = notes;
     Ok(out)
 }

@@ -202,9 +202,11 @@ pub fn env_var_notes(version: TorchVersion) -> Vec<String> {
         );
     }
     if version >= TorchVersion::new(2, 10) {
-        notes.push(format!(
-            "PyTorch {version} also reads PYTORCH_ALLOC_CONF, with the lowest priority: the first set of PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF (ROCm), PYTORCH_ALLOC_CONF is used and the others are ignored, not merged."
-        ));
+        // Said for the whole range: with no version in the evidence, `version`
+        // is only the newest one known, not the user's.
+        notes.push(
+            "PyTorch 2.10 and later also read PYTORCH_ALLOC_CONF, with the lowest priority: the first set of PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF (ROCm), PYTORCH_ALLOC_CONF is used and the others are ignored, not merged.".into(),
+        );
     }
     if version >= TorchVersion::new(1, 13) {
         notes.push("At runtime, torch.cuda.memory._set_allocator_settings(value) re-parses a whole value (max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold reset to defaults); the backend cannot be changed after start-up.".into());

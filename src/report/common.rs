@@ -5,9 +5,32 @@
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table, presets};
 use serde::Serialize;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicU16, Ordering};
 
-/// Width text tables are laid out for (output is often piped, so no terminal to ask).
+/// Width text tables are laid out for when no terminal says otherwise (piped
+/// output, CI logs, tests): wide enough for the summary tables, stable.
 pub const TEXT_WIDTH: u16 = 120;
+
+/// Narrowest and widest layout accepted from a terminal: below 60 columns the
+/// tables stop being readable, beyond 200 lines get too long to follow.
+const WIDTH_RANGE: std::ops::RangeInclusive<u16> = 60..=200;
+
+static WIDTH: AtomicU16 = AtomicU16::new(TEXT_WIDTH);
+
+/// Lays text tables out for a terminal `columns` wide (the binary calls this
+/// when standard output is a terminal), clamped to a readable range.
+pub fn set_text_width(columns: u16) {
+    WIDTH.store(
+        columns.clamp(*WIDTH_RANGE.start(), *WIDTH_RANGE.end()),
+        Ordering::Relaxed,
+    );
+}
+
+/// The width text tables are laid out for: [`TEXT_WIDTH`] unless
+/// [`set_text_width`] was called.
+pub fn text_width() -> u16 {
+    WIDTH.load(Ordering::Relaxed)
+}
 
 /// Placeholder for a value the evidence does not state.
 pub const ABSENT: &str = "—";
@@ -81,7 +104,7 @@ impl Grid {
         t.load_style(presets::UTF8_FULL_CONDENSED)
             .force_no_tty()
             .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_width(TEXT_WIDTH)
+            .set_width(text_width())
             .set_header(self.header.iter().map(Cell::new));
         for r in &self.rows {
             t.add_row(r.iter().enumerate().map(|(i, c)| {

@@ -12,7 +12,7 @@ use comfy_table::{ContentArrangement, Table, presets};
 use serde::Serialize;
 use std::fmt::Write;
 
-/// Width of the findings table, fixed so output is the same on every terminal.
+/// Widest the findings table gets: longer message lines are hard to read.
 const TABLE_WIDTH: u16 = 110;
 
 pub fn text(d: &Diagnosis, verbose: bool) -> String {
@@ -44,7 +44,7 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
         t.load_style(presets::UTF8_FULL_CONDENSED)
             .force_no_tty()
             .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_width(TABLE_WIDTH)
+            .set_width(TABLE_WIDTH.min(super::common::text_width()))
             .set_header(["severity", "rule", "finding"]);
         for f in &d.findings {
             t.add_row([f.severity.as_str(), f.rule.as_str(), f.message.as_str()]);
@@ -190,7 +190,7 @@ fn kind_name(k: Kind) -> &'static str {
 
 /// `train.log:812: caching-allocator OOM (PyTorch 2.4+ format), cuda:0, rank 3`.
 fn describe(o: &Observation) -> String {
-    let mut s = o.input.clone();
+    let mut s = super::parse::display_name(&o.input).to_owned();
     if let Some(l) = o.line {
         let _ = write!(s, ":{l}");
     }
@@ -225,8 +225,14 @@ fn describe(o: &Observation) -> String {
 }
 
 fn sizes(o: &Observation) -> Vec<String> {
+    // An OOM states the one request that failed; summaries, stats and
+    // snapshots state what the live blocks asked for in total.
+    let requested = match o.kind {
+        Kind::Oom | Kind::NonAllocatorOom => "requested",
+        _ => "requested by live tensors",
+    };
     let fields: [(&str, Option<u64>); 9] = [
-        ("requested", o.requested_bytes),
+        (requested, o.requested_bytes),
         ("capacity", o.total_capacity_bytes),
         ("free", o.free_bytes),
         ("allocated", o.allocated_bytes),

@@ -90,7 +90,8 @@ fn single_input(ev: &Evidence) -> Option<&str> {
         .then_some(display_name(&first.input))
 }
 
-fn display_name(input: &str) -> &str {
+/// How an input is named to a reader: `-` is standard input.
+pub(crate) fn display_name(input: &str) -> &str {
     if input == "-" {
         "standard input"
     } else {

@@ -119,7 +119,12 @@ pub fn show(rule: &Rule, format: Format) -> String {
         applies.push(format!("torch {}", t.text));
     }
     if let Some(b) = rule.applies_to.backend {
-        applies.push(format!("backend {b:?}"));
+        // The name PyTorch's config uses (`backend:native`, `backend:cudaMallocAsync`).
+        let name = match b {
+            crate::evidence::Backend::Native => "native",
+            crate::evidence::Backend::CudaMallocAsync => "cudaMallocAsync",
+        };
+        applies.push(format!("backend {name}"));
     }
     if !applies.is_empty() {
         let _ = writeln!(out, "  applies:   {}", applies.join(", "));
