@@ -86,6 +86,9 @@ enum Command {
         format: FormatOpt,
     },
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
+    #[command(
+        after_help = "Examples:\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc conf check \"$PYTORCH_CUDA_ALLOC_CONF\" --format json"
+    )]
     Conf {
         #[command(subcommand)]
         action: ConfAction,
@@ -178,6 +181,9 @@ enum Command {
         format: FormatOpt,
     },
     /// Inspect and unit-test the YAML rules.
+    #[command(
+        after_help = "Examples:\n  allocdoc rules list\n  allocdoc rules show reserved-gap\n  allocdoc rules test my-rules/"
+    )]
     Rules {
         #[command(subcommand)]
         action: RulesAction,
@@ -196,6 +202,7 @@ enum ConfAction {
         after_help = "Examples:\n  allocdoc conf check 'max_split_size_mb:128,expandable_segments:True'\n  allocdoc conf check 'roundup_power2_divisions:[256:1,512:2,>:8]' --torch-version 2.10"
     )]
     Check {
+        /// The value, as it would be set in the environment ('' is PyTorch's defaults).
         conf: String,
         /// PyTorch version whose grammar and keys apply (default 2.6).
         #[arg(long)]
@@ -207,12 +214,25 @@ enum ConfAction {
 
 #[derive(Subcommand)]
 enum RulesAction {
-    /// List every rule.
+    /// List every rule: id, severity and what it detects.
+    #[command(
+        after_help = "Examples:\n  allocdoc rules list\n  allocdoc rules list --rules my-rules/ --format markdown"
+    )]
     List,
-    /// Show one rule in full.
-    Show { id: String },
-    /// Run every rule's own test cases.
-    Test { dir: Option<PathBuf> },
+    /// Show one rule in full: its condition, message and test cases.
+    #[command(
+        after_help = "Examples:\n  allocdoc rules show reserved-gap\n  allocdoc rules show capacity --format json"
+    )]
+    Show {
+        /// The rule's id, as `rules list` prints it.
+        id: String,
+    },
+    /// Run every rule's own test cases (exit 1 when one fails).
+    #[command(after_help = "Examples:\n  allocdoc rules test\n  allocdoc rules test my-rules/")]
+    Test {
+        /// A directory of extra YAML rules to load and test with the built-in ones.
+        dir: Option<PathBuf>,
+    },
 }
 
 /// On a real GPU, Ctrl-C stops the replay at its next driver call so the device
@@ -408,6 +428,11 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    // On a terminal, lay tables out for its width; piped output keeps the
+    // library's stable default.
+    if let Some(columns) = comfy_table::Table::new().width() {
+        allocdoc::report::common::set_text_width(columns);
+    }
     match run(cli) {
         Ok(outcome) => {
             for note in &outcome.stderr {
