@@ -6,7 +6,8 @@
 
 use crate::conf::Settings;
 use crate::rules::VersionRange;
-use regex::Regex;
+use memchr::memmem;
+use regex::bytes::Regex;
 use std::sync::LazyLock;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,49 +29,48 @@ pub struct Context {
 }
 
 static VERSION: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?im)(?:PyTorch version:\s*|torch\s*==\s*|torch version[:=]?\s*|torch\s+)v?(\d+)\.(\d+)(?:\.\d+)?").unwrap_or_else(|e| panic!("static regex: {e}"))
+    Regex::new(r"(?im-u)(?:PyTorch version:\s*|torch\s*==\s*|torch version[:=]?\s*|torch\s+)v?(\d+)\.(\d+)(?:\.\d+)?").unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 static CONF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r#"PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\s*[=:]\s*["']?([A-Za-z_][A-Za-z0-9_:.,\[\]>]*)"#,
+        r#"(?-u)PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\s*[=:]\s*["']?([A-Za-z_][A-Za-z0-9_:.,\[\]>]*)"#,
     )
     .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 static WINDOWS: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?m)(?:File "[A-Za-z]:\\|\b[A-Za-z]:\\(?:Users|Program Files|ProgramData|Python)|\\site-packages\\torch)"#)
+    Regex::new(r#"(?m-u)(?:File "[A-Za-z]:\\|\b[A-Za-z]:\\(?:Users|Program Files|ProgramData|Python)|\\site-packages\\torch)"#)
         .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 /// §5: expandable segments break CUDA IPC users: vLLM's custom all-reduce and
 /// CuMemAllocator (sleep mode), torch_memory_saver.
 static IPC: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)torch_memory_saver|custom_all_reduce|CuMemAllocator|cumem_allocator")
+    Regex::new(r"(?i-u)torch_memory_saver|custom_all_reduce|CuMemAllocator|cumem_allocator")
         .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 
 /// PyTorch's OOM hint ("… try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 /// to avoid fragmentation"), also when a terminal or a log prefix wrapped it.
-fn is_pytorch_hint(text: &str, start: usize, end: usize) -> bool {
-    let mut from = start.saturating_sub(80);
-    while !text.is_char_boundary(from) {
-        from -= 1;
-    }
-    let mut to = end.saturating_add(40).min(text.len());
-    while !text.is_char_boundary(to) {
-        to += 1;
-    }
-    text.get(from..start).is_some_and(|b| b.contains("try"))
-        || text.get(end..to).is_some_and(|a| a.contains("avoid"))
+fn is_pytorch_hint(text: &[u8], start: usize, end: usize) -> bool {
+    let before = &text[start.saturating_sub(80)..start];
+    let after = &text[end..end.saturating_add(40).min(text.len())];
+    memmem::find(before, b"try").is_some() || memmem::find(after, b"avoid").is_some()
 }
 
 impl Context {
     /// Scans the text of every input. The OOM hint PyTorch itself prints
     /// ("try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") is not a
     /// config the user set, so lines holding "try setting" are skipped.
-    pub fn scan(&mut self, text: &str) {
+    /// Works on raw bytes with ASCII-only patterns: a multi-GB log is scanned
+    /// without a UTF-8 copy, and non-ASCII text cannot push the regexes off the DFA.
+    pub fn scan(&mut self, text: &[u8]) {
         if self.torch.is_none()
             && let Some(c) = VERSION.captures(text)
         {
-            let v = |i| c.get(i).and_then(|m| m.as_str().parse().ok());
+            let v = |i| {
+                c.get(i)
+                    .and_then(|m| std::str::from_utf8(m.as_bytes()).ok())
+                    .and_then(|m| m.parse().ok())
+            };
             if let (Some(major), Some(minor)) = (v(1), v(2))
                 && (1..=9).contains(&major)
             {
@@ -88,16 +88,19 @@ impl Context {
                     continue;
                 }
                 // A config in a log that PyTorch rejects is reported by `conf check`, not here.
-                let _ = self.set_current(value.as_str().trim_end_matches([',', '.']), "the text");
+                let Ok(value) = std::str::from_utf8(value.as_bytes()) else {
+                    continue;
+                };
+                let _ = self.set_current(value.trim_end_matches([',', '.']), "the text");
                 break;
             }
         }
-        if text.contains("try setting max_split_size_mb") {
+        if memmem::find(text, b"try setting max_split_size_mb").is_some() {
             self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
         }
         self.windows |= WINDOWS.is_match(text);
         self.expandable_unsupported |=
-            text.contains("expandable_segments not supported on this platform");
+            memmem::find(text, b"expandable_segments not supported on this platform").is_some();
         self.ipc_user |= IPC.is_match(text);
     }
 
@@ -132,7 +135,7 @@ mod tests {
     fn scans_versions_configs_and_platforms() {
         let mut c = Context::default();
         c.scan(
-            "PyTorch version: 2.3.1+cu121\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n\
+            b"PyTorch version: 2.3.1+cu121\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n\
              File \"C:\\Users\\me\\train.py\", line 3\n",
         );
         assert_eq!(
@@ -150,11 +153,11 @@ mod tests {
     #[test]
     fn pytorch_hint_is_not_a_user_config() {
         let mut c = Context::default();
-        c.scan("If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
+        c.scan(b"If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
         assert_eq!(c.current_source, None);
-        c.scan("[rank2]: eserved but unallocated memory is large try settin\n[rank2]: g PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n[rank2]:  to avoid fragmentation.");
+        c.scan(b"[rank2]: eserved but unallocated memory is large try settin\n[rank2]: g PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n[rank2]:  to avoid fragmentation.");
         assert_eq!(c.current_source, None);
-        c.scan("vllm/distributed/device_communicators/custom_all_reduce.py");
+        c.scan(b"vllm/distributed/device_communicators/custom_all_reduce.py");
         assert!(c.ipc_user);
     }
 }

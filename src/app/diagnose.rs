@@ -6,7 +6,6 @@ use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
 use crate::rules::{RuleSet, VersionRange};
-use std::io::Read;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -58,7 +57,7 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 fn pictures(inputs: &[String]) -> crate::report::diagnose::Pictures {
     let mut pictures = crate::report::diagnose::Pictures::default();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = std::fs::read(name) else {
+        let Ok(data) = crate::ingest::read_input(name) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
@@ -89,17 +88,9 @@ pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Err
     };
     let mut evidence = Evidence::default();
     for name in inputs {
-        let data = if name == "-" {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Error::Input(format!("standard input: cannot read: {e}")))?;
-            buf
-        } else {
-            std::fs::read(name).map_err(|e| Error::Input(format!("{name}: cannot read: {e}")))?
-        };
+        let data = crate::ingest::read_input(name)?;
         if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
-            ctx.scan(&String::from_utf8_lossy(&data));
+            ctx.scan(&data);
         }
         let ev = crate::ingest::parse_input(name, &data)?;
         evidence.observations.extend(ev.observations);

@@ -95,7 +95,7 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
 /// Loads the trace, parses every config and replays the trace under each.
 pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
     let spec = DeviceSpec::parse(&opts.device)?;
-    let data = super::validate::read_input(&opts.trace)?;
+    let data = crate::ingest::read_input(&opts.trace)?;
     let name = match opts.trace.as_str() {
         "" | "-" => "<stdin>".to_string(),
         path => path.to_string(),

@@ -84,7 +84,7 @@ pub enum Source {
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
     /// borrows them); replayed from the state the trace started in.
-    Snapshot(Vec<u8>),
+    Snapshot(crate::ingest::Bytes),
 }
 
 /// One replay of a workload on the simulated card: `(settings, conf, capacity)`.
@@ -183,20 +183,6 @@ pub fn report_views(
     }
 }
 
-/// Reads `input` (a path, or `-` for standard input).
-pub(crate) fn read_input(input: &str) -> Result<Vec<u8>, Error> {
-    use std::io::Read;
-    if input == "-" || input.is_empty() {
-        let mut data = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut data)
-            .map_err(|e| Error::Input(format!("<stdin>: cannot read: {e}")))?;
-        Ok(data)
-    } else {
-        std::fs::read(input).map_err(|e| Error::Input(format!("{input}: cannot read: {e}")))
-    }
-}
-
 /// The figures a probe must reproduce, from the most telling observation:
 /// the last caching-allocator OOM, else the last summary or stats dump.
 pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Option<Target> {
@@ -251,7 +237,7 @@ pub fn load_workload(
     current_conf: &str,
     current: &Settings,
 ) -> Result<Workload, Error> {
-    let data = read_input(input)?;
+    let data = crate::ingest::read_input(if input.is_empty() { "-" } else { input })?;
     let name = if input.is_empty() { "-" } else { input };
     match crate::ingest::detect(&data) {
         crate::ingest::InputKind::TraceCsv => {

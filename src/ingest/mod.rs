@@ -117,7 +117,7 @@ fn looks_binary(data: &[u8]) -> bool {
 }
 
 /// An input's bytes: a memory map for files, a buffer for standard input.
-enum Bytes {
+pub enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
 }
@@ -132,7 +132,9 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-fn read_input(name: &str) -> Result<Bytes, Error> {
+/// Reads one input (a path, or `-` for standard input) without copying a file:
+/// every command reads its inputs through here, so errors read the same everywhere.
+pub fn read_input(name: &str) -> Result<Bytes, Error> {
     let fail = |e: std::io::Error| Error::Input(format!("cannot read '{name}': {e}"));
     if name == "-" {
         return read_stdin().map_err(fail);
