@@ -225,10 +225,11 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         pos: 0,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Vec::with_capacity(n / 48),
+        memo: Vec::with_capacity(n / 32),
+        memo_values: Vec::new(),
         sparse_memo: HashMap::new(),
         p: Pickle {
-            objs: Vec::with_capacity(n / 48),
+            objs: Vec::with_capacity(n / 32),
             pool: Vec::with_capacity(n / 8),
             owned: Vec::new(),
             shapes: Vec::new(),
@@ -243,14 +244,22 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
     d.run()
 }
 
+/// Marks a dense memo entry as an index into `memo_values` (arena ids stay
+/// below 2^29).
+const MEMO_VALUE: u32 = 1 << 31;
+
 struct Decoder<'a> {
     data: &'a [u8],
     pos: usize,
     stack: Vec<V>,
     marks: Vec<usize>,
-    /// Dense memo (MEMOIZE and in-order PUTs); out-of-order indices go to `sparse_memo`
-    /// so a huge declared index cannot size an allocation.
-    memo: Vec<V>,
+    /// Dense memo (MEMOIZE and in-order PUTs) of arena ids, 4 bytes an entry
+    /// (a snapshot memoizes millions of objects); a memoized value that is no
+    /// object sits in `memo_values`, its index with [`MEMO_VALUE`] set.
+    /// Out-of-order indices go to `sparse_memo` so a huge declared index
+    /// cannot size an allocation.
+    memo: Vec<u32>,
+    memo_values: Vec<V>,
     sparse_memo: HashMap<u64, V>,
     p: Pickle<'a>,
     shape_ids: HashMap<Box<[V]>, u32>,
@@ -1020,12 +1029,29 @@ impl<'a> Decoder<'a> {
     fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Result<(), DecodeError> {
         self.count(1, at)?;
         let len = self.memo.len() as u64;
-        if idx < len {
-            self.memo[idx as usize] = v;
-        } else if idx == len {
-            self.memo.push(v);
-        } else {
+        if idx > len {
             self.sparse_memo.insert(idx, v);
+            return Ok(());
+        }
+        let entry = match v.id() {
+            Some(id) => id,
+            None => {
+                let i = u32::try_from(self.memo_values.len())
+                    .ok()
+                    .filter(|&i| i < MEMO_VALUE)
+                    .ok_or(DecodeError::Limit {
+                        offset: at,
+                        what: "memoized non-object values",
+                        limit: u64::from(MEMO_VALUE),
+                    })?;
+                self.memo_values.push(v);
+                i | MEMO_VALUE
+            }
+        };
+        if idx < len {
+            self.memo[idx as usize] = entry;
+        } else {
+            self.memo.push(entry);
         }
         Ok(())
     }
@@ -1033,7 +1059,11 @@ impl<'a> Decoder<'a> {
     #[inline]
     fn get(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
         let v = match usize::try_from(idx).ok().and_then(|i| self.memo.get(i)) {
-            Some(&v) => v,
+            Some(&e) if e & MEMO_VALUE == 0 => V::object(e),
+            Some(&e) => *self
+                .memo_values
+                .get((e & !MEMO_VALUE) as usize)
+                .unwrap_or(&V::NONE),
             None => *self.sparse_memo.get(&idx).ok_or_else(|| {
                 self.malformed(at, op, &format!("memo key {idx} was never stored"))
             })?,
@@ -1052,6 +1082,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// LONG1/LONG4 payload: little-endian two's complement of any length.
+    #[inline]
     fn long_le(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
         // The common case (addresses, sizes): up to 8 bytes, sign-extended.
         if let Some(&last) = b.last()
@@ -1059,8 +1090,18 @@ impl<'a> Decoder<'a> {
         {
             let mut a = if last & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
             a[..b.len()].copy_from_slice(b);
-            return self.int(i64::from_le_bytes(a), at);
+            let i = i64::from_le_bytes(a);
+            if let Some(v) = V::int(i) {
+                return Ok(v);
+            }
+            return self.alloc(Obj::Int(i), at);
         }
+        self.long_wide(b, at)
+    }
+
+    /// A LONG payload wider than 8 bytes (or empty).
+    #[cold]
+    fn long_wide(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
         match long_from_le(b) {
             Some(Value::Int(i)) => self.int(i, at),
             Some(Value::UInt(u)) => self.alloc(Obj::UInt(u), at),
