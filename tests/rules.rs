@@ -350,3 +350,28 @@ fn diagnose_json_keeps_the_contract() {
         );
     }
 }
+
+#[test]
+fn a_snapshot_without_an_oom_separates_cached_segments_from_split_ones() {
+    // magma27: 13.21 GiB reserved, 1.28 GiB allocated, 982.07 MiB in split segments.
+    let d = diagnose_file(Path::new(
+        "fixtures/snapshots/magma27-assignment2-systems_memory_snapshot.pickle",
+    ));
+    assert_eq!(d.cause.as_str(), "unknown");
+    assert!(d.recommendation.is_none());
+    let rules: Vec<&str> = d.findings.iter().map(|f| f.rule.as_str()).collect();
+    assert_eq!(rules, ["cached-free-segments"]);
+    assert!(
+        d.findings[0]
+            .message
+            .contains("11.92 GiB of the 13.21 GiB reserved")
+            && d.findings[0].message.contains("982.07 MiB"),
+        "{}",
+        d.findings[0].message
+    );
+    assert!(
+        d.verdict.starts_with("No out-of-memory error"),
+        "{}",
+        d.verdict
+    );
+}

@@ -66,11 +66,13 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
         .message
         .as_deref()
         .is_some_and(|m| m.contains("more than 1EB"));
-    bytes(
-        f,
-        "requested",
-        p.requested_bytes.or(over_1eb.then_some(ONE_EIB)),
-    );
+    // A snapshot's requested_bytes is what its live blocks asked for, not a
+    // failed request: that one comes from the trace's `oom` entries.
+    let requested = match p.kind {
+        Kind::Snapshot => None,
+        _ => p.requested_bytes.or(over_1eb.then_some(ONE_EIB)),
+    };
+    bytes(f, "requested", requested);
     bytes(f, "capacity", p.total_capacity_bytes);
     bytes(f, "free", p.free_bytes);
     bytes(f, "private_pools", p.private_pools_bytes);
@@ -179,6 +181,9 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
         bytes(f, "oversize_segments", stat(s, "oversize_segments", "all"));
         bytes(f, "retries", retries(s));
     }
+    if latest.is_none() && p.kind == Kind::Snapshot {
+        snapshot_facts(f, p);
+    }
     // A summary printed before the OOM does not count it; the messages do.
     let messages = evidence
         .observations
@@ -188,6 +193,55 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
     let counted = latest.and_then(|s| s.cuda_ooms.or(s.num_ooms)).unwrap_or(0);
     let ooms = counted.max(messages);
     f.set("ooms", Fact::Num(ooms as f64));
+}
+
+/// The summary-like facts of a snapshot, from its `detail` (snapshot::evidence):
+/// inactive split bytes per pool type, the small pool's reservation, and the
+/// last `oom` trace entry (rounded request, device free), as §9.2 records them.
+fn snapshot_facts(f: &mut Facts, p: &Observation) {
+    let Some(detail) = &p.detail else {
+        return;
+    };
+    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    let pools = detail.get("pools").and_then(|v| v.as_array());
+    let sum = |key: &str, kind: Option<&str>| -> Option<u64> {
+        let pools = pools?;
+        Some(
+            pools
+                .iter()
+                .filter(|pool| {
+                    kind.is_none_or(|k| {
+                        pool.get("segment_type").and_then(|t| t.as_str()) == Some(k)
+                    })
+                })
+                .filter_map(|pool| num(pool, key))
+                .sum(),
+        )
+    };
+    bytes(f, "inactive_split", sum("inactive_split_bytes", None));
+    bytes(
+        f,
+        "inactive_split_small",
+        sum("inactive_split_bytes", Some("small")),
+    );
+    bytes(
+        f,
+        "inactive_split_large",
+        sum("inactive_split_bytes", Some("large")),
+    );
+    bytes(
+        f,
+        "small_pool_reserved",
+        sum("reserved_bytes", Some("small")),
+    );
+    if let Some(oom) = detail
+        .get("oom_events")
+        .and_then(|v| v.as_array())
+        .and_then(|v| v.last())
+    {
+        bytes(f, "requested", num(oom, "size"));
+        bytes(f, "free", num(oom, "device_free"));
+    }
 }
 
 fn retries(o: &Observation) -> Option<u64> {
@@ -250,6 +304,20 @@ fn series(f: &mut Facts, evidence: &Evidence) {
 /// The PyTorch versions a message's format (and exception name) allows.
 fn era_range(o: &Observation) -> VersionRange {
     let mut r = o.format_era.as_deref().map(parse_era).unwrap_or_default();
+    // §9.1/§9.2: snapshots record `allocator_settings` only after 2.1 (first release
+    // UNVERIFIED, by 2.6); `graph_capture_record_stream_reuse` is a 2.9 key (§6.3).
+    if let Some(settings) = o
+        .allocator_settings
+        .as_ref()
+        .filter(|_| o.kind == Kind::Snapshot)
+    {
+        let lo = if settings.get("graph_capture_record_stream_reuse").is_some() {
+            TorchVersion::new(2, 9)
+        } else {
+            TorchVersion::new(2, 1)
+        };
+        r.lo = Some(r.lo.map_or(lo, |x| x.max(lo)));
+    }
     // §7.3: torch.OutOfMemoryError is 2.4+, torch.cuda.OutOfMemoryError 1.13-2.3.
     let by_exception = match o.exception.as_deref() {
         Some("torch.OutOfMemoryError") => Some((TorchVersion::new(2, 4), None)),

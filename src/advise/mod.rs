@@ -15,7 +15,7 @@ pub mod search;
 pub use combine::Recommendation;
 pub use context::Context;
 
-use crate::evidence::Evidence;
+use crate::evidence::{Evidence, Kind};
 use crate::rules::expr::Value;
 use crate::rules::{Cause, Facts, RuleSet, Severity, Verdict};
 use serde::Serialize;
@@ -111,6 +111,14 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         Some(f) => format!("{}: {}", cause.as_str(), f.message),
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
+        }
+        None if !facts.kinds.iter().any(|k| matches!(k, Kind::Oom | Kind::NonAllocatorOom))
+            && !facts.values.contains_key("requested") =>
+        {
+            match findings.first() {
+                Some(f) => format!("No out-of-memory error in the evidence; the memory state: {}", f.message),
+                None => "No out-of-memory error in the evidence, and nothing in the memory state stands out.".into(),
+            }
         }
         None => "Not enough evidence to name a cause.".into(),
     };

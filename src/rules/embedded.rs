@@ -11,6 +11,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/async-capacity.yaml"),
     ),
     (
+        "rules/cached-free-segments.yaml",
+        include_str!("../../rules/cached-free-segments.yaml"),
+    ),
+    (
         "rules/capacity.yaml",
         include_str!("../../rules/capacity.yaml"),
     ),
