@@ -337,11 +337,11 @@ impl Table {
     pub fn to_text(&self) -> String {
         let flagged = self.rows.iter().any(|r| r.flag.is_some());
         let mut t = comfy_table::Table::new();
-        // Fixed width, so the output is the same on every terminal.
+        // The terminal's width when the binary set one, else a fixed width for pipes and tests.
         t.load_style(comfy_table::presets::UTF8_FULL_CONDENSED)
             .force_no_tty()
             .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
-            .set_width(110);
+            .set_width(crate::report::common::text_width());
         let mut headers = self.headers.clone();
         if flagged {
             headers.push("flag".into());
