@@ -221,7 +221,7 @@ fn detail(
     let mut ooms = Vec::new();
     for (i, e) in snap.trace(device).enumerate() {
         let e = e?;
-        *actions.entry(action_name(e.action)).or_default() += 1;
+        *actions.entry(e.action.as_str()).or_default() += 1;
         if e.action == Action::Oom {
             ooms.push(json!({
                 "event_index": i, "size": e.size, "device_free": e.device_free,
@@ -256,22 +256,6 @@ fn detail(
         }
     }
     Ok(d)
-}
-
-fn action_name(a: Action) -> &'static str {
-    match a {
-        Action::Alloc => "alloc",
-        Action::FreeRequested => "free_requested",
-        Action::FreeCompleted => "free_completed",
-        Action::SegmentAlloc => "segment_alloc",
-        Action::SegmentFree => "segment_free",
-        Action::SegmentMap => "segment_map",
-        Action::SegmentUnmap => "segment_unmap",
-        Action::Snapshot => "snapshot",
-        Action::Oom => "oom",
-        Action::Annotate => "annotate",
-        Action::Other => "other",
-    }
 }
 
 /// Segment size classes that follow the allocator's segment sizing

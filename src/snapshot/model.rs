@@ -48,14 +48,9 @@ impl PoolKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockState {
-    ActiveAllocated,
-    /// Freed by the user but still in use by a stream (`active_pending_free`;
-    /// the docstring's `active_awaiting_free` is accepted too).
-    ActivePendingFree,
-    Inactive,
-}
+/// A block's state (`active_pending_free`: freed by the user but still in use by
+/// a stream; the docstring's `active_awaiting_free` is accepted too when reading).
+pub use crate::allocator::BlockState;
 
 /// The frames list of a block, segment or trace entry: its arena id
 /// ([`Frames::NONE`] when not recorded). Equal ids are the same recorded list.
@@ -462,6 +457,16 @@ const TRACE_KEYS: &[(&str, TraceKey)] = &[
     ("time_us", TraceKey::TimeUs),
     ("frames", TraceKey::Frames),
 ];
+
+impl Action {
+    /// The name `device_traces` entries carry (`other` for an unknown action).
+    pub fn as_str(self) -> &'static str {
+        ACTIONS
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("other", |(name, _)| name)
+    }
+}
 
 const ACTIONS: &[(&str, Action)] = &[
     ("alloc", Action::Alloc),

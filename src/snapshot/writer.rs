@@ -53,54 +53,10 @@ pub struct Block {
     pub state: BlockState,
 }
 
-/// Block states as `snapshot()` emits them (`active_pending_free`, not the
-/// docstring's `active_awaiting_free`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockState {
-    ActiveAllocated,
-    ActivePendingFree,
-    Inactive,
-}
-
-impl BlockState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlockState::ActiveAllocated => "active_allocated",
-            BlockState::ActivePendingFree => "active_pending_free",
-            BlockState::Inactive => "inactive",
-        }
-    }
-}
-
-/// Trace actions, in the order of the C++ `TraceEntry::Action` enum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    Snapshot,
-    Oom,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Alloc => "alloc",
-            Action::FreeRequested => "free_requested",
-            Action::FreeCompleted => "free_completed",
-            Action::SegmentAlloc => "segment_alloc",
-            Action::SegmentFree => "segment_free",
-            Action::SegmentMap => "segment_map",
-            Action::SegmentUnmap => "segment_unmap",
-            Action::Snapshot => "snapshot",
-            Action::Oom => "oom",
-        }
-    }
-}
+/// Block states and trace actions are the ones the snapshot model reads, so a
+/// written snapshot reads back with the same names.
+pub use crate::allocator::BlockState;
+pub use crate::snapshot::model::Action;
 
 /// One `device_traces` entry. For `oom`, `addr` carries the free device
 /// memory and is written under the key `device_free`, as PyTorch does.
@@ -122,7 +78,7 @@ impl Snapshot {
         trace: &[crate::allocator::TraceEntry],
         alloc_conf: Option<String>,
     ) -> Snapshot {
-        use crate::allocator::{BlockState as A, TraceAction as T};
+        use crate::allocator::TraceAction as T;
         let segments = segments
             .iter()
             .map(|s| Segment {
@@ -138,11 +94,7 @@ impl Snapshot {
                     .map(|b| Block {
                         size: b.size,
                         requested_size: b.requested_size,
-                        state: match b.state {
-                            A::ActiveAllocated => BlockState::ActiveAllocated,
-                            A::ActivePendingFree => BlockState::ActivePendingFree,
-                            A::Inactive => BlockState::Inactive,
-                        },
+                        state: b.state,
                     })
                     .collect(),
             })
