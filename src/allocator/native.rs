@@ -295,11 +295,11 @@ impl<D: Device> CachingAllocator<D> {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut candidates = pool.blocks.range_from(p.stream, p.size);
-        let (mut key, mut id) = candidates.next()?;
-        if key.0 != p.stream {
-            return None;
-        }
+        let blocks = &pool.blocks;
+        // `pool.blocks` holds only this stream's blocks from `lower_bound` on, so
+        // no stream comparison is needed while walking.
+        let mut at = blocks.lower_bound(p.stream, p.size)?;
+        let (_, mut id) = blocks.get(at);
         if arena.get(id).is_expandable() {
             if expandable_on {
                 // Best fit by "expandable size": a block followed by unmapped space
@@ -313,28 +313,22 @@ impl<D: Device> CachingAllocator<D> {
                         }
                 };
                 while arena.get(id).is_expandable() {
-                    match candidates.next() {
-                        Some((k, next))
-                            if k.0 == p.stream
-                                && expandable_size(arena.get(next))
-                                    < expandable_size(arena.get(id)) =>
-                        {
-                            key = k;
-                            id = next;
-                        }
-                        _ => break,
+                    let Some(next_at) = blocks.next(at) else {
+                        break;
+                    };
+                    let (_, next) = blocks.get(next_at);
+                    if expandable_size(arena.get(next)) >= expandable_size(arena.get(id)) {
+                        break;
                     }
+                    at = next_at;
+                    id = next;
                 }
             } else {
                 // Expandable segments were turned off: only non-expandable blocks.
                 loop {
-                    let (k, next) = candidates.next()?;
-                    if k.0 != p.stream {
-                        return None;
-                    }
-                    if !arena.get(next).is_expandable() {
-                        key = k;
-                        id = next;
+                    at = blocks.next(at)?;
+                    id = blocks.get(at).1;
+                    if !arena.get(id).is_expandable() {
                         break;
                     }
                 }
@@ -349,8 +343,7 @@ impl<D: Device> CachingAllocator<D> {
         if p.size >= max_split && found >= p.size.saturating_add(tolerance) {
             return None;
         }
-        drop(candidates);
-        pool.blocks.remove(&key);
+        pool.blocks.remove_at(at);
         Some(id)
     }
 
