@@ -1,7 +1,7 @@
 //! Replaying a [`Trace`] through the bundled caching allocator on a device.
 
 use super::trace::{Event, Trace};
-use crate::allocator::{CachingAllocator, SegmentInfo};
+use crate::allocator::{CachingAllocator, DeviceStats, SegmentInfo};
 use crate::conf::Settings;
 use crate::device::{Device, DeviceCounters};
 use serde::Serialize;
@@ -71,6 +71,51 @@ pub struct RunResult {
     pub history: Vec<crate::allocator::TraceEntry>,
 }
 
+/// What a replay loop keeps after every event: the event where allocated
+/// memory first peaked, the allocated figure at the reserved peak, and the
+/// optional per-event timeline.
+pub(crate) struct Peaks {
+    peak_allocated: i64,
+    peak_reserved: i64,
+    pub peak_event_index: Option<u64>,
+    pub allocated_at_peak_reserved: u64,
+    record_timeline: bool,
+    pub timeline: Vec<TimelinePoint>,
+}
+
+impl Peaks {
+    pub fn new(record_timeline: bool, events: usize) -> Self {
+        Peaks {
+            peak_allocated: 0,
+            peak_reserved: 0,
+            peak_event_index: None,
+            allocated_at_peak_reserved: 0,
+            record_timeline,
+            timeline: Vec::with_capacity(if record_timeline { events } else { 0 }),
+        }
+    }
+
+    #[inline]
+    pub fn observe(&mut self, index: u64, stats: &DeviceStats) {
+        let allocated = stats.allocated_bytes.all().current;
+        let reserved = stats.reserved_bytes.all().current;
+        if allocated > self.peak_allocated {
+            self.peak_allocated = allocated;
+            self.peak_event_index = Some(index);
+        }
+        if reserved > self.peak_reserved {
+            self.peak_reserved = reserved;
+            self.allocated_at_peak_reserved = allocated as u64;
+        }
+        if self.record_timeline {
+            self.timeline.push(TimelinePoint {
+                allocated: allocated as u64,
+                reserved: reserved as u64,
+            });
+        }
+    }
+}
+
 /// Replays `trace` under `settings` on `device` until its end or its first OOM.
 pub fn replay<D: Device>(trace: &Trace, settings: &Settings, device: D) -> RunResult {
     replay_with(trace, settings, device, ReplayOptions::default())
@@ -89,15 +134,8 @@ pub fn replay_with<D: Device>(
         allocator.record_history();
     }
     let mut addresses: Vec<u64> = vec![0; trace.ids() as usize];
-    let mut timeline = Vec::new();
-    if options.timeline {
-        timeline.reserve(trace.len());
-    }
+    let mut peaks = Peaks::new(options.timeline, trace.len());
     let mut oom = None;
-    let mut peak_allocated = 0i64;
-    let mut peak_event_index = None;
-    let mut peak_reserved = 0i64;
-    let mut allocated_at_peak_reserved = 0i64;
     let limit = options.stop_after.unwrap_or(u64::MAX);
     for (index, event) in trace.events().iter().enumerate() {
         if index as u64 >= limit {
@@ -131,22 +169,7 @@ pub fn replay_with<D: Device>(
             Event::SynchronizeStream { stream } => allocator.synchronize_stream(stream),
             Event::EmptyCache => allocator.empty_cache(),
         }
-        let allocated = allocator.stats().allocated_bytes.all().current;
-        let reserved = allocator.stats().reserved_bytes.all().current;
-        if allocated > peak_allocated {
-            peak_allocated = allocated;
-            peak_event_index = Some(index as u64);
-        }
-        if reserved > peak_reserved {
-            peak_reserved = reserved;
-            allocated_at_peak_reserved = allocated;
-        }
-        if options.timeline {
-            timeline.push(TimelinePoint {
-                allocated: allocated as u64,
-                reserved: reserved as u64,
-            });
-        }
+        peaks.observe(index as u64, allocator.stats());
     }
     let stats = allocator.stats();
     RunResult {
@@ -160,9 +183,9 @@ pub fn replay_with<D: Device>(
         alloc_retries: stats.num_alloc_retries as u64,
         stats: allocator.memory_stats(),
         counters: allocator.device().counters(),
-        peak_event_index,
-        allocated_at_peak_reserved: allocated_at_peak_reserved as u64,
-        timeline,
+        peak_event_index: peaks.peak_event_index,
+        allocated_at_peak_reserved: peaks.allocated_at_peak_reserved,
+        timeline: peaks.timeline,
         segments: allocator.segments(),
         history: allocator.take_trace(),
     }

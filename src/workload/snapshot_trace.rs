@@ -35,7 +35,7 @@ use crate::device::sim::SimDevice;
 use crate::device::{Device, DeviceCounters};
 use crate::snapshot::Snapshot;
 use crate::snapshot::model::{Action, BlockState, Segment, TraceEntry as TraceRecord};
-use crate::workload::replay::{OomEvent, ReplayOptions, RunResult, TimelinePoint};
+use crate::workload::replay::{OomEvent, Peaks, ReplayOptions, RunResult, TimelinePoint};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -352,10 +352,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let limit = options
             .stop_after
             .map_or(trace.len(), |n| usize::try_from(n).unwrap_or(usize::MAX));
-        let mut timeline = Vec::new();
-        if options.timeline {
-            timeline.reserve(trace.len());
-        }
+        let mut peaks = Peaks::new(options.timeline, trace.len());
         // Recorded address → replayed address of every live allocation.
         let mut map: HashMap<u64, u64> = HashMap::new();
         for seg in &self.start.segments {
@@ -386,9 +383,6 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut oom = None;
         let mut recorded_ooms_avoided = 0;
         let mut events = trace.len();
-        let (mut peak_allocated, mut peak_reserved) = (0i64, 0i64);
-        let mut peak_event_index = None;
-        let mut allocated_at_peak_reserved = 0;
         let mut i = 0;
         while i < trace.len() && i < limit {
             let e = &trace[i];
@@ -467,22 +461,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 _ => {}
             }
             ours.extend(alloc.take_trace());
-            let allocated = alloc.stats().allocated_bytes.all().current;
-            let reserved = alloc.stats().reserved_bytes.all().current;
-            if allocated > peak_allocated {
-                peak_allocated = allocated;
-                peak_event_index = Some(i as u64);
-            }
-            if reserved > peak_reserved {
-                peak_reserved = reserved;
-                allocated_at_peak_reserved = allocated as u64;
-            }
-            if options.timeline {
-                timeline.push(TimelinePoint {
-                    allocated: allocated as u64,
-                    reserved: reserved as u64,
-                });
-            }
+            peaks.observe(i as u64, alloc.stats());
             i += 1;
         }
         ours.extend(alloc.take_trace());
@@ -501,10 +480,10 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             oom,
             fidelity,
             recorded_ooms_avoided,
-            peak_event_index,
-            allocated_at_peak_reserved,
+            peak_event_index: peaks.peak_event_index,
+            allocated_at_peak_reserved: peaks.allocated_at_peak_reserved,
             seeded_counters,
-            timeline,
+            timeline: peaks.timeline,
             history: if options.history { ours } else { Vec::new() },
         })
     }
