@@ -17,17 +17,9 @@ fn main() {
     divan::main();
 }
 
-/// A deterministic xorshift generator (no dependency, same trace every run).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+#[path = "../tests/support/xorshift.rs"]
+mod xorshift;
+use xorshift::Rng;
 
 /// Sizes as a training step makes them: mostly small tensors, a quarter in the
 /// 1–10 MiB band, some large activations and weights.

@@ -12,16 +12,9 @@ use std::process::Command;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// A deterministic xorshift, so the fixtures need no dependency and never change.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+#[path = "support/xorshift.rs"]
+mod xorshift;
+use xorshift::Rng;
 
 /// A training-like timeline: allocated saws up and down per step, reserved
 /// ratchets up (fragmentation) for the current config and stays flat for the
@@ -461,11 +454,30 @@ fn allocdoc(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Standard output of `allocdoc ARGS`, which must exit 0.
+fn allocdoc_ok(args: &[&str]) -> String {
+    let out = allocdoc(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The HTML report a command wrote, checked for balanced SVG tags.
+fn report_at(path: &std::path::Path) -> String {
+    let html = std::fs::read_to_string(path).unwrap();
+    check_balanced(&html);
+    html
+}
+
 #[test]
 fn diagnose_flags_the_odd_rank_in_every_format() {
     let dir = tempfile::tempdir().unwrap();
     let html_path = dir.path().join("diagnose.html");
-    let md = allocdoc(&[
+    let md = allocdoc_ok(&[
         "diagnose",
         "fixtures/report/ranks.log",
         "--format",
@@ -473,12 +485,6 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
         "--report",
         html_path.to_str().unwrap(),
     ]);
-    assert!(
-        md.status.success(),
-        "{}",
-        String::from_utf8_lossy(&md.stderr)
-    );
-    let md = String::from_utf8(md.stdout).unwrap();
     // Rank 2 holds 18.42 GiB reserved-but-unallocated against a median of 7.31 GiB.
     assert!(
         md.contains("| 2 | yes | 2.00 GiB | 58.96 GiB | 77.38 GiB | 18.42 GiB | 1.10 GiB | 79.15 GiB | **allocated 16 % below the median (69.99 GiB); reserved − allocated 152 % above the median (7.31 GiB)** |"),
@@ -488,8 +494,7 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
         "| 0 | yes | 2.00 GiB | 70.12 GiB | 77.43 GiB | 7.31 GiB | 1.05 GiB | 79.15 GiB |  |"
     ));
 
-    let html = std::fs::read_to_string(&html_path).unwrap();
-    check_balanced(&html);
+    let html = report_at(&html_path);
     assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
     assert_eq!(html.matches("<tr class=\"flag\">").count(), 1);
     assert!(html.contains("7.31 GiB (7849052733 bytes)"));
@@ -600,7 +605,8 @@ fn replay_writes_the_report_and_the_snapshot() {
     let trace = frag_csv(dir.path());
     let html_path = dir.path().join("r.html");
     let pickle_path = dir.path().join("s.pickle");
-    let out = allocdoc(&[
+    // The last config (expandable segments) runs the whole trace: exit 0.
+    allocdoc_ok(&[
         "replay",
         trace.to_str().unwrap(),
         "--conf",
@@ -614,15 +620,7 @@ fn replay_writes_the_report_and_the_snapshot() {
         "--emit-snapshot",
         pickle_path.to_str().unwrap(),
     ]);
-    // The last config (expandable segments) runs the whole trace.
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(&html_path).unwrap();
-    check_balanced(&html);
+    let html = report_at(&html_path);
     assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
     assert!(html.contains("(defaults) runs out of memory at event 15"));
     assert!(html.contains("Segments of (defaults) at its OOM (event 15)"));
@@ -715,19 +713,13 @@ fn diagnose_report_draws_a_real_snapshot() {
     // (shared/snapshots/README.md).
     let dir = tempfile::tempdir().unwrap();
     let html_path = dir.path().join("snap.html");
-    let out = allocdoc(&[
+    allocdoc_ok(&[
         "diagnose",
         "fixtures/snapshots/maphsge4-select_n_snapshot_traced.pickle",
         "--report",
         html_path.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(&html_path).unwrap();
-    check_balanced(&html);
+    let html = report_at(&html_path);
     assert_eq!(html.matches("<g class=\"seg\">").count(), 82);
     // 2 776 629 248 bytes = 2.59 GiB.
     assert!(html.contains("82 segments, 2.59 GiB reserved."));

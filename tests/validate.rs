@@ -198,24 +198,17 @@ fn fixture(name: &str) -> String {
 /// Text evidence gets a probe, and the output says it is synthetic and shows the fit.
 #[test]
 fn validate_text_evidence_uses_a_labelled_probe() {
-    let out = bin()
-        .args([
+    let v = json_of(
+        &[
             "validate",
             &fixture("summary_001.txt"),
             "--conf",
             "expandable_segments:True",
             "--format",
             "json",
-        ])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        0,
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["probe"]["synthetic"], true);
     assert_eq!(v["probe"]["observed"]["allocated_bytes"], 184_648 * 1024);
     assert_eq!(v["probe"]["observed"]["reserved_bytes"], 235_520 * 1024);
@@ -241,42 +234,21 @@ fn validate_text_evidence_uses_a_labelled_probe() {
 #[test]
 fn validate_exit_codes_follow_the_candidate() {
     let csv = fixture("interleaved_16mib.csv");
-    let ok = bin()
-        .args([
-            "validate",
-            &csv,
-            "--conf",
-            "expandable_segments:True",
-            "--capacity",
-            "200MiB",
-        ])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        ok.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&ok.stdout)
-    );
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("Verdict"));
-    let oom = bin()
-        .args([
-            "validate",
-            &csv,
-            "--conf",
-            "expandable_segments:True",
-            "--capacity",
-            "40MiB",
-        ])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        oom.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&oom.stdout)
-    );
-    assert!(String::from_utf8_lossy(&oom.stdout).contains("still runs out of memory"));
+    let validate = |capacity: &str, code: i32| {
+        text_of(
+            &[
+                "validate",
+                &csv,
+                "--conf",
+                "expandable_segments:True",
+                "--capacity",
+                capacity,
+            ],
+            code,
+        )
+    };
+    assert!(validate("200MiB", 0).contains("Verdict"));
+    assert!(validate("40MiB", 1).contains("still runs out of memory"));
 }
 
 /// `--device cuda` on a machine without a driver: `validate` and `replay`
@@ -342,17 +314,10 @@ fn cuda_without_a_driver_exits_3() {
 #[test]
 fn recommend_json_and_exit_code() {
     let csv = fixture("interleaved_16mib.csv");
-    let out = bin()
-        .args(["recommend", &csv, "--capacity", "84MiB", "--format", "json"])
-        .output()
-        .expect("runs");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_of(
+        &["recommend", &csv, "--capacity", "84MiB", "--format", "json"],
+        0,
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["capacity_bytes"], 84 * 1024 * 1024);
     let first = &v["candidates"][0];
     for key in [
@@ -423,11 +388,10 @@ fn gpu_cuda_replay_matches_the_simulated_card() {
 #[test]
 fn replay_compare_with_flags_differences() {
     let csv = fixture("interleaved_16mib.csv");
-    let out = bin()
-        .args(["replay", &csv, "--capacity", "200MiB", "--format", "json"])
-        .output()
-        .expect("runs");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = json_of(
+        &["replay", &csv, "--capacity", "200MiB", "--format", "json"],
+        0,
+    );
     let mut stats = v["runs"][0]["stats"].clone();
     let allocs = stats["num_device_alloc"]
         .as_i64()
@@ -490,15 +454,25 @@ fn text_output_snapshots() {
 }
 
 /// Runs the binary and parses its standard output as JSON, checking the exit code.
-fn json_of(args: &[&str], code: i32) -> serde_json::Value {
+/// Standard output of `allocdoc ARGS`, after checking its exit code.
+fn stdout_of(args: &[&str], code: i32) -> Vec<u8> {
     let out = bin().args(args).output().expect("runs");
     assert_eq!(
         out.status.code(),
         Some(code),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
-    serde_json::from_slice(&out.stdout).expect("JSON on standard output")
+    out.stdout
+}
+
+fn text_of(args: &[&str], code: i32) -> String {
+    String::from_utf8(stdout_of(args, code)).expect("UTF-8 on standard output")
+}
+
+fn json_of(args: &[&str], code: i32) -> serde_json::Value {
+    serde_json::from_slice(&stdout_of(args, code)).expect("JSON on standard output")
 }
 
 fn int(v: &serde_json::Value, key: &str) -> u64 {

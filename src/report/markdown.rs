@@ -99,6 +99,15 @@ pub fn table(t: &Table) -> String {
     s
 }
 
+/// A table under its bold title, with its note (if any) below it.
+pub fn titled_table(t: &Table) -> String {
+    let mut s = format!("**{}**\n\n{}\n", cell(&t.title), table(t));
+    if let Some(n) = &t.note {
+        let _ = writeln!(s, "{}\n", cell(n));
+    }
+    s
+}
+
 /// Findings as a list: severity, rule, message, then the evidence inline.
 pub fn findings(findings: &[Finding]) -> String {
     let mut s = String::new();

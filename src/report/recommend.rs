@@ -248,15 +248,7 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
                 s.push('\n');
             }
             for t in recommendation_tables(r) {
-                let _ = write!(
-                    s,
-                    "**{}**\n\n{}\n",
-                    markdown::cell(&t.title),
-                    markdown::table(&t)
-                );
-                if let Some(n) = &t.note {
-                    let _ = writeln!(s, "{}\n", markdown::cell(n));
-                }
+                s.push_str(&markdown::titled_table(&t));
             }
             for n in &r.notes {
                 let _ = writeln!(s, "- note: {}", markdown::cell(n));
@@ -352,15 +344,7 @@ pub fn validation(v: &Validation, format: Format) -> String {
             let mut s = markdown::summary_line("allocdoc validate", &v.verdict);
             s.push('\n');
             for t in validation_tables(v) {
-                let _ = write!(
-                    s,
-                    "**{}**\n\n{}\n",
-                    markdown::cell(&t.title),
-                    markdown::table(&t)
-                );
-                if let Some(n) = &t.note {
-                    let _ = writeln!(s, "{}\n", markdown::cell(n));
-                }
+                s.push_str(&markdown::titled_table(&t));
             }
             s
         }
