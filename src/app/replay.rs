@@ -64,6 +64,16 @@ pub struct Replay {
     pub notes: Vec<String>,
 }
 
+/// What a run keeps: per-event points only for the report; trace history only
+/// for the snapshot of the last run.
+fn run_options(opts: &ReplayOptions, is_last: bool) -> RunOptions {
+    RunOptions {
+        timeline: opts.report.is_some(),
+        history: opts.emit_snapshot.is_some() && is_last,
+        ..RunOptions::default()
+    }
+}
+
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
     let replay = execute(opts)?;
     let mut stdout = match opts.format {
@@ -155,12 +165,7 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         .zip(&settings)
         .enumerate()
         .map(|(i, (conf, settings))| {
-            let options = RunOptions {
-                // Per-event points only for the report; history only for the snapshot of the last run.
-                timeline: opts.report.is_some(),
-                history: opts.emit_snapshot.is_some() && i == last,
-                ..RunOptions::default()
-            };
+            let options = run_options(opts, i == last);
             let summary = opts.summary.then_some(0);
             run_one(conf, settings, &open, summary, options, &|s, d, o| {
                 Ok(replay_with(&trace, s, d, o))
@@ -306,11 +311,7 @@ fn snapshot_replay(
         .iter()
         .enumerate()
         .map(|(i, (conf, settings))| {
-            let options = RunOptions {
-                timeline: opts.report.is_some(),
-                history: opts.emit_snapshot.is_some() && i == last,
-                ..RunOptions::default()
-            };
+            let options = run_options(opts, i == last);
             let summary = opts.summary.then_some(device);
             run_one(conf.clone(), settings, &open, summary, options, &replay)
         })
