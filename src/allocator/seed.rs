@@ -27,7 +27,12 @@ impl<D: Device> CachingAllocator<D> {
         small: bool,
         blocks: &[SeedBlock],
     ) -> Result<u64, DeviceError> {
-        let total: u64 = blocks.iter().map(|b| b.size).sum();
+        // Recorded sizes are untrusted: the segment must fit the stats' int64.
+        let total = blocks
+            .iter()
+            .try_fold(0u64, |sum, b| sum.checked_add(b.size))
+            .filter(|&total| self.may_hold(total))
+            .ok_or(DeviceError::OutOfMemory)?;
         if total == 0 {
             return Err(DeviceError::Other("a seeded segment needs blocks".into()));
         }
@@ -54,7 +59,7 @@ impl<D: Device> CachingAllocator<D> {
             let mut block = Block::new(addr, b.size, stream, small);
             block.prev = prev;
             block.allocated = b.allocated;
-            block.requested_size = b.requested_size;
+            block.requested_size = b.requested_size.min(b.size);
             let id = self.arena.insert(block);
             if prev != NIL {
                 self.arena.get_mut(prev).next = id;
@@ -67,7 +72,9 @@ impl<D: Device> CachingAllocator<D> {
                 s.allocated_bytes.increase(small, b.size);
                 s.active.increase(small, 1);
                 s.active_bytes.increase(small, b.size);
-                s.requested_bytes.increase(small, b.requested_size);
+                // A request is never above its block (`round_size`).
+                s.requested_bytes
+                    .increase(small, b.requested_size.min(b.size));
                 if b.size >= self.settings.max_split_size {
                     s.oversize_allocations.increase(1);
                 }
