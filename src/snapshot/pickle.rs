@@ -216,21 +216,23 @@ pub fn decode(data: &[u8]) -> Result<Pickle<'_>, DecodeError> {
 /// Decodes `data` (one pickle; trailing bytes after STOP are ignored, as
 /// `pickle.loads` does).
 pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeError> {
-    // Reserve from the input's actual size (not a declared length): a torch
-    // snapshot holds about one pooled value per 10 bytes and one object per
-    // 50; only touched pages count, so an overestimate costs nothing.
+    // Reserve from the input's actual size (not a declared length): torch
+    // snapshots hold up to one pooled value per 3 bytes and one object per
+    // 16. Only touched pages count, so an overestimate costs address space,
+    // not memory, while an underestimate costs a copy of the whole pool; if
+    // the address space is refused, start from a smaller guess and grow.
     let n = data.len();
     let d = Decoder {
         data,
         pos: 0,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Vec::with_capacity(n / 32),
+        memo: reserved(n / 16),
         memo_values: Vec::new(),
         sparse_memo: HashMap::new(),
         p: Pickle {
-            objs: Vec::with_capacity(n / 32),
-            pool: Vec::with_capacity(n / 8),
+            objs: reserved(n / 16),
+            pool: reserved(n / 3),
             owned: Vec::new(),
             shapes: Vec::new(),
             root: V::NONE,
@@ -242,6 +244,17 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         limits,
     };
     d.run()
+}
+
+/// A vector with room for `items`, or for fewer if that much address space
+/// is refused.
+fn reserved<T>(items: usize) -> Vec<T> {
+    let mut v = Vec::new();
+    let mut want = items;
+    while want > 0 && v.try_reserve_exact(want).is_err() {
+        want /= 4;
+    }
+    v
 }
 
 /// Marks a dense memo entry as an index into `memo_values` (arena ids stay
