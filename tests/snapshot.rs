@@ -542,3 +542,178 @@ fn snapshot_evidence_as_json() {
     .unwrap();
     insta::assert_json_snapshot!(obs);
 }
+
+// ---- expandable segments ---------------------------------------------------
+
+#[path = "support/xorshift.rs"]
+mod xorshift;
+
+/// What a recording with expandable segments looked like after some event.
+struct Moment {
+    /// Trace entries recorded so far.
+    entries: usize,
+    /// (address, size, state) of every block of every segment.
+    blocks: Vec<(u64, u64, &'static str)>,
+    segments: usize,
+    stats: [i64; 5],
+}
+
+fn moment(a: &CachingAllocator<SimDevice>, entries: usize) -> Moment {
+    let segs = a.segments();
+    let s = a.stats();
+    Moment {
+        entries,
+        blocks: segs
+            .iter()
+            .flat_map(|g| {
+                g.blocks
+                    .iter()
+                    .map(|b| (b.address, b.size, b.state.as_str()))
+            })
+            .collect(),
+        segments: segs.len(),
+        stats: [
+            s.reserved_bytes.all().current,
+            s.allocated_bytes.all().current,
+            s.requested_bytes.all().current,
+            s.allocation.all().current,
+            s.segment.all().current,
+        ],
+    }
+}
+
+fn expandable_settings() -> allocdoc::conf::Settings {
+    allocdoc::conf::Settings {
+        expandable_segments: true,
+        ..allocdoc::conf::Settings::default()
+    }
+}
+
+/// A workload of small and large requests, frees and an `empty_cache()` every
+/// 150 events, recorded with expandable segments on a 4 GiB card: the final
+/// segments, every trace entry, and the state at the start and after every
+/// 25th event but the last.
+fn expandable_recording() -> (
+    Vec<allocdoc::allocator::SegmentInfo>,
+    Vec<allocdoc::allocator::TraceEntry>,
+    Vec<Moment>,
+) {
+    let mut rng = xorshift::Rng(0x5eed_e8a0_d4b1);
+    let mut a = CachingAllocator::new(expandable_settings(), SimDevice::new(4 << 30));
+    a.record_history();
+    let mut live: Vec<u64> = Vec::new();
+    let mut trace = Vec::new();
+    let mut moments = vec![moment(&a, 0)];
+    for event in 1..=600u64 {
+        if event % 150 == 0 {
+            a.empty_cache();
+        } else if live.len() < 4 || rng.next() % 8 < 5 {
+            let size = match rng.next() % 4 {
+                0 => 1 + rng.next() % (1 << 20),
+                1 | 2 => (1 << 20) + rng.next() % (12 << 20),
+                _ => (12 << 20) + rng.next() % (90 << 20),
+            };
+            live.push(a.malloc(size, 0).unwrap());
+        } else {
+            let i = (rng.next() % live.len() as u64) as usize;
+            a.free(live.swap_remove(i)).unwrap();
+        }
+        trace.extend(a.take_trace());
+        if event % 25 == 0 && event < 600 {
+            moments.push(moment(&a, trace.len()));
+        }
+    }
+    (a.segments(), trace, moments)
+}
+
+/// The recording as a snapshot whose ring buffer kept the entries from `from` on.
+fn expandable_snapshot(
+    segments: &[allocdoc::allocator::SegmentInfo],
+    trace: &[allocdoc::allocator::TraceEntry],
+    from: usize,
+) -> Vec<u8> {
+    let snap = snapshot::writer::Snapshot::from_allocator(
+        segments,
+        &trace[from..],
+        Some("expandable_segments:True".into()),
+    );
+    snapshot::writer::to_bytes(&snap)
+}
+
+#[test]
+fn expandable_start_states_are_rebuilt_exactly_and_replay_at_the_recorded_addresses() {
+    let (segments, trace, moments) = expandable_recording();
+    let maps = trace
+        .iter()
+        .filter(|e| e.action == allocdoc::allocator::TraceAction::SegmentMap)
+        .count();
+    let unmaps = trace
+        .iter()
+        .filter(|e| e.action == allocdoc::allocator::TraceAction::SegmentUnmap)
+        .count();
+    assert!(maps > 20 && unmaps > 5, "{maps} maps, {unmaps} unmaps");
+    let mut seeded_nonempty = 0;
+    for m in &moments {
+        let bytes = expandable_snapshot(&segments, &trace, m.entries);
+        let snap = snapshot::load("expandable", &bytes).unwrap();
+        let settings = snapshot_trace::recorded_settings(&snap);
+        assert!(settings.expandable_segments, "inferred from the segments");
+        let st = SnapshotTrace::new(&snap, 0, &settings).unwrap();
+        assert_eq!(st.start.unplaced, 0);
+        // The seeded state is the recording's state at that moment.
+        let sim = SimDevice::new(4 << 30).with_recorded_addresses(st.recorded_addresses(true));
+        let mut a = CachingAllocator::new(settings.clone(), sim);
+        let options = allocdoc::workload::ReplayOptions {
+            stop_after: Some(0),
+            ..Default::default()
+        };
+        st.run_with(&mut a, true, options).unwrap();
+        a.check_invariants().unwrap();
+        let seeded = moment(&a, m.entries);
+        assert_eq!(seeded.stats, m.stats, "after {} entries", m.entries);
+        assert_eq!(seeded.segments, m.segments, "after {} entries", m.entries);
+        assert_eq!(seeded.blocks, m.blocks, "after {} entries", m.entries);
+        seeded_nonempty += usize::from(m.stats[0] > 0);
+        assert_replays_exactly(&snap, m.entries);
+    }
+    assert_eq!(seeded_nonempty, moments.len() - 1);
+}
+
+/// Replayed forward from its start state, the snapshot's trace matches the recording.
+fn assert_replays_exactly(snap: &snapshot::Snapshot, from: usize) -> Fidelity {
+    let settings = snapshot_trace::recorded_settings(snap);
+    let st = SnapshotTrace::new(snap, 0, &settings).unwrap();
+    let sim = SimDevice::new(4 << 30).with_recorded_addresses(st.recorded_addresses(true));
+    let mut a = CachingAllocator::new(settings, sim);
+    let run = st.run(&mut a, true).unwrap();
+    a.check_invariants().unwrap();
+    let f = run.fidelity.unwrap();
+    assert_eq!(f.address_matches, f.alloc_events, "from {from}: {f:#?}");
+    assert_eq!(f.entries_equal, f.entries_compared, "from {from}: {f:#?}");
+    assert_eq!(f.segment_matches, f.segment_events, "from {from}");
+    assert!(
+        f.final_segments_equal,
+        "from {from}: {:?}",
+        f.final_difference
+    );
+    f
+}
+
+#[test]
+fn expandable_traces_cut_anywhere_replay_at_the_recorded_addresses() {
+    let (segments, trace, _) = expandable_recording();
+    assert_eq!(trace.len(), 898);
+    // Cuts between a segment_map and its alloc, inside empty_cache()'s unmaps, …
+    for from in (0..trace.len()).step_by(7) {
+        let bytes = expandable_snapshot(&segments, &trace, from);
+        let snap = snapshot::load("expandable", &bytes).unwrap();
+        assert_replays_exactly(&snap, from);
+    }
+    let bytes = expandable_snapshot(&segments, &trace, 0);
+    let whole = snapshot::load("whole", &bytes).unwrap();
+    let f = assert_replays_exactly(&whole, 0);
+    assert_eq!(
+        (f.alloc_events, f.segment_events, f.entries_compared),
+        (378, 84, 898)
+    );
+}
