@@ -717,3 +717,85 @@ fn expandable_traces_cut_anywhere_replay_at_the_recorded_addresses() {
         (378, 84, 898)
     );
 }
+
+#[test]
+fn a_mid_run_expandable_snapshot_seeds_the_recorded_state_and_replays_exactly() {
+    // The same recording whole and cut after 248 of its 620 entries
+    // (fixtures/snapshots/README.md).
+    let full_bytes = fixture("gen-expandable-full.pickle");
+    let full = snapshot::load("full", &full_bytes).unwrap();
+    let mid_bytes = fixture("gen-expandable-midrun.pickle");
+    let mid = snapshot::load("mid", &mid_bytes).unwrap();
+    let settings = snapshot_trace::recorded_settings(&mid);
+    assert!(settings.expandable_segments);
+    let state_after = |snap: &snapshot::Snapshot, stop_after: u64| {
+        let st = SnapshotTrace::new(snap, 0, &settings).unwrap();
+        let sim = SimDevice::new(4 << 30).with_recorded_addresses(st.recorded_addresses(true));
+        let mut a = CachingAllocator::new(settings.clone(), sim);
+        let options = allocdoc::workload::ReplayOptions {
+            stop_after: Some(stop_after),
+            ..Default::default()
+        };
+        st.run_with(&mut a, true, options).unwrap();
+        a.check_invariants().unwrap();
+        a
+    };
+    // Seeded from the cut snapshot = the whole recording replayed up to the cut.
+    let seeded = state_after(&mid, 0);
+    let recorded = state_after(&full, 248);
+    let figures = |a: &CachingAllocator<SimDevice>| {
+        let s = a.stats();
+        (
+            s.reserved_bytes.all().current,
+            s.allocated_bytes.all().current,
+            s.allocation.all().current,
+            s.segment.all().current,
+            a.segments().len(),
+        )
+    };
+    assert_eq!(figures(&seeded), (908_066_816, 512_443_904, 33, 0, 4));
+    assert_eq!(figures(&seeded), figures(&recorded));
+    // Every block at its address, size and state (a free block's stale
+    // requested size is not in the recording).
+    assert_eq!(moment(&seeded, 0).blocks, moment(&recorded, 0).blocks);
+
+    // The final state: the snapshot's 9 mapped ranges.
+    let st = SnapshotTrace::new(&mid, 0, &settings).unwrap();
+    assert_eq!((st.start.reservations.len(), st.start.live_blocks), (4, 33));
+    let end = state_after(&mid, u64::MAX);
+    let reserved: u64 = mid.segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 = mid.segments.iter().map(|s| s.allocated_size).sum();
+    assert_eq!(
+        figures(&end),
+        (reserved as i64, allocated as i64, figures(&end).2, 0, 9)
+    );
+    assert_eq!(reserved, 1_421_869_056);
+}
+
+#[test]
+fn replay_fidelity_of_the_mid_run_expandable_fixture() {
+    use allocdoc::app::replay::{ReplayOptions, execute};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/snapshots/gen-expandable-midrun.pickle");
+    let opts = ReplayOptions {
+        trace: path.display().to_string(),
+        device: "sim".into(),
+        fidelity: true,
+        ..ReplayOptions::default()
+    };
+    let r = execute(&opts).unwrap();
+    assert_eq!(r.events, 372);
+    let f = r.fidelity.unwrap();
+    assert_eq!((f.alloc_events, f.address_matches), (136, 136));
+    assert_eq!((f.entries_compared, f.entries_equal), (372, 372));
+    assert_eq!((f.segment_events, f.segment_matches), (38, 38));
+    assert_eq!((f.start_segments, f.live_at_start_blocks), (4, 33));
+    assert!(f.final_segments_equal, "{:?}", f.final_difference);
+    assert_eq!(
+        r.notes[0],
+        format!(
+            "note: {}: device 0, 4 segments and 33 live blocks seeded at the start of the trace",
+            path.display()
+        )
+    );
+}
