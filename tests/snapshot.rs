@@ -799,3 +799,75 @@ fn replay_fidelity_of_the_mid_run_expandable_fixture() {
         )
     );
 }
+
+// ---- input detection -------------------------------------------------------
+
+#[test]
+fn protocol_0_and_1_pickles_are_detected_and_parsed_like_protocol_2() {
+    use allocdoc::app::Format;
+    use allocdoc::app::parse::{ParseOptions, run};
+    let parse = |name: &str| {
+        let out = run(&ParseOptions {
+            inputs: vec![format!("fixtures/snapshots/{name}")],
+            format: Format::Json,
+        })
+        .unwrap();
+        assert_eq!(out.exit_code, 0, "{name}");
+        let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        json["observations"].clone()
+    };
+    for name in ["gen-small-p0.pickle", "gen-small-p1.pickle"] {
+        let data = fixture(name);
+        assert!(snapshot::is_pickle(&data), "{name}");
+        assert_eq!(
+            allocdoc::ingest::detect(&data),
+            allocdoc::ingest::InputKind::Pickle
+        );
+        let obs = parse(name);
+        assert_eq!(obs.as_array().unwrap().len(), 2, "two devices");
+        assert_eq!(obs[0]["kind"], "snapshot");
+        // Without a PROTO opcode the decoder reports protocol 0.
+        assert_eq!(obs[0]["detail"]["protocol"], 0);
+        // Same figures as the protocol-2 file of the same snapshot (the input
+        // name and protocol aside).
+        let mut p2 = parse("gen-small-p2.pickle");
+        let mut obs = obs;
+        for o in [&mut p2, &mut obs] {
+            for d in o.as_array_mut().unwrap() {
+                d.as_object_mut().unwrap().remove("input");
+                d["detail"].as_object_mut().unwrap().remove("protocol");
+            }
+        }
+        assert_eq!(obs, p2, "{name}");
+    }
+}
+
+#[test]
+fn text_logs_starting_like_a_pickle_stay_text() {
+    use allocdoc::ingest::{InputKind, detect};
+    let oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.22 GiB. GPU 0 has a \
+               total capacity of 15.69 GiB of which 3.71 GiB is free. Including non-PyTorch memory, \
+               this process has 11.14 GiB memory in use. Of the allocated memory 10.14 GiB is \
+               allocated by PyTorch, and 771.43 MiB is reserved by PyTorch but unallocated.\n";
+    let dir = tempfile::tempdir().unwrap();
+    for (i, first) in [
+        "(lora) user@host:~$ python train.py\n",
+        "(dp0 is not a pickle\n",
+        "(venv) $ torchrun train.py\n",
+        "]q: the job was preempted\n",
+        "](step 12) loss 0.31\n",
+        "}r ended\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let text = format!("{first}{oom}");
+        assert!(!snapshot::is_pickle(text.as_bytes()), "{first:?}");
+        assert_eq!(detect(text.as_bytes()), InputKind::Text, "{first:?}");
+        let path = dir.path().join(format!("log{i}.txt"));
+        std::fs::write(&path, &text).unwrap();
+        let ev = allocdoc::ingest::load(&[path.display().to_string()]).unwrap();
+        assert_eq!(ev.observations.len(), 1, "{first:?}");
+        assert_eq!(ev.observations[0].kind, allocdoc::evidence::Kind::Oom);
+    }
+}
