@@ -773,31 +773,62 @@ fn a_mid_run_expandable_snapshot_seeds_the_recorded_state_and_replays_exactly() 
 }
 
 #[test]
-fn replay_fidelity_of_the_mid_run_expandable_fixture() {
+fn replay_fidelity_of_the_mid_run_expandable_fixtures() {
     use allocdoc::app::replay::{ReplayOptions, execute};
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/snapshots/gen-expandable-midrun.pickle");
-    let opts = ReplayOptions {
-        trace: path.display().to_string(),
-        device: "sim".into(),
-        fidelity: true,
-        ..ReplayOptions::default()
-    };
-    let r = execute(&opts).unwrap();
-    assert_eq!(r.events, 372);
-    let f = r.fidelity.unwrap();
-    assert_eq!((f.alloc_events, f.address_matches), (136, 136));
-    assert_eq!((f.entries_compared, f.entries_equal), (372, 372));
-    assert_eq!((f.segment_events, f.segment_matches), (38, 38));
-    assert_eq!((f.start_segments, f.live_at_start_blocks), (4, 33));
-    assert!(f.final_segments_equal, "{:?}", f.final_difference);
-    assert_eq!(
-        r.notes[0],
-        format!(
-            "note: {}: device 0, 4 segments and 33 live blocks seeded at the start of the trace",
-            path.display()
-        )
-    );
+    // (file, entries, allocs, segment events, start segments, live blocks at the start)
+    for (name, entries, allocs, segment_events, segments, live) in [
+        ("gen-expandable-midrun.pickle", 372, 136, 38, 4, 33),
+        // cudaMalloc'd start segments beside expandable ones.
+        (
+            "gen-expandable-maphsge4-midrun.pickle",
+            2497,
+            825,
+            4,
+            71,
+            409,
+        ),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/snapshots")
+            .join(name);
+        let opts = ReplayOptions {
+            trace: path.display().to_string(),
+            device: "sim".into(),
+            fidelity: true,
+            ..ReplayOptions::default()
+        };
+        let r = execute(&opts).unwrap();
+        assert_eq!(r.events, entries);
+        let f = r.fidelity.unwrap();
+        assert_eq!(
+            (f.alloc_events, f.address_matches),
+            (allocs, allocs),
+            "{name}"
+        );
+        assert_eq!(
+            (f.entries_compared, f.entries_equal),
+            (entries, entries),
+            "{name}"
+        );
+        assert_eq!(
+            (f.segment_events, f.segment_matches),
+            (segment_events, segment_events),
+            "{name}"
+        );
+        assert_eq!(
+            (f.start_segments, f.live_at_start_blocks),
+            (segments, live),
+            "{name}"
+        );
+        assert!(f.final_segments_equal, "{name}: {:?}", f.final_difference);
+        assert_eq!(
+            r.notes[0],
+            format!(
+                "note: {}: device 0, {segments} segments and {live} live blocks seeded at the start of the trace",
+                path.display()
+            )
+        );
+    }
 }
 
 // ---- input detection -------------------------------------------------------
