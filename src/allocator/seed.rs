@@ -87,7 +87,7 @@ impl<D: Device> CachingAllocator<D> {
             let size = r.size();
             // Touching ranges would be one range (its free blocks merged).
             let after = i > 0 && r.offset <= extent;
-            if size == 0 || after || r.offset % page != 0 || size % page != 0 {
+            if size == 0 || after || !r.offset.is_multiple_of(page) || !size.is_multiple_of(page) {
                 return invalid("needs whole pages in separate ranges, in address order");
             }
             extent = match r.offset.checked_add(size) {

@@ -828,7 +828,7 @@ fn expandable_start(
     }
     // Without a request to go by: whole large-pool pages are the large pool's.
     let large_page = expandable_page_size(false, recorded);
-    let by_size = |size: u64| large_page == 0 || size % large_page != 0;
+    let by_size = |size: u64| !size.is_multiple_of(large_page);
     // `malloc` records its `segment_map`s just before the `alloc` (or `oom`)
     // they were for: that request's pool is theirs.
     let mut pools: Vec<Option<bool>> = vec![None; trace.len()];
