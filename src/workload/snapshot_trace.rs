@@ -12,15 +12,16 @@
 //!   never serve a request of that pool, and merges back on free); (b) blocks
 //!   still `active_allocated` at the end that the trace never allocated, with
 //!   their exact size;
-//! - everything else in a start segment is one free block per gap.
-//!
+//! - everything else in a start segment is one free block per gap;
 //! - expandable segments (one reservation per stream and pool): the pages
 //!   mapped at the start are the final segments' ranges less what the trace's
 //!   `segment_map` entries mapped, plus what its `segment_unmap` entries
 //!   unmapped, walked back from the end; the reservation starts at the lowest
 //!   address the recording shows for it (pages below it that were never mapped
 //!   in the recording cannot be seen), and a `segment_map`'s pool is the pool
-//!   of the `alloc` (or `oom`) that follows it, as `malloc` records them.
+//!   of the `alloc` (or `oom`) that follows it, as `malloc` records them. A
+//!   second reservation of one stream and pool (PyTorch makes one only when
+//!   9/8 of the card has no room left) is read as part of the first.
 //!
 //! The start state is seeded at the recorded addresses, then the trace runs
 //! forward: `alloc` → `malloc`, `free_requested` → `free` (a `free_completed`
@@ -29,11 +30,12 @@
 //! itself → `empty_cache()`.
 //!
 //! With fidelity, the device hands out the recorded `segment_alloc` addresses
-//! and the bases of reservations made during the trace in order, and every alloc's address, every trace entry and the final
-//! segments are compared with the recording. Under another config (a what-if
-//! replay) the live-at-start blocks keep their recorded segments, offsets and
-//! sizes; only the allocations made during the replay follow the new config,
-//! and new segments are laid out by the simulated device.
+//! and the bases of reservations made during the trace, in order, and every
+//! alloc's address, every trace entry and the final segments are compared
+//! with the recording. Under another config (a what-if replay) the
+//! live-at-start blocks keep their recorded segments, offsets and sizes; only
+//! the allocations made during the replay follow the new config, and new
+//! segments are laid out by the simulated device.
 
 use crate::Error;
 use crate::allocator::seed::{SeedBlock, SeedRange};
@@ -626,7 +628,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             final_segments_equal: final_difference.is_none(),
             final_difference,
             live_at_start_blocks: self.start.live_blocks,
-            start_segments: self.start.segments(),
+            start_segments: self.start.segment_count(),
         }
     }
 
@@ -700,7 +702,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
 impl StartState {
     /// Segments at the start as a snapshot lists them: the cudaMalloc'd ones
     /// and every mapped range of an expandable one.
-    pub fn segments(&self) -> usize {
+    pub fn segment_count(&self) -> usize {
         self.segments.len()
             + self
                 .reservations
@@ -833,32 +835,38 @@ fn expandable_start(
     // they were for: that request's pool is theirs.
     let mut pools: Vec<Option<bool>> = vec![None; trace.len()];
     let mut next_pool = None;
-    for (i, e) in trace.iter().enumerate().rev() {
+    for (e, pool) in trace.iter().zip(pools.iter_mut()).rev() {
         match e.action {
             Action::Alloc => next_pool = Some(is_small(round_size(e.size, recorded))),
             Action::Oom => next_pool = Some(is_small(e.size)),
-            Action::SegmentMap => pools[i] = Some(next_pool.unwrap_or_else(|| by_size(e.size))),
+            Action::SegmentMap => *pool = Some(next_pool.unwrap_or_else(|| by_size(e.size))),
             _ => {}
         }
     }
-    // An unmapped range belongs to the nearest range the recording shows on its stream.
-    let mut known: Vec<(u64, u64, bool)> = expandable()
-        .map(|s| (s.stream, s.address, is_small_pool(s)))
+    // An unmapped range belongs to the nearest range the recording shows on its
+    // stream: (stream, address) → small pool?
+    let mut known: BTreeMap<(u64, u64), bool> = expandable()
+        .map(|s| ((s.stream, s.address), is_small_pool(s)))
         .collect();
     known.extend(
         trace
             .iter()
             .zip(&pools)
-            .filter_map(|(e, p)| p.map(|small| (e.stream, e.addr, small))),
+            .filter_map(|(e, p)| p.map(|small| ((e.stream, e.addr), small))),
     );
-    for (i, e) in trace.iter().enumerate() {
+    let nearest = |stream: u64, addr: u64| {
+        let below = known.range((stream, 0)..=(stream, addr)).next_back();
+        let above = known.range((stream, addr)..=(stream, u64::MAX)).next();
+        below
+            .into_iter()
+            .chain(above)
+            .min_by_key(|((_, a), _)| a.abs_diff(addr))
+            .map(|(_, &small)| small)
+    };
+    for (i, (e, pool)) in trace.iter().zip(&pools).enumerate() {
         let small = match e.action {
-            Action::SegmentMap => pools[i].unwrap_or(false),
-            Action::SegmentUnmap => known
-                .iter()
-                .filter(|k| k.0 == e.stream)
-                .min_by_key(|k| k.1.abs_diff(e.addr))
-                .map_or_else(|| by_size(e.size), |k| k.2),
+            Action::SegmentMap => pool.unwrap_or(false),
+            Action::SegmentUnmap => nearest(e.stream, e.addr).unwrap_or_else(|| by_size(e.size)),
             _ => continue,
         };
         walks.entry((e.stream, small)).or_default().events.push((
