@@ -1038,3 +1038,30 @@ fn since(now: DeviceCounters, start: DeviceCounters) -> DeviceCounters {
         driver_time_us: now.driver_time_us - start.driver_time_us,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Ranges;
+
+    fn ranges(r: &Ranges) -> Vec<(u64, u64)> {
+        r.0.iter().map(|(&b, &e)| (b, e)).collect()
+    }
+
+    #[test]
+    fn ranges_merge_where_they_touch_and_split_where_cut() {
+        let mut r = Ranges::default();
+        r.insert(40, 60);
+        r.insert(0, 20);
+        r.insert(20, 30);
+        assert_eq!(ranges(&r), [(0, 30), (40, 60)]);
+        r.insert(25, 45);
+        assert_eq!(ranges(&r), [(0, 60)]);
+        r.remove(10, 20);
+        r.remove(50, 70);
+        assert_eq!(ranges(&r), [(0, 10), (20, 50)]);
+        r.remove(0, 30);
+        assert_eq!(ranges(&r), [(30, 50)]);
+        r.insert(5, 5);
+        assert_eq!(ranges(&r), [(30, 50)]);
+    }
+}
