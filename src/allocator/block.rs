@@ -210,8 +210,16 @@ impl StreamFree {
     /// Position of the first entry not below (size, addr).
     fn lower_bound(&self, size: u64, addr: u64) -> (usize, usize) {
         let b = bucket(size);
+        if !self.is_nonempty(b) {
+            // The bitmap is in L1; an empty bucket's entries need not be touched.
+            return (b, 0);
+        }
         let i = self.buckets[b].partition_point(|e| e.below(size, addr));
         (b, i)
+    }
+    #[inline]
+    fn is_nonempty(&self, b: usize) -> bool {
+        self.nonempty[b / 64] & (1 << (b % 64)) != 0
     }
     /// The (stream, size, address) key and block at position (b, i).
     #[inline]
@@ -321,7 +329,7 @@ impl FreeSet {
         let index = self.streams.iter().position(|s| s.stream == stream)?;
         let sf = &self.streams[index];
         let (b, i) = sf.lower_bound(size, 0);
-        let (bucket, index_in) = if i < sf.buckets[b].len() {
+        let (bucket, index_in) = if sf.is_nonempty(b) && i < sf.buckets[b].len() {
             (b, i)
         } else {
             (sf.next_bucket(b + 1)?, 0)

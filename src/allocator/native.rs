@@ -312,16 +312,21 @@ impl<D: Device> CachingAllocator<D> {
                             0
                         }
                 };
-                while arena.get(id).is_expandable() {
+                let mut grown = expandable_size(arena.get(id));
+                // A block that cannot grow is never beaten: the blocks after it
+                // are at least its size. Stopping there skips touching them.
+                while arena.get(id).is_expandable() && grown > arena.get(id).size {
                     let Some(next_at) = blocks.next(at) else {
                         break;
                     };
                     let (_, next) = blocks.get(next_at);
-                    if expandable_size(arena.get(next)) >= expandable_size(arena.get(id)) {
+                    let next_grown = expandable_size(arena.get(next));
+                    if next_grown >= grown {
                         break;
                     }
                     at = next_at;
                     id = next;
+                    grown = next_grown;
                 }
             } else {
                 // Expandable segments were turned off: only non-expandable blocks.

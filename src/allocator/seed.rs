@@ -29,8 +29,11 @@ pub struct SeedRange {
 }
 
 impl SeedRange {
+    /// The bytes of its blocks (saturating: sizes are untrusted).
     pub fn size(&self) -> u64 {
-        self.blocks.iter().map(|b| b.size).sum()
+        self.blocks
+            .iter()
+            .fold(0u64, |sum, b| sum.saturating_add(b.size))
     }
 }
 
@@ -44,7 +47,12 @@ impl<D: Device> CachingAllocator<D> {
         small: bool,
         blocks: &[SeedBlock],
     ) -> Result<u64, DeviceError> {
-        let total: u64 = blocks.iter().map(|b| b.size).sum();
+        // Recorded sizes are untrusted: the segment must fit the stats' int64.
+        let total = blocks
+            .iter()
+            .try_fold(0u64, |sum, b| sum.checked_add(b.size))
+            .filter(|&total| self.may_hold(total))
+            .ok_or(DeviceError::OutOfMemory)?;
         if total == 0 {
             return Err(DeviceError::Other("a seeded segment needs blocks".into()));
         }
@@ -94,8 +102,9 @@ impl<D: Device> CachingAllocator<D> {
                 Some(end) => end,
                 None => return invalid("ends past the address space"),
             };
-            mapped += size;
+            mapped = mapped.saturating_add(size);
         }
+        // Recorded sizes are untrusted: the mapped bytes must fit the stats' int64.
         if !self.may_hold(mapped) {
             return Err(DeviceError::OutOfMemory);
         }
@@ -210,7 +219,7 @@ impl<D: Device> CachingAllocator<D> {
         for b in &layout {
             let mut block = Block::new(addr, b.size, stream, small);
             block.allocated = b.allocated;
-            block.requested_size = b.requested_size;
+            block.requested_size = b.requested_size.min(b.size);
             block.expandable = expandable;
             let id = self.link(block, prev);
             prev = id;
@@ -221,7 +230,9 @@ impl<D: Device> CachingAllocator<D> {
                 s.allocated_bytes.increase(small, b.size);
                 s.active.increase(small, 1);
                 s.active_bytes.increase(small, b.size);
-                s.requested_bytes.increase(small, b.requested_size);
+                // A request is never above its block (`round_size`).
+                s.requested_bytes
+                    .increase(small, b.requested_size.min(b.size));
                 if b.size >= self.settings.max_split_size {
                     s.oversize_allocations.increase(1);
                 }

@@ -229,7 +229,7 @@ impl<D: Device> CachingAllocator<D> {
         ];
         for (name, kept, counted) in pairs {
             for i in 0..3 {
-                let (k, c): (&Stat, &Stat) = (&kept.0[i], &counted.0[i]);
+                let (k, c): (Stat, Stat) = (kept.get(i), counted.get(i));
                 if k.current != c.current || k.current > k.peak {
                     return Err(format!(
                         "{name}[{i}]: kept {k:?}, recounted current {}",

@@ -14,20 +14,24 @@ pub struct Stat {
 }
 
 impl Stat {
-    /// `Stat::increase`. PyTorch's int64 arithmetic would overflow (undefined
-    /// behaviour) on totals past i64::MAX; here they saturate.
+    /// `Stat::increase`. `current` is bounded by the reserved total (at most
+    /// `i64::MAX`, see `may_hold`); the accumulated totals are not, and where
+    /// PyTorch's int64 arithmetic would overflow (undefined behaviour) they
+    /// saturate.
     #[inline]
     pub fn increase(&mut self, amount: u64) {
-        let amount = i64::try_from(amount).unwrap_or(i64::MAX);
-        self.current = self.current.saturating_add(amount);
+        debug_assert!(amount <= i64::MAX as u64);
+        let amount = amount as i64;
+        self.current += amount;
         self.peak = self.peak.max(self.current);
         self.allocated = self.allocated.saturating_add(amount);
     }
     /// `Stat::decrease`.
     #[inline]
     pub fn decrease(&mut self, amount: u64) {
-        let amount = i64::try_from(amount).unwrap_or(i64::MAX);
-        self.current = self.current.saturating_sub(amount);
+        debug_assert!(amount <= i64::MAX as u64);
+        let amount = amount as i64;
+        self.current -= amount;
         self.freed = self.freed.saturating_add(amount);
     }
     pub fn reset_accumulated(&mut self) {
@@ -47,26 +51,56 @@ pub const LARGE_POOL: usize = 2;
 pub const STAT_TYPE_NAMES: [&str; 3] = ["all", "small_pool", "large_pool"];
 
 /// `StatArray`: one Stat for all pools, the small pool and the large pool.
+///
+/// On the hot path (every malloc and free updates five of these) the
+/// aggregate keeps only `current` and `peak`: its `allocated` / `freed` are
+/// the sums of the pools' (saturating, as the pools' are), computed on read.
+/// Amounts are block sizes and counts, bounded by the reserved total, which
+/// `may_hold` keeps within `i64::MAX`, so `current` needs no saturation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatArray(pub [Stat; 3]);
+pub struct StatArray([Stat; 3]);
 
 impl StatArray {
     /// Updates "all" and the block's pool type (`for_each_selected_stat_type`).
     #[inline]
     pub fn increase(&mut self, small: bool, amount: u64) {
-        self.0[AGGREGATE].increase(amount);
-        self.0[pool_index(small)].increase(amount);
+        debug_assert!(amount <= i64::MAX as u64);
+        let amount = amount as i64;
+        let all = &mut self.0[AGGREGATE];
+        all.current += amount;
+        all.peak = all.peak.max(all.current);
+        self.0[pool_index(small)].increase(amount as u64);
     }
     #[inline]
     pub fn decrease(&mut self, small: bool, amount: u64) {
-        self.0[AGGREGATE].decrease(amount);
+        debug_assert!(amount <= i64::MAX as u64);
+        self.0[AGGREGATE].current -= amount as i64;
         self.0[pool_index(small)].decrease(amount);
     }
-    pub fn all(&self) -> &Stat {
-        &self.0[AGGREGATE]
+    /// The entry of `StatType` `index` ([`AGGREGATE`], [`SMALL_POOL`], [`LARGE_POOL`]).
+    pub fn get(&self, index: usize) -> Stat {
+        if index != AGGREGATE {
+            return self.0[index];
+        }
+        let (small, large) = (&self.0[SMALL_POOL], &self.0[LARGE_POOL]);
+        Stat {
+            allocated: small.allocated.saturating_add(large.allocated),
+            freed: small.freed.saturating_add(large.freed),
+            ..self.0[AGGREGATE]
+        }
     }
-    pub fn pool(&self, small: bool) -> &Stat {
-        &self.0[pool_index(small)]
+    pub fn all(&self) -> Stat {
+        self.get(AGGREGATE)
+    }
+    pub fn pool(&self, small: bool) -> Stat {
+        self.get(pool_index(small))
+    }
+    /// The three entries in `StatType` order.
+    pub fn entries(&self) -> [Stat; 3] {
+        [0, 1, 2].map(|i| self.get(i))
+    }
+    fn each_mut(&mut self, f: fn(&mut Stat)) {
+        self.0.iter_mut().for_each(f);
     }
 }
 
@@ -116,7 +150,7 @@ impl DeviceStats {
     /// `resetAccumulatedStats` (2.6: also the device counters).
     pub fn reset_accumulated(&mut self) {
         for array in self.arrays_mut() {
-            array.0.iter_mut().for_each(Stat::reset_accumulated);
+            array.each_mut(Stat::reset_accumulated);
         }
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
@@ -130,7 +164,7 @@ impl DeviceStats {
     /// `resetPeakStats`.
     pub fn reset_peak(&mut self) {
         for array in self.arrays_mut() {
-            array.0.iter_mut().for_each(Stat::reset_peak);
+            array.each_mut(Stat::reset_peak);
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
@@ -154,8 +188,8 @@ impl DeviceStats {
             arrays.push(("requested_bytes", &self.requested_bytes));
         }
         for (name, array) in arrays {
-            for (pool, stat) in STAT_TYPE_NAMES.iter().zip(array.0.iter()) {
-                insert_stat(&mut out, &format!("{name}.{pool}"), stat);
+            for (pool, stat) in STAT_TYPE_NAMES.iter().zip(array.entries()) {
+                insert_stat(&mut out, &format!("{name}.{pool}"), &stat);
             }
         }
         insert_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
@@ -201,6 +235,33 @@ mod tests {
         assert_eq!(stats.flat(TorchVersion::new(2, 1)).len(), 119);
         assert_eq!(stats.flat(TorchVersion::new(2, 6)).len(), 122);
         assert_eq!(stats.flat(TorchVersion::new(2, 12)).len(), 123);
+    }
+
+    #[test]
+    fn aggregate_accumulators_are_the_pools_sums() {
+        let mut a = StatArray::default();
+        a.increase(true, 512);
+        a.increase(false, 1 << 20);
+        a.decrease(true, 512);
+        let all = a.all();
+        assert_eq!((all.current, all.peak), (1 << 20, (1 << 20) + 512));
+        assert_eq!((all.allocated, all.freed), ((1 << 20) + 512, 512));
+        assert_eq!(a.pool(false).allocated, 1 << 20);
+        // The accumulated totals saturate, in the pools and in their sum.
+        for _ in 0..3 {
+            a.increase(false, 1 << 62);
+            a.decrease(false, 1 << 62);
+        }
+        assert_eq!(a.pool(false).allocated, i64::MAX);
+        assert_eq!(a.all().allocated, i64::MAX);
+        assert_eq!(a.all().freed, i64::MAX);
+        let flat = DeviceStats {
+            allocated_bytes: a,
+            ..DeviceStats::default()
+        }
+        .flat(TorchVersion::DEFAULT);
+        assert_eq!(flat["allocated_bytes.all.allocated"], i64::MAX);
+        assert_eq!(flat["allocated_bytes.small_pool.freed"], 512);
     }
 
     #[test]
