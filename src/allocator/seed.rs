@@ -378,7 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn misaligned_ranges_are_refused() {
+    fn misaligned_or_oversized_ranges_are_refused() {
         let mut a = CachingAllocator::new(Settings::default(), SimDevice::new(1 << 30));
         let ranges = [SeedRange {
             offset: MIB,
@@ -389,6 +389,21 @@ mod tests {
             }],
         }];
         assert!(a.seed_expandable_segment(0, false, &ranges, None).is_err());
+        // Sizes past what the stats' int64 can count, in whole pages.
+        let huge = SeedBlock {
+            size: (1 << 62) / (20 * MIB) * (20 * MIB),
+            requested_size: u64::MAX,
+            allocated: true,
+        };
+        let ranges = [SeedRange {
+            offset: 0,
+            blocks: vec![huge; 3],
+        }];
+        assert_eq!(
+            a.seed_expandable_segment(0, false, &ranges, None),
+            Err(DeviceError::OutOfMemory)
+        );
         a.check_invariants().unwrap();
+        assert_eq!(a.stats().reserved_bytes.all().current, 0);
     }
 }
