@@ -559,6 +559,125 @@ fn settings_strategy() -> impl Strategy<Value = Settings> {
         })
 }
 
+/// Runs `ops` on `a` (whose live allocations are `live`), checking every
+/// invariant after each; then frees everything and empties the cache, after
+/// which nothing may be left.
+fn run_checked(
+    mut a: CachingAllocator<SimDevice>,
+    settings: &Settings,
+    mut live: Vec<u64>,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    for op in ops {
+        match op {
+            Op::Alloc(size, stream) => match a.malloc(size, stream) {
+                Ok(0) => {}
+                Ok(p) => live.push(p),
+                Err(oom) => prop_assert!(oom.message.starts_with("CUDA out of memory.")),
+            },
+            Op::Free(i) if !live.is_empty() => {
+                let p = live.swap_remove(i % live.len());
+                a.free(p).unwrap();
+            }
+            Op::RecordStream(i, stream) if !live.is_empty() => {
+                a.record_stream(live[i % live.len()], stream).unwrap();
+            }
+            Op::SyncStream(stream) => a.synchronize_stream(stream),
+            Op::EmptyCache => a.empty_cache(),
+            Op::SetExpandable(on) => a.set_settings(Settings {
+                expandable_segments: on,
+                ..settings.clone()
+            }),
+            _ => {}
+        }
+        if let Err(e) = a.check_invariants() {
+            prop_assert!(false, "{}", e);
+        }
+        // allocated (requested) + internal free + external free = reserved, per
+        // segment (_memory_viz.segsum's check).
+        for s in a.segments() {
+            let mut sum = 0u64;
+            for b in &s.blocks {
+                if b.state.as_str() == "inactive" {
+                    sum += b.size;
+                } else {
+                    let internal = b.size.checked_sub(b.requested_size);
+                    prop_assert!(internal.is_some(), "requested above size: {:?}", b);
+                    sum += b.requested_size + internal.unwrap_or(0);
+                }
+            }
+            prop_assert_eq!(sum, s.total_size);
+        }
+    }
+    for p in live {
+        a.free(p).unwrap();
+    }
+    a.empty_cache();
+    prop_assert_eq!(a.stats().reserved_bytes.all().current, 0);
+    prop_assert_eq!(a.total_allocated_memory(), 0);
+    prop_assert!(a.segments().is_empty());
+    let (free, total) = a.device_mut().mem_get_info();
+    prop_assert_eq!(free, total);
+    a.check_invariants().unwrap();
+    Ok(())
+}
+
+/// An expandable segment's mapped ranges: per range, the unmapped pages before
+/// it, its pages, and its blocks as (weight, live?) shares of its bytes.
+type ExpandableLayout = Vec<(u64, u64, Vec<(u64, bool)>)>;
+
+fn expandable_layout_strategy() -> impl Strategy<Value = (bool, ExpandableLayout)> {
+    (
+        any::<bool>(),
+        prop::collection::vec(
+            (
+                0u64..3,
+                1u64..4,
+                prop::collection::vec((1u64..64, any::<bool>()), 1..6),
+            ),
+            1..4,
+        ),
+    )
+}
+
+/// The ranges of `layout` with `page`-byte pages: blocks 512-byte aligned,
+/// at least one unmapped page between ranges.
+fn seed_ranges(layout: &ExpandableLayout, page: u64) -> Vec<allocdoc::allocator::seed::SeedRange> {
+    use allocdoc::allocator::seed::{SeedBlock, SeedRange};
+    let mut offset = 0;
+    layout
+        .iter()
+        .enumerate()
+        .map(|(i, (gap, pages, parts))| {
+            offset += if i == 0 { *gap } else { (*gap).max(1) } * page;
+            let size = pages * page;
+            let total: u64 = parts.iter().map(|p| p.0).sum();
+            let mut left = size;
+            let blocks = parts
+                .iter()
+                .enumerate()
+                .map(|(k, &(weight, allocated))| {
+                    let share = if k + 1 == parts.len() {
+                        left
+                    } else {
+                        (size * weight / total / 512 * 512)
+                            .clamp(512, left - 512 * (parts.len() - k - 1) as u64)
+                    };
+                    left -= share;
+                    SeedBlock {
+                        size: share,
+                        requested_size: if allocated { share - share / 3 } else { 0 },
+                        allocated,
+                    }
+                })
+                .collect();
+            let range = SeedRange { offset, blocks };
+            offset += size;
+            range
+        })
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -568,59 +687,42 @@ proptest! {
         capacity_mib in 200u64..600,
         ops in prop::collection::vec(op_strategy(), 1..120),
     ) {
+        let a = allocator(settings.clone(), capacity_mib * MIB);
+        run_checked(a, &settings, Vec::new(), ops)?;
+    }
+
+    #[test]
+    fn a_seeded_expandable_segment_keeps_every_invariant(
+        settings in settings_strategy(),
+        (small, layout) in expandable_layout_strategy(),
+        capacity_mib in 200u64..600,
+        ops in prop::collection::vec(op_strategy(), 1..80),
+    ) {
+        let settings = Settings { expandable_segments: true, ..settings };
+        let page = if small { 2 * MIB } else { 20 * MIB };
+        let ranges = seed_ranges(&layout, page);
         let mut a = allocator(settings.clone(), capacity_mib * MIB);
-        let mut live: Vec<u64> = Vec::new();
-        for op in ops {
-            match op {
-                Op::Alloc(size, stream) => match a.malloc(size, stream) {
-                    Ok(0) => {}
-                    Ok(p) => live.push(p),
-                    Err(oom) => prop_assert!(oom.message.starts_with("CUDA out of memory.")),
-                },
-                Op::Free(i) if !live.is_empty() => {
-                    let p = live.swap_remove(i % live.len());
-                    a.free(p).unwrap();
-                }
-                Op::RecordStream(i, stream) if !live.is_empty() => {
-                    a.record_stream(live[i % live.len()], stream).unwrap();
-                }
-                Op::SyncStream(stream) => a.synchronize_stream(stream),
-                Op::EmptyCache => a.empty_cache(),
-                Op::SetExpandable(on) => a.set_settings(Settings {
-                    expandable_segments: on,
-                    ..settings.clone()
-                }),
-                _ => {}
-            }
-            if let Err(e) = a.check_invariants() {
-                prop_assert!(false, "{}", e);
-            }
-            // allocated (requested) + internal free + external free = reserved, per
-            // segment (_memory_viz.segsum's check).
-            for s in a.segments() {
-                let mut sum = 0u64;
-                for b in &s.blocks {
-                    if b.state.as_str() == "inactive" {
-                        sum += b.size;
-                    } else {
-                        let internal = b.size.checked_sub(b.requested_size);
-                        prop_assert!(internal.is_some(), "requested above size: {:?}", b);
-                        sum += b.requested_size + internal.unwrap_or(0);
-                    }
-                }
-                prop_assert_eq!(sum, s.total_size);
-            }
-        }
-        for p in live {
-            a.free(p).unwrap();
-        }
-        a.empty_cache();
-        prop_assert_eq!(a.stats().reserved_bytes.all().current, 0);
-        prop_assert_eq!(a.total_allocated_memory(), 0);
-        prop_assert!(a.segments().is_empty());
-        let (free, total) = a.device_mut().mem_get_info();
-        prop_assert_eq!(free, total);
+        let base = a.seed_expandable_segment(0, small, &ranges, None).unwrap();
         a.check_invariants().unwrap();
+        // The stats count what the ranges hold: mapped bytes reserved, live
+        // blocks allocated, no segment (expandable segments are not counted).
+        let mapped: u64 = ranges.iter().map(|r| r.size()).sum();
+        let live_blocks = ranges.iter().flat_map(|r| {
+            r.blocks.iter().scan(base + r.offset, |at, b| {
+                let addr = *at;
+                *at += b.size;
+                Some((addr, *b))
+            })
+        }).filter(|(_, b)| b.allocated);
+        let live: Vec<u64> = live_blocks.clone().map(|(addr, _)| addr).collect();
+        let allocated: u64 = live_blocks.map(|(_, b)| b.size).sum();
+        let s = a.stats();
+        prop_assert_eq!(s.reserved_bytes.all().current, mapped as i64);
+        prop_assert_eq!(s.allocated_bytes.all().current, allocated as i64);
+        prop_assert_eq!(s.allocation.all().current, live.len() as i64);
+        prop_assert_eq!(s.segment.all().current, 0);
+        prop_assert_eq!(a.segments().len(), ranges.len());
+        run_checked(a, &settings, live, ops)?;
     }
 }
 

@@ -542,3 +542,363 @@ fn snapshot_evidence_as_json() {
     .unwrap();
     insta::assert_json_snapshot!(obs);
 }
+
+// ---- expandable segments ---------------------------------------------------
+
+#[path = "support/xorshift.rs"]
+mod xorshift;
+
+/// What a recording with expandable segments looked like after some event.
+struct Moment {
+    /// Trace entries recorded so far.
+    entries: usize,
+    /// (address, size, state) of every block of every segment.
+    blocks: Vec<(u64, u64, &'static str)>,
+    segments: usize,
+    stats: [i64; 5],
+}
+
+fn moment(a: &CachingAllocator<SimDevice>, entries: usize) -> Moment {
+    let segs = a.segments();
+    let s = a.stats();
+    Moment {
+        entries,
+        blocks: segs
+            .iter()
+            .flat_map(|g| {
+                g.blocks
+                    .iter()
+                    .map(|b| (b.address, b.size, b.state.as_str()))
+            })
+            .collect(),
+        segments: segs.len(),
+        stats: [
+            s.reserved_bytes.all().current,
+            s.allocated_bytes.all().current,
+            s.requested_bytes.all().current,
+            s.allocation.all().current,
+            s.segment.all().current,
+        ],
+    }
+}
+
+fn expandable_settings() -> allocdoc::conf::Settings {
+    allocdoc::conf::Settings {
+        expandable_segments: true,
+        ..allocdoc::conf::Settings::default()
+    }
+}
+
+/// A workload of small and large requests, frees and an `empty_cache()` every
+/// 150 events, recorded with expandable segments on a 4 GiB card: the final
+/// segments, every trace entry, and the state at the start and after every
+/// 25th event but the last.
+fn expandable_recording() -> (
+    Vec<allocdoc::allocator::SegmentInfo>,
+    Vec<allocdoc::allocator::TraceEntry>,
+    Vec<Moment>,
+) {
+    let mut rng = xorshift::Rng(0x5eed_e8a0_d4b1);
+    let mut a = CachingAllocator::new(expandable_settings(), SimDevice::new(4 << 30));
+    a.record_history();
+    let mut live: Vec<u64> = Vec::new();
+    let mut trace = Vec::new();
+    let mut moments = vec![moment(&a, 0)];
+    for event in 1..=600u64 {
+        if event % 150 == 0 {
+            a.empty_cache();
+        } else if live.len() < 4 || rng.next() % 8 < 5 {
+            let size = match rng.next() % 4 {
+                0 => 1 + rng.next() % (1 << 20),
+                1 | 2 => (1 << 20) + rng.next() % (12 << 20),
+                _ => (12 << 20) + rng.next() % (90 << 20),
+            };
+            live.push(a.malloc(size, 0).unwrap());
+        } else {
+            let i = (rng.next() % live.len() as u64) as usize;
+            a.free(live.swap_remove(i)).unwrap();
+        }
+        trace.extend(a.take_trace());
+        if event % 25 == 0 && event < 600 {
+            moments.push(moment(&a, trace.len()));
+        }
+    }
+    (a.segments(), trace, moments)
+}
+
+/// The recording as a snapshot whose ring buffer kept the entries from `from` on.
+fn expandable_snapshot(
+    segments: &[allocdoc::allocator::SegmentInfo],
+    trace: &[allocdoc::allocator::TraceEntry],
+    from: usize,
+) -> Vec<u8> {
+    let snap = snapshot::writer::Snapshot::from_allocator(
+        segments,
+        &trace[from..],
+        Some("expandable_segments:True".into()),
+    );
+    snapshot::writer::to_bytes(&snap)
+}
+
+#[test]
+fn expandable_start_states_are_rebuilt_exactly_and_replay_at_the_recorded_addresses() {
+    let (segments, trace, moments) = expandable_recording();
+    let maps = trace
+        .iter()
+        .filter(|e| e.action == allocdoc::allocator::TraceAction::SegmentMap)
+        .count();
+    let unmaps = trace
+        .iter()
+        .filter(|e| e.action == allocdoc::allocator::TraceAction::SegmentUnmap)
+        .count();
+    assert!(maps > 20 && unmaps > 5, "{maps} maps, {unmaps} unmaps");
+    let mut seeded_nonempty = 0;
+    for m in &moments {
+        let bytes = expandable_snapshot(&segments, &trace, m.entries);
+        let snap = snapshot::load("expandable", &bytes).unwrap();
+        let settings = snapshot_trace::recorded_settings(&snap);
+        assert!(settings.expandable_segments, "inferred from the segments");
+        let st = SnapshotTrace::new(&snap, 0, &settings).unwrap();
+        assert_eq!(st.start.unplaced, 0);
+        // The seeded state is the recording's state at that moment.
+        let sim = SimDevice::new(4 << 30).with_recorded_addresses(st.recorded_addresses(true));
+        let mut a = CachingAllocator::new(settings.clone(), sim);
+        let options = allocdoc::workload::ReplayOptions {
+            stop_after: Some(0),
+            ..Default::default()
+        };
+        st.run_with(&mut a, true, options).unwrap();
+        a.check_invariants().unwrap();
+        let seeded = moment(&a, m.entries);
+        assert_eq!(seeded.stats, m.stats, "after {} entries", m.entries);
+        assert_eq!(seeded.segments, m.segments, "after {} entries", m.entries);
+        assert_eq!(seeded.blocks, m.blocks, "after {} entries", m.entries);
+        seeded_nonempty += usize::from(m.stats[0] > 0);
+        assert_replays_exactly(&snap, m.entries);
+    }
+    assert_eq!(seeded_nonempty, moments.len() - 1);
+}
+
+/// Replayed forward from its start state, the snapshot's trace matches the recording.
+fn assert_replays_exactly(snap: &snapshot::Snapshot, from: usize) -> Fidelity {
+    let settings = snapshot_trace::recorded_settings(snap);
+    let st = SnapshotTrace::new(snap, 0, &settings).unwrap();
+    let sim = SimDevice::new(4 << 30).with_recorded_addresses(st.recorded_addresses(true));
+    let mut a = CachingAllocator::new(settings, sim);
+    let run = st.run(&mut a, true).unwrap();
+    a.check_invariants().unwrap();
+    let f = run.fidelity.unwrap();
+    assert_eq!(f.address_matches, f.alloc_events, "from {from}: {f:#?}");
+    assert_eq!(f.entries_equal, f.entries_compared, "from {from}: {f:#?}");
+    assert_eq!(f.segment_matches, f.segment_events, "from {from}");
+    assert!(
+        f.final_segments_equal,
+        "from {from}: {:?}",
+        f.final_difference
+    );
+    f
+}
+
+#[test]
+fn expandable_traces_cut_anywhere_replay_at_the_recorded_addresses() {
+    let (segments, trace, _) = expandable_recording();
+    assert_eq!(trace.len(), 898);
+    // Cuts between a segment_map and its alloc, inside empty_cache()'s unmaps, …
+    for from in (0..trace.len()).step_by(7) {
+        let bytes = expandable_snapshot(&segments, &trace, from);
+        let snap = snapshot::load("expandable", &bytes).unwrap();
+        assert_replays_exactly(&snap, from);
+    }
+    let bytes = expandable_snapshot(&segments, &trace, 0);
+    let whole = snapshot::load("whole", &bytes).unwrap();
+    let f = assert_replays_exactly(&whole, 0);
+    assert_eq!(
+        (f.alloc_events, f.segment_events, f.entries_compared),
+        (378, 84, 898)
+    );
+}
+
+#[test]
+fn a_mid_run_expandable_snapshot_seeds_the_recorded_state_and_replays_exactly() {
+    // The same recording whole and cut after 248 of its 620 entries
+    // (fixtures/snapshots/README.md).
+    let full_bytes = fixture("gen-expandable-full.pickle");
+    let full = snapshot::load("full", &full_bytes).unwrap();
+    let mid_bytes = fixture("gen-expandable-midrun.pickle");
+    let mid = snapshot::load("mid", &mid_bytes).unwrap();
+    let settings = snapshot_trace::recorded_settings(&mid);
+    assert!(settings.expandable_segments);
+    let state_after = |snap: &snapshot::Snapshot, stop_after: u64| {
+        let st = SnapshotTrace::new(snap, 0, &settings).unwrap();
+        let sim = SimDevice::new(4 << 30).with_recorded_addresses(st.recorded_addresses(true));
+        let mut a = CachingAllocator::new(settings.clone(), sim);
+        let options = allocdoc::workload::ReplayOptions {
+            stop_after: Some(stop_after),
+            ..Default::default()
+        };
+        st.run_with(&mut a, true, options).unwrap();
+        a.check_invariants().unwrap();
+        a
+    };
+    // Seeded from the cut snapshot = the whole recording replayed up to the cut.
+    let seeded = state_after(&mid, 0);
+    let recorded = state_after(&full, 248);
+    let figures = |a: &CachingAllocator<SimDevice>| {
+        let s = a.stats();
+        (
+            s.reserved_bytes.all().current,
+            s.allocated_bytes.all().current,
+            s.allocation.all().current,
+            s.segment.all().current,
+            a.segments().len(),
+        )
+    };
+    assert_eq!(figures(&seeded), (908_066_816, 512_443_904, 33, 0, 4));
+    assert_eq!(figures(&seeded), figures(&recorded));
+    // Every block at its address, size and state (a free block's stale
+    // requested size is not in the recording).
+    assert_eq!(moment(&seeded, 0).blocks, moment(&recorded, 0).blocks);
+
+    // The final state: the snapshot's 9 mapped ranges.
+    let st = SnapshotTrace::new(&mid, 0, &settings).unwrap();
+    assert_eq!((st.start.reservations.len(), st.start.live_blocks), (4, 33));
+    let end = state_after(&mid, u64::MAX);
+    let reserved: u64 = mid.segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 = mid.segments.iter().map(|s| s.allocated_size).sum();
+    assert_eq!(
+        figures(&end),
+        (reserved as i64, allocated as i64, figures(&end).2, 0, 9)
+    );
+    assert_eq!(reserved, 1_421_869_056);
+}
+
+#[test]
+fn replay_fidelity_of_the_mid_run_expandable_fixtures() {
+    use allocdoc::app::replay::{ReplayOptions, execute};
+    // (file, entries, allocs, segment events, start segments, live blocks at the start)
+    for (name, entries, allocs, segment_events, segments, live) in [
+        ("gen-expandable-midrun.pickle", 372, 136, 38, 4, 33),
+        // cudaMalloc'd start segments beside expandable ones.
+        (
+            "gen-expandable-maphsge4-midrun.pickle",
+            2497,
+            825,
+            4,
+            71,
+            409,
+        ),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/snapshots")
+            .join(name);
+        let opts = ReplayOptions {
+            trace: path.display().to_string(),
+            device: "sim".into(),
+            fidelity: true,
+            ..ReplayOptions::default()
+        };
+        let r = execute(&opts).unwrap();
+        assert_eq!(r.events, entries);
+        let f = r.fidelity.unwrap();
+        assert_eq!(
+            (f.alloc_events, f.address_matches),
+            (allocs, allocs),
+            "{name}"
+        );
+        assert_eq!(
+            (f.entries_compared, f.entries_equal),
+            (entries, entries),
+            "{name}"
+        );
+        assert_eq!(
+            (f.segment_events, f.segment_matches),
+            (segment_events, segment_events),
+            "{name}"
+        );
+        assert_eq!(
+            (f.start_segments, f.live_at_start_blocks),
+            (segments, live),
+            "{name}"
+        );
+        assert!(f.final_segments_equal, "{name}: {:?}", f.final_difference);
+        assert_eq!(
+            r.notes[0],
+            format!(
+                "note: {}: device 0, {segments} segments and {live} live blocks seeded at the start of the trace",
+                path.display()
+            )
+        );
+    }
+}
+
+// ---- input detection -------------------------------------------------------
+
+#[test]
+fn protocol_0_and_1_pickles_are_detected_and_parsed_like_protocol_2() {
+    use allocdoc::app::Format;
+    use allocdoc::app::parse::{ParseOptions, run};
+    let parse = |name: &str| {
+        let out = run(&ParseOptions {
+            inputs: vec![format!("fixtures/snapshots/{name}")],
+            format: Format::Json,
+        })
+        .unwrap();
+        assert_eq!(out.exit_code, 0, "{name}");
+        let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        json["observations"].clone()
+    };
+    for name in ["gen-small-p0.pickle", "gen-small-p1.pickle"] {
+        let data = fixture(name);
+        assert!(snapshot::is_pickle(&data), "{name}");
+        assert_eq!(
+            allocdoc::ingest::detect(&data),
+            allocdoc::ingest::InputKind::Pickle
+        );
+        let obs = parse(name);
+        assert_eq!(obs.as_array().unwrap().len(), 2, "two devices");
+        assert_eq!(obs[0]["kind"], "snapshot");
+        // Without a PROTO opcode the decoder reports protocol 0.
+        assert_eq!(obs[0]["detail"]["protocol"], 0);
+        // Same figures as the protocol-2 file of the same snapshot (the input
+        // name and protocol aside).
+        let mut p2 = parse("gen-small-p2.pickle");
+        let mut obs = obs;
+        for o in [&mut p2, &mut obs] {
+            for d in o.as_array_mut().unwrap() {
+                d.as_object_mut().unwrap().remove("input");
+                d["detail"].as_object_mut().unwrap().remove("protocol");
+            }
+        }
+        assert_eq!(obs, p2, "{name}");
+    }
+}
+
+#[test]
+fn text_logs_starting_like_a_pickle_stay_text() {
+    use allocdoc::ingest::{InputKind, detect};
+    let oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.22 GiB. GPU 0 has a \
+               total capacity of 15.69 GiB of which 3.71 GiB is free. Including non-PyTorch memory, \
+               this process has 11.14 GiB memory in use. Of the allocated memory 10.14 GiB is \
+               allocated by PyTorch, and 771.43 MiB is reserved by PyTorch but unallocated.\n";
+    let dir = tempfile::tempdir().unwrap();
+    for (i, first) in [
+        "(lora) user@host:~$ python train.py\n",
+        "(dp0 is not a pickle\n",
+        "(venv) $ torchrun train.py\n",
+        "]q: the job was preempted\n",
+        "](step 12) loss 0.31\n",
+        "}r ended\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let text = format!("{first}{oom}");
+        assert!(!snapshot::is_pickle(text.as_bytes()), "{first:?}");
+        assert_eq!(detect(text.as_bytes()), InputKind::Text, "{first:?}");
+        let path = dir.path().join(format!("log{i}.txt"));
+        std::fs::write(&path, &text).unwrap();
+        let ev = allocdoc::ingest::load(&[path.display().to_string()]).unwrap();
+        assert_eq!(ev.observations.len(), 1, "{first:?}");
+        assert_eq!(ev.observations[0].kind, allocdoc::evidence::Kind::Oom);
+    }
+}

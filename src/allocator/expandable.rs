@@ -50,6 +50,17 @@ impl<D: Device> CachingAllocator<D> {
         !b.allocated && b.event_count == 0 && !b.has_stream_uses
     }
 
+    /// `ExpandableSegment::ExpandableSegment`: `max_handles_` pages of `page`
+    /// bytes, 9/8 of the card; a card too large for that (an unbounded
+    /// simulated one) gets 2^62 bytes, so the reservation fits a 64-bit address space.
+    pub(super) fn reservation_pages(&self, page: u64) -> u64 {
+        let total = self.device.total_memory();
+        let Some(most) = (1u64 << 62).checked_div(page) else {
+            return 0;
+        };
+        total.saturating_add(total / 8).div_ceil(page).min(most)
+    }
+
     /// `find_expandable_block`: the lowest-address unmapped range of this stream
     /// (or the free block just before it) with `size` bytes of room, else a new
     /// segment reserving 9/8 of the card.
@@ -77,11 +88,7 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         let page = expandable_page_size(p.small, &self.settings);
-        let total = self.device.total_memory();
-        // 9/8 of the card; a card too large for that (an unbounded simulated one)
-        // gets 2^62 bytes, so the reservation still fits a 64-bit address space.
-        let most = (1u64 << 62).checked_div(page)?;
-        let pages = total.saturating_add(total / 8).div_ceil(page).min(most);
+        let pages = self.reservation_pages(page);
         if pages == 0 {
             // A card without memory: nothing could ever be mapped.
             return None;

@@ -273,7 +273,7 @@ fn snapshot_replay(
     let (capacity, source) = st::capacity(&trace, opts.capacity, DEFAULT_CAPACITY);
     let mut notes = vec![format!(
         "note: {name}: device {device}, {} segments and {} live blocks seeded at the start of the trace",
-        trace.start.segments.len(),
+        trace.start.segment_count(),
         trace.start.live_blocks
     )];
     if source == CapacitySource::OomEntry {

@@ -10,9 +10,19 @@ use crate::Error;
 use crate::evidence::Observation;
 pub use model::Snapshot;
 
-/// True when `data` starts like a pickle (PROTO opcode with protocol 2..=5).
+/// True when `data` is a pickle: the PROTO opcode with protocol 2..=5, or,
+/// protocols 0 and 1 having no PROTO opcode, a dict or list opened as
+/// `pickle.dump` opens them (`(d` / `(l` in protocol 0; `}` / `]` then a memo
+/// put or MARK in protocol 1) that also decodes completely, so that a text
+/// log starting with `(` or `]` stays text.
 pub fn is_pickle(data: &[u8]) -> bool {
-    data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1])
+    match data {
+        [0x80, protocol, ..] => (2..=5).contains(protocol),
+        [b'(', b'd' | b'l', ..] | [b'}' | b']', b'q' | b'r' | b'(', ..] => {
+            pickle::decode(data).is_ok()
+        }
+        _ => false,
+    }
 }
 
 /// Decodes and models a snapshot; errors name the input and the byte offset or

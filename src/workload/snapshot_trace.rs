@@ -12,23 +12,34 @@
 //!   never serve a request of that pool, and merges back on free); (b) blocks
 //!   still `active_allocated` at the end that the trace never allocated, with
 //!   their exact size;
-//! - everything else in a start segment is one free block per gap.
+//! - everything else in a start segment is one free block per gap;
+//! - expandable segments (one reservation per stream and pool): the pages
+//!   mapped at the start are the final segments' ranges less what the trace's
+//!   `segment_map` entries mapped, plus what its `segment_unmap` entries
+//!   unmapped, walked back from the end; the reservation starts at the lowest
+//!   address the recording shows for it (pages below it that were never mapped
+//!   in the recording cannot be seen), and a `segment_map`'s pool is the pool
+//!   of the `alloc` (or `oom`) that follows it, as `malloc` records them. A
+//!   second reservation of one stream and pool (PyTorch makes one only when
+//!   9/8 of the card has no room left) is read as part of the first.
 //!
 //! The start state is seeded at the recorded addresses, then the trace runs
 //! forward: `alloc` → `malloc`, `free_requested` → `free` (a `free_completed`
 //! that comes later is modelled as a use on a side stream that completes
-//! then), a `segment_free` the allocator did not make itself → `empty_cache()`.
+//! then), a `segment_free` or `segment_unmap` the allocator did not make
+//! itself → `empty_cache()`.
 //!
 //! With fidelity, the device hands out the recorded `segment_alloc` addresses
-//! in order, and every alloc's address, every trace entry and the final
-//! segments are compared with the recording. Under another config (a what-if
-//! replay) the live-at-start blocks keep their recorded segments, offsets and
-//! sizes; only the allocations made during the replay follow the new config,
-//! and new segments are laid out by the simulated device.
+//! and the bases of reservations made during the trace, in order, and every
+//! alloc's address, every trace entry and the final segments are compared
+//! with the recording. Under another config (a what-if replay) the
+//! live-at-start blocks keep their recorded segments, offsets and sizes; only
+//! the allocations made during the replay follow the new config, and new
+//! segments are laid out by the simulated device.
 
 use crate::Error;
-use crate::allocator::seed::SeedBlock;
-use crate::allocator::sizes::round_size;
+use crate::allocator::seed::{SeedBlock, SeedRange};
+use crate::allocator::sizes::{expandable_page_size, is_small, round_size};
 use crate::allocator::{CachingAllocator, TraceAction, TraceEntry};
 use crate::conf::Settings;
 use crate::device::sim::SimDevice;
@@ -37,7 +48,7 @@ use crate::snapshot::Snapshot;
 use crate::snapshot::model::{Action, BlockState, Segment, TraceEntry as TraceRecord};
 use crate::workload::replay::{OomEvent, Peaks, ReplayOptions, RunResult, TimelinePoint};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 const MIB: u64 = 1 << 20;
 /// Side streams standing in for the streams a deferred free waited on.
@@ -54,10 +65,25 @@ pub struct StartSegment {
     pub live: Vec<u64>,
 }
 
+/// An expandable segment (one address reservation) as it was when the trace
+/// started: its mapped ranges, offsets from `address`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartReservation {
+    pub address: u64,
+    pub stream: u64,
+    pub small: bool,
+    pub ranges: Vec<SeedRange>,
+    /// Recorded addresses of the live blocks, in address order.
+    pub live: Vec<u64>,
+    /// Bytes up to the next reservation the recording shows, if any.
+    pub limit: Option<u64>,
+}
+
 /// The allocator state at the start of a device's trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartState {
     pub segments: Vec<StartSegment>,
+    pub reservations: Vec<StartReservation>,
     /// Live blocks of kind (a) and (b) placed.
     pub live_blocks: usize,
     /// Live-at-start addresses that fall in no start segment (inconsistent input).
@@ -128,7 +154,25 @@ pub struct SnapshotRun {
     pub history: Vec<TraceEntry>,
 }
 
-pub use crate::snapshot::evidence::recorded_settings;
+/// The settings the recording ran under (`allocator_settings`, PyTorch's
+/// defaults for what it does not record), with expandable segments on where
+/// `allocator_settings` does not say but the recording shows them (expandable
+/// segments or `segment_map` entries; e.g. a snapshot from before 2.6).
+pub fn recorded_settings(snap: &Snapshot) -> Settings {
+    let mut s = crate::snapshot::evidence::recorded_settings(snap);
+    let said = crate::snapshot::evidence::settings_json(snap)
+        .is_some_and(|j| j.get("expandable_segments").is_some());
+    if !said {
+        s.expandable_segments |= snap.segments.iter().any(|g| g.is_expandable == Some(true))
+            || (0..snap.trace_lists())
+                .filter_map(|d| u32::try_from(d).ok())
+                .any(|d| {
+                    snap.trace(d)
+                        .any(|e| e.is_ok_and(|e| e.action == Action::SegmentMap))
+                });
+    }
+    s
+}
 
 /// The first device with trace entries.
 pub fn traced_device(snap: &Snapshot) -> Option<u32> {
@@ -144,8 +188,9 @@ pub struct SnapshotTrace<'s, 'a> {
     /// The device's trace entries, read once.
     pub trace: Vec<TraceRecord>,
     pub start: StartState,
-    /// `segment_alloc` addresses in trace order.
-    segment_allocs: Vec<u64>,
+    /// Addresses the device handed out during the trace, in order:
+    /// `segment_alloc`s and the bases of reservations made then.
+    device_addresses: Vec<u64>,
 }
 
 impl<'s, 'a> SnapshotTrace<'s, 'a> {
@@ -166,22 +211,6 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             .iter()
             .filter(|s| s.device == device)
             .collect();
-        if segs.iter().any(|s| s.is_expandable == Some(true))
-            || trace
-                .iter()
-                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
-        {
-            // Its start state would be expandable segments (a reserved range with
-            // mapped pages, `segment_map`/`segment_unmap` in the trace), and the
-            // bundled allocator can seed only cudaMalloc'd segments (allocator::seed).
-            return Err(Error::Input(
-                "the snapshot was recorded with expandable_segments:True: replaying its trace \
-                 needs its expandable segments rebuilt at the trace start, which the bundled \
-                 allocator cannot seed yet (only cudaMalloc segments); `allocdoc diagnose` \
-                 still reads it"
-                    .into(),
-            ));
-        }
 
         // Walk forward: what the trace allocated, freed, created and released.
         let mut live: HashSet<u64> = HashSet::new();
@@ -189,8 +218,8 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut pre_freed: Vec<(u64, u64)> = Vec::new();
         let mut created: HashSet<u64> = HashSet::new();
         let mut released_first: Vec<(u64, u64, u64)> = Vec::new();
-        let mut segment_allocs = Vec::new();
-        for e in &trace {
+        let mut device_addresses: Vec<(usize, u64)> = Vec::new();
+        for (i, e) in trace.iter().enumerate() {
             match e.action {
                 Action::Alloc => {
                     live.insert(e.addr);
@@ -208,7 +237,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 }
                 Action::SegmentAlloc => {
                     created.insert(e.addr);
-                    segment_allocs.push(e.addr);
+                    device_addresses.push((i, e.addr));
                 }
                 Action::SegmentFree => {
                     if !created.contains(&e.addr) {
@@ -219,16 +248,13 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 _ => {}
             }
         }
-        let created_in_trace: HashSet<u64> = segment_allocs.iter().copied().collect();
+        let created_in_trace: HashSet<u64> = device_addresses.iter().map(|&(_, a)| a).collect();
 
-        // (address, size, stream, small) of every segment present at the start.
+        // (address, size, stream, small) of every cudaMalloc'd segment present at the start.
         let mut start: Vec<(u64, u64, u64, bool)> = segs
             .iter()
-            .filter(|s| !created_in_trace.contains(&s.address))
-            .map(|s| {
-                let small = s.segment_type == crate::snapshot::model::PoolKind::Small;
-                (s.address, s.total_size, s.stream, small)
-            })
+            .filter(|s| s.is_expandable != Some(true) && !created_in_trace.contains(&s.address))
+            .map(|s| (s.address, s.total_size, s.stream, is_small_pool(s)))
             .collect();
         // A released segment's pool: small segments are 2 MiB (kSmallBuffer).
         start.extend(
@@ -237,6 +263,10 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 .map(|&(a, size, stream)| (a, size, stream, size == 2 * MIB)),
         );
         start.sort_unstable();
+
+        let expandable = expandable_start(&trace, &segs, recorded);
+        device_addresses.extend_from_slice(&expandable.created);
+        device_addresses.sort_unstable();
 
         // Live blocks at the start: (address, size, requested).
         let mut blocks: Vec<(u64, u64, u64)> = Vec::new();
@@ -256,16 +286,45 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         blocks.sort_unstable();
 
         let mut state = StartState::default();
-        let mut next = blocks.iter().peekable();
+        // Every start segment and every range mapped at the start, in address order.
+        let mut containers: Vec<(u64, u64, Slot)> = Vec::new();
         for &(address, size, stream, small) in &start {
-            let end = address.saturating_add(size);
-            let mut seg = StartSegment {
+            containers.push((address, size, Slot::Segment(state.segments.len())));
+            state.segments.push(StartSegment {
                 address,
                 stream,
                 small,
                 blocks: Vec::new(),
                 live: Vec::new(),
-            };
+            });
+        }
+        for (r, res) in expandable.reservations.iter().enumerate() {
+            for (k, &(begin, end)) in res.ranges.iter().enumerate() {
+                containers.push((begin, end - begin, Slot::Range(r, k)));
+            }
+            state.reservations.push(StartReservation {
+                address: res.base,
+                stream: res.stream,
+                small: res.small,
+                ranges: res
+                    .ranges
+                    .iter()
+                    .map(|&(begin, _)| SeedRange {
+                        offset: begin - res.base,
+                        blocks: Vec::new(),
+                    })
+                    .collect(),
+                live: Vec::new(),
+                limit: res.limit,
+            });
+        }
+        containers.sort_unstable_by_key(|c| c.0);
+
+        let mut next = blocks.iter().peekable();
+        for &(address, size, slot) in &containers {
+            let end = address.saturating_add(size);
+            let mut tiles = Vec::new();
+            let mut live_here = Vec::new();
             let mut cursor = address;
             while let Some(&&(a, bsize, requested)) = next.peek() {
                 if a >= end {
@@ -277,39 +336,53 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                     continue;
                 }
                 if a > cursor {
-                    seg.blocks.push(free_block(a - cursor));
+                    tiles.push(free_block(a - cursor));
                 }
-                seg.blocks.push(SeedBlock {
+                tiles.push(SeedBlock {
                     size: bsize,
                     requested_size: requested,
                     allocated: true,
                 });
-                seg.live.push(a);
+                live_here.push(a);
                 state.live_blocks += 1;
                 cursor = a + bsize;
             }
             if cursor < end {
-                seg.blocks.push(free_block(end - cursor));
+                tiles.push(free_block(end - cursor));
             }
-            state.segments.push(seg);
+            let (blocks, live) = match slot {
+                Slot::Segment(i) => {
+                    let seg = &mut state.segments[i];
+                    (&mut seg.blocks, &mut seg.live)
+                }
+                Slot::Range(r, k) => {
+                    let res = &mut state.reservations[r];
+                    (&mut res.ranges[k].blocks, &mut res.live)
+                }
+            };
+            *blocks = tiles;
+            live.extend(live_here);
         }
-        // Blocks below the first segment or between segments.
+        // Blocks below the first container or between containers.
         state.unplaced += blocks.len() - state.live_blocks - state.unplaced;
         Ok(SnapshotTrace {
             snap,
             device,
             trace,
             start: state,
-            segment_allocs,
+            device_addresses: device_addresses.into_iter().map(|(_, a)| a).collect(),
         })
     }
 
     /// Device addresses in the order the replay asks for them: the start
-    /// segments, then (fidelity) the recorded `segment_alloc` addresses.
+    /// segments, the start reservations, then (fidelity) the addresses the
+    /// device handed out during the recording.
     pub fn recorded_addresses(&self, fidelity: bool) -> Vec<u64> {
-        let mut v: Vec<u64> = self.start.segments.iter().map(|s| s.address).collect();
+        let segments = self.start.segments.iter().map(|s| s.address);
+        let reservations = self.start.reservations.iter().map(|r| r.address);
+        let mut v: Vec<u64> = segments.chain(reservations).collect();
         if fidelity {
-            v.extend_from_slice(&self.segment_allocs);
+            v.extend_from_slice(&self.device_addresses);
         }
         v
     }
@@ -355,19 +428,20 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let mut peaks = Peaks::new(options.timeline, trace.len());
         // Recorded address → replayed address of every live allocation.
         let mut map: HashMap<u64, u64> = HashMap::new();
+        let seed_error = |e| Error::Input(format!("cannot seed the start state: {e}"));
         for seg in &self.start.segments {
             let base = alloc
                 .seed_segment(seg.stream, seg.small, &seg.blocks)
-                .map_err(|e| Error::Input(format!("cannot seed the start state: {e}")))?;
-            let mut offset = 0;
-            let mut live = seg.live.iter();
-            for b in &seg.blocks {
-                if b.allocated
-                    && let Some(&recorded) = live.next()
-                {
-                    map.insert(recorded, base + offset);
-                }
-                offset += b.size;
+                .map_err(seed_error)?;
+            map_live(&mut map, base, &seg.blocks, &mut seg.live.iter());
+        }
+        for r in &self.start.reservations {
+            let base = alloc
+                .seed_expandable_segment(r.stream, r.small, &r.ranges, r.limit)
+                .map_err(seed_error)?;
+            let mut live = r.live.iter();
+            for range in &r.ranges {
+                map_live(&mut map, base + range.offset, &range.blocks, &mut live);
             }
         }
         alloc.record_history();
@@ -426,18 +500,23 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                     if let Some(side) = pending.remove(&e.addr) {
                         alloc.synchronize_stream(side);
                     } else if let Some(addr) = map.remove(&e.addr) {
-                        // Requested before the trace started.
+                        // Requested before the trace started: the recording
+                        // has no `free_requested` to compare ours with.
                         let _ = alloc.free(addr);
+                        let mut entries = alloc.take_trace();
+                        entries.retain(|o| o.action != TraceAction::FreeRequested);
+                        ours.extend(entries);
                     }
                 }
-                Action::SegmentFree => {
-                    // A cudaFree the replay did not make on its own: empty_cache()
-                    // (it releases every free segment; the recording shows a run).
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    // A cudaFree or unmap the replay did not make on its own:
+                    // empty_cache() (it releases every free segment and unmaps
+                    // every free page; the recording shows a run of them).
                     let made = ours
                         .iter()
                         .rev()
                         .take_while(|o| o.action != TraceAction::Alloc)
-                        .any(|o| o.action == TraceAction::SegmentFree && o.addr == e.addr);
+                        .any(|o| Some(o.action) == comparable(e.action) && o.addr == e.addr);
                     if !made {
                         alloc.empty_cache();
                     }
@@ -515,7 +594,13 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             let o = ours.get(k).copied();
             let same =
                 o.is_some_and(|o| o.action == action && o.addr == e.addr && o.size == e.size);
-            let is_segment = matches!(action, TraceAction::SegmentAlloc | TraceAction::SegmentFree);
+            let is_segment = matches!(
+                action,
+                TraceAction::SegmentAlloc
+                    | TraceAction::SegmentFree
+                    | TraceAction::SegmentMap
+                    | TraceAction::SegmentUnmap
+            );
             segment_events += u64::from(is_segment);
             if same {
                 equal += 1;
@@ -543,7 +628,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             final_segments_equal: final_difference.is_none(),
             final_difference,
             live_at_start_blocks: self.start.live_blocks,
-            start_segments: self.start.segments.len(),
+            start_segments: self.start.segment_count(),
         }
     }
 
@@ -614,6 +699,240 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
     }
 }
 
+impl StartState {
+    /// Segments at the start as a snapshot lists them: the cudaMalloc'd ones
+    /// and every mapped range of an expandable one.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+            + self
+                .reservations
+                .iter()
+                .map(|r| r.ranges.len())
+                .sum::<usize>()
+    }
+}
+
+/// Where a container of live-at-start blocks goes: a start segment, or a
+/// mapped range (reservation, range) of an expandable one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Segment(usize),
+    Range(usize, usize),
+}
+
+/// Records where the live blocks of `blocks` (seeded at `base`) landed.
+fn map_live<'l>(
+    map: &mut HashMap<u64, u64>,
+    base: u64,
+    blocks: &[SeedBlock],
+    live: &mut impl Iterator<Item = &'l u64>,
+) {
+    let mut offset = 0;
+    for b in blocks {
+        if b.allocated
+            && let Some(&recorded) = live.next()
+        {
+            map.insert(recorded, base + offset);
+        }
+        offset += b.size;
+    }
+}
+
+fn is_small_pool(s: &Segment) -> bool {
+    s.segment_type == crate::snapshot::model::PoolKind::Small
+}
+
+/// Address ranges `[begin, end)`, merged where they touch.
+#[derive(Debug, Clone, Default)]
+struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    fn insert(&mut self, mut begin: u64, mut end: u64) {
+        if begin >= end {
+            return;
+        }
+        let touching: Vec<(u64, u64)> = self
+            .0
+            .range(..=end)
+            .rev()
+            .take_while(|&(_, &e)| e >= begin)
+            .map(|(&b, &e)| (b, e))
+            .collect();
+        for (b, e) in touching {
+            self.0.remove(&b);
+            begin = begin.min(b);
+            end = end.max(e);
+        }
+        self.0.insert(begin, end);
+    }
+
+    fn remove(&mut self, begin: u64, end: u64) {
+        let overlapping: Vec<(u64, u64)> = self
+            .0
+            .range(..end)
+            .rev()
+            .take_while(|&(_, &e)| e > begin)
+            .map(|(&b, &e)| (b, e))
+            .collect();
+        for (b, e) in overlapping {
+            self.0.remove(&b);
+            if b < begin {
+                self.0.insert(b, begin);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+        }
+    }
+}
+
+/// One reservation as the trace started: its base and its mapped ranges
+/// (absolute addresses).
+struct Reservation {
+    base: u64,
+    stream: u64,
+    small: bool,
+    ranges: Vec<(u64, u64)>,
+    limit: Option<u64>,
+}
+
+/// The expandable segments at the start of the trace, and the (entry index,
+/// base) of each reservation the recording made during the trace.
+struct ExpandableStart {
+    reservations: Vec<Reservation>,
+    created: Vec<(usize, u64)>,
+}
+
+/// A (stream, pool): its mapped ranges (walked back to the start) and its
+/// `segment_map` / `segment_unmap` entries (entry index, address, size, map?).
+#[derive(Default)]
+struct PoolWalk {
+    ranges: Ranges,
+    events: Vec<(usize, u64, u64, bool)>,
+}
+
+/// Rebuilds the expandable segments at the start of `trace`, one reservation
+/// per (stream, pool) that has pages mapped then (see the module doc).
+fn expandable_start(
+    trace: &[TraceRecord],
+    segs: &[&Segment],
+    recorded: &Settings,
+) -> ExpandableStart {
+    let expandable = || segs.iter().filter(|s| s.is_expandable == Some(true));
+    let mut walks: BTreeMap<(u64, bool), PoolWalk> = BTreeMap::new();
+    for s in expandable() {
+        let end = s.address.saturating_add(s.total_size);
+        walks
+            .entry((s.stream, is_small_pool(s)))
+            .or_default()
+            .ranges
+            .insert(s.address, end);
+    }
+    // Without a request to go by: whole large-pool pages are the large pool's.
+    let large_page = expandable_page_size(false, recorded);
+    let by_size = |size: u64| !size.is_multiple_of(large_page);
+    // `malloc` records its `segment_map`s just before the `alloc` (or `oom`)
+    // they were for: that request's pool is theirs.
+    let mut pools: Vec<Option<bool>> = vec![None; trace.len()];
+    let mut next_pool = None;
+    for (e, pool) in trace.iter().zip(pools.iter_mut()).rev() {
+        match e.action {
+            Action::Alloc => next_pool = Some(is_small(round_size(e.size, recorded))),
+            Action::Oom => next_pool = Some(is_small(e.size)),
+            Action::SegmentMap => *pool = Some(next_pool.unwrap_or_else(|| by_size(e.size))),
+            _ => {}
+        }
+    }
+    // An unmapped range belongs to the nearest range the recording shows on its
+    // stream: (stream, address) → small pool?
+    let mut known: BTreeMap<(u64, u64), bool> = expandable()
+        .map(|s| ((s.stream, s.address), is_small_pool(s)))
+        .collect();
+    known.extend(
+        trace
+            .iter()
+            .zip(&pools)
+            .filter_map(|(e, p)| p.map(|small| ((e.stream, e.addr), small))),
+    );
+    let nearest = |stream: u64, addr: u64| {
+        let below = known.range((stream, 0)..=(stream, addr)).next_back();
+        let above = known.range((stream, addr)..=(stream, u64::MAX)).next();
+        below
+            .into_iter()
+            .chain(above)
+            .min_by_key(|((_, a), _)| a.abs_diff(addr))
+            .map(|(_, &small)| small)
+    };
+    for (i, (e, pool)) in trace.iter().zip(&pools).enumerate() {
+        let small = match e.action {
+            Action::SegmentMap => pool.unwrap_or(false),
+            Action::SegmentUnmap => nearest(e.stream, e.addr).unwrap_or_else(|| by_size(e.size)),
+            _ => continue,
+        };
+        walks.entry((e.stream, small)).or_default().events.push((
+            i,
+            e.addr,
+            e.size,
+            e.action == Action::SegmentMap,
+        ));
+    }
+
+    let mut out = ExpandableStart {
+        reservations: Vec::new(),
+        created: Vec::new(),
+    };
+    for ((stream, small), mut walk) in walks {
+        // Backwards from the end: undo each map and unmap.
+        for &(_, addr, size, map) in walk.events.iter().rev() {
+            let end = addr.saturating_add(size);
+            if map {
+                walk.ranges.remove(addr, end);
+            } else {
+                walk.ranges.insert(addr, end);
+            }
+        }
+        let ranges: Vec<(u64, u64)> = walk.ranges.0.into_iter().collect();
+        let mut mapped: u64 = ranges.iter().map(|&(b, e)| e - b).sum();
+        // Forwards: the base is the lowest address the first reservation shows
+        // until nothing of it is mapped (release_expandable_segment); a map
+        // with nothing reserved makes a new reservation at its address.
+        let mut first = mapped > 0;
+        let mut base = ranges.first().map_or(u64::MAX, |r| r.0);
+        for &(i, addr, size, map) in &walk.events {
+            if first {
+                base = base.min(addr);
+            }
+            if map {
+                if mapped == 0 {
+                    out.created.push((i, addr));
+                }
+                mapped = mapped.saturating_add(size);
+            } else {
+                mapped = mapped.saturating_sub(size);
+                first &= mapped > 0;
+            }
+        }
+        if !ranges.is_empty() {
+            out.reservations.push(Reservation {
+                base,
+                stream,
+                small,
+                ranges,
+                limit: None,
+            });
+        }
+    }
+    // A reservation ends where the next one the recording shows begins.
+    let mut bases: Vec<u64> = out.reservations.iter().map(|r| r.base).collect();
+    bases.extend(out.created.iter().map(|&(_, a)| a));
+    bases.sort_unstable();
+    for r in &mut out.reservations {
+        r.limit = bases.iter().find(|&&b| b > r.base).map(|&b| b - r.base);
+    }
+    out.reservations.sort_by_key(|r| r.base);
+    out
+}
+
 fn free_block(size: u64) -> SeedBlock {
     SeedBlock {
         size,
@@ -630,6 +949,8 @@ fn comparable(a: Action) -> Option<TraceAction> {
         Action::FreeCompleted => TraceAction::FreeCompleted,
         Action::SegmentAlloc => TraceAction::SegmentAlloc,
         Action::SegmentFree => TraceAction::SegmentFree,
+        Action::SegmentMap => TraceAction::SegmentMap,
+        Action::SegmentUnmap => TraceAction::SegmentUnmap,
         _ => return None,
     })
 }
@@ -715,5 +1036,32 @@ fn since(now: DeviceCounters, start: DeviceCounters) -> DeviceCounters {
         unmaps: now.unmaps - start.unmaps,
         synchronizations: now.synchronizations - start.synchronizations,
         driver_time_us: now.driver_time_us - start.driver_time_us,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ranges;
+
+    fn ranges(r: &Ranges) -> Vec<(u64, u64)> {
+        r.0.iter().map(|(&b, &e)| (b, e)).collect()
+    }
+
+    #[test]
+    fn ranges_merge_where_they_touch_and_split_where_cut() {
+        let mut r = Ranges::default();
+        r.insert(40, 60);
+        r.insert(0, 20);
+        r.insert(20, 30);
+        assert_eq!(ranges(&r), [(0, 30), (40, 60)]);
+        r.insert(25, 45);
+        assert_eq!(ranges(&r), [(0, 60)]);
+        r.remove(10, 20);
+        r.remove(50, 70);
+        assert_eq!(ranges(&r), [(0, 10), (20, 50)]);
+        r.remove(0, 30);
+        assert_eq!(ranges(&r), [(30, 50)]);
+        r.insert(5, 5);
+        assert_eq!(ranges(&r), [(30, 50)]);
     }
 }
