@@ -2,13 +2,11 @@
 # Allocator replay throughput (`cargo bench --bench replay`), run from a copy
 # of the bench binary, as `cargo install` copies a binary into place.
 #
-# Why a copy: right after linking, the binary's pages in the page cache are
-# the ones the linker wrote through its own mapping. On the 2-vCPU AMD EPYC VM
-# of BENCHMARKS.md the LTO build of this bench ran `expandable_segments:True`
-# at 8.7–9.1 M events/s from the linker's file and at 10.5–10.9 M from
-# byte-identical copies (five of five); dropping the file's cached pages
-# (`posix_fadvise(DONTNEED)`) also gave 10.8 M once. The figures in
-# BENCHMARKS.md say which way they were taken.
+# Why a copy: on the 2-vCPU AMD EPYC VM of BENCHMARKS.md, the LTO build of this
+# bench ran `expandable_segments:True` at 8.7-9.1 M events/s from the file
+# rust-lld wrote, and at 10.5-10.9 M from byte-identical copies (five of five)
+# and from the file GNU ld wrote. Same code; only the page-cache pages behind
+# the executable differ. See BENCHMARKS.md, "Measurement trap".
 #
 #   scripts/replay_bench.sh [RUNS]     (default 2 runs of the whole bench)
 set -euo pipefail
