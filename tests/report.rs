@@ -315,7 +315,13 @@ fn snapshot_fixture() -> Snapshot {
             },
         ],
         device_traces: vec![trace],
-        alloc_conf: Some("expandable_segments:True".into()),
+        alloc_conf: Some(writer::RecordedSettings {
+            conf: "expandable_segments:True".into(),
+            settings: allocdoc::conf::Settings {
+                expandable_segments: true,
+                ..allocdoc::conf::Settings::default()
+            },
+        }),
     }
 }
 
@@ -421,7 +427,11 @@ fn replayed_allocator_state_exports_as_a_snapshot() {
     assert!(alloc.malloc(2 * GIB, 0).is_err());
     let segments = alloc.segments();
     let trace = alloc.take_trace();
-    let snap = Snapshot::from_allocator(&segments, &trace, Some("max_split_size_mb:64".into()));
+    let recorded = writer::RecordedSettings {
+        conf: String::new(),
+        settings: Settings::default(),
+    };
+    let snap = Snapshot::from_allocator(&segments, &trace, Some(recorded));
     let bytes = writer::to_bytes(&snap);
     let decoded = allocdoc::snapshot::load("replay.pickle", &bytes).unwrap();
     assert_eq!(decoded.segments.len(), segments.len());
@@ -444,6 +454,12 @@ fn replayed_allocator_state_exports_as_a_snapshot() {
     assert_eq!(actions.iter().filter(|a| **a == A::SegmentAlloc).count(), 9);
     assert_eq!(actions.iter().filter(|a| **a == A::SegmentFree).count(), 4);
     assert_eq!(actions.last(), Some(&A::Oom));
+    // The settings it ran under, as `_snapshot()` records them.
+    let recorded = allocdoc::snapshot::evidence::settings_json(&decoded).unwrap();
+    assert_eq!(recorded["PYTORCH_CUDA_ALLOC_CONF"], "");
+    assert_eq!(recorded["max_split_size"], -1);
+    assert_eq!(recorded["expandable_segments"], false);
+    assert_eq!(recorded["roundup_power2_divisions"]["32768"], 0);
 }
 
 fn allocdoc(args: &[&str]) -> std::process::Output {

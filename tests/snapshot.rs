@@ -632,12 +632,54 @@ fn expandable_snapshot(
     trace: &[allocdoc::allocator::TraceEntry],
     from: usize,
 ) -> Vec<u8> {
-    let snap = snapshot::writer::Snapshot::from_allocator(
-        segments,
-        &trace[from..],
-        Some("expandable_segments:True".into()),
-    );
+    // No recorded settings: replay must infer expandable segments from the segments.
+    let snap = snapshot::writer::Snapshot::from_allocator(segments, &trace[from..], None);
     snapshot::writer::to_bytes(&snap)
+}
+
+#[test]
+fn emitted_snapshots_record_the_settings_they_ran_under() {
+    let conf = "max_split_size_mb:64,roundup_power2_divisions:4";
+    let settings = allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
+        .unwrap()
+        .settings;
+    let mut rng = xorshift::Rng(0x0dd_5eed);
+    let mut a = CachingAllocator::new(settings.clone(), SimDevice::new(8 << 30));
+    a.record_history();
+    let mut live: Vec<u64> = Vec::new();
+    for _ in 0..400 {
+        if live.len() < 4 || (live.len() < 40 && rng.next().is_multiple_of(2)) {
+            // Below the 64 MiB split limit: an oversize block live at the trace
+            // start has an unknown unsplit tail (see `snapshot_trace`'s doc).
+            let size = (1 << 20) + rng.next() % (60 << 20);
+            live.push(a.malloc(size, 0).unwrap());
+        } else {
+            let i = (rng.next() % live.len() as u64) as usize;
+            a.free(live.swap_remove(i)).unwrap();
+        }
+    }
+    let trace = a.take_trace();
+    let from = trace.len() / 3;
+    let recorded = snapshot::writer::RecordedSettings {
+        conf: conf.into(),
+        settings: settings.clone(),
+    };
+    let written =
+        snapshot::writer::Snapshot::from_allocator(&a.segments(), &trace[from..], Some(recorded));
+    let bytes = snapshot::writer::to_bytes(&written);
+    let snap = snapshot::load("settings", &bytes).unwrap();
+    let read = snapshot_trace::recorded_settings(&snap);
+    assert_eq!(read.max_split_size, 64 << 20);
+    assert_eq!(read.roundup_power2_divisions, [4; 16]);
+    assert!(!read.expandable_segments);
+    assert_replays_exactly(&snap, from);
+
+    // The settings matter: replayed under PyTorch's defaults, placements differ.
+    let st = SnapshotTrace::new(&snap, 0, &read).unwrap();
+    let sim = SimDevice::new(8 << 30).with_recorded_addresses(st.recorded_addresses(true));
+    let mut d = CachingAllocator::new(allocdoc::conf::Settings::default(), sim);
+    let f = st.run(&mut d, true).unwrap().fidelity.unwrap();
+    assert!(f.entries_equal < f.entries_compared, "{f:#?}");
 }
 
 #[test]

@@ -210,10 +210,14 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
 /// `--emit-snapshot`: the last run's segments and trace entries as a snapshot pickle.
 fn emit_snapshot(opts: &ReplayOptions, replay: &Replay) -> Result<(), Error> {
     if let (Some(path), Some(run)) = (&opts.emit_snapshot, replay.runs.last()) {
+        let recorded = crate::snapshot::writer::RecordedSettings {
+            conf: run.conf.clone(),
+            settings: parse_conf(&run.conf, replay.torch_version)?,
+        };
         let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
             &run.result.segments,
             &run.result.history,
-            Some(run.conf.clone()),
+            Some(recorded),
         );
         write_output(path, &crate::snapshot::writer::to_bytes(&snapshot))?;
     }

@@ -18,8 +18,17 @@ pub struct Snapshot {
     pub segments: Vec<Segment>,
     /// `device_traces[d]` holds device `d`'s trace entries, oldest first.
     pub device_traces: Vec<Vec<TraceEntry>>,
-    /// Written as `allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]` when set.
-    pub alloc_conf: Option<String>,
+    /// Written as `allocator_settings` when set.
+    pub alloc_conf: Option<RecordedSettings>,
+}
+
+/// What a snapshot's `allocator_settings` records: the config string as set
+/// and the values in effect, so a replay of the snapshot (`--fidelity`) runs
+/// under the recorded settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedSettings {
+    pub conf: String,
+    pub settings: crate::conf::Settings,
 }
 
 /// One cudaMalloc'd segment (or one mapped range of an expandable segment).
@@ -76,7 +85,7 @@ impl Snapshot {
     pub fn from_allocator(
         segments: &[crate::allocator::SegmentInfo],
         trace: &[crate::allocator::TraceEntry],
-        alloc_conf: Option<String>,
+        alloc_conf: Option<RecordedSettings>,
     ) -> Snapshot {
         use crate::allocator::TraceAction as T;
         let segments = segments
@@ -160,10 +169,8 @@ pub fn write<W: Write>(snapshot: &Snapshot, out: W) -> io::Result<()> {
 
     p.str("allocator_settings")?;
     p.raw(&[EMPTY_DICT])?;
-    if let Some(conf) = &snapshot.alloc_conf {
-        p.str("PYTORCH_CUDA_ALLOC_CONF")?;
-        p.str(conf)?;
-        p.raw(&[SETITEM])?;
+    if let Some(recorded) = &snapshot.alloc_conf {
+        p.allocator_settings(recorded)?;
     }
 
     p.raw(&[SETITEMS, STOP])?;
@@ -184,7 +191,6 @@ const STOP: u8 = b'.';
 const MARK: u8 = b'(';
 const EMPTY_DICT: u8 = b'}';
 const EMPTY_LIST: u8 = b']';
-const SETITEM: u8 = b's';
 const SETITEMS: u8 = b'u';
 const APPEND: u8 = b'a';
 const APPENDS: u8 = b'e';
@@ -192,6 +198,7 @@ const TUPLE2: u8 = 0x86;
 const NEWTRUE: u8 = 0x88;
 const NEWFALSE: u8 = 0x89;
 const BININT: u8 = b'J';
+const BINFLOAT: u8 = b'G';
 const BININT1: u8 = b'K';
 const BININT2: u8 = b'M';
 const LONG1: u8 = 0x8a;
@@ -281,6 +288,41 @@ impl<W: Write> Pickler<W> {
 
     fn uint(&mut self, v: u64) -> io::Result<()> {
         self.int(i128::from(v))
+    }
+
+    /// The 2.6 `allocator_settings` keys in PyTorch's order
+    /// (`THCPModule_memorySnapshot`); `max_split_size` SIZE_MAX is −1.
+    fn allocator_settings(&mut self, r: &RecordedSettings) -> io::Result<()> {
+        let s = &r.settings;
+        self.raw(&[MARK])?;
+        self.str("PYTORCH_CUDA_ALLOC_CONF")?;
+        self.str(&r.conf)?;
+        self.str("max_split_size")?;
+        self.int(i128::from(i64::try_from(s.max_split_size).unwrap_or(-1)))?;
+        self.str("garbage_collection_threshold")?;
+        self.float(s.garbage_collection_threshold)?;
+        self.str("expandable_segments")?;
+        self.bool(s.expandable_segments)?;
+        // Host (pinned) memory settings: not modelled, written as PyTorch's defaults.
+        self.str("pinned_num_register_threads")?;
+        self.int(1)?;
+        self.str("release_lock_on_cudamalloc")?;
+        self.bool(s.release_lock_on_cudamalloc)?;
+        self.str("pinned_use_cuda_host_register")?;
+        self.bool(false)?;
+        self.str("roundup_power2_divisions")?;
+        self.raw(&[EMPTY_DICT, MARK])?;
+        for (i, &divisions) in s.roundup_power2_divisions.iter().enumerate() {
+            self.str(&(1u64 << i).to_string())?;
+            self.int(i128::from(divisions))?;
+        }
+        self.raw(&[SETITEMS, SETITEMS])
+    }
+
+    /// BINFLOAT: a big-endian IEEE double.
+    fn float(&mut self, v: f64) -> io::Result<()> {
+        self.raw(&[BINFLOAT])?;
+        self.raw(&v.to_be_bytes())
     }
 
     fn bool(&mut self, v: bool) -> io::Result<()> {
