@@ -1,7 +1,9 @@
 //! The allocator's trace entries (`TraceEntry` of CUDACachingAllocator.h): what
 //! `_record_memory_history` records, used to compare our choices with a recorded trace.
 
-/// `TraceEntry::Action` (the ones the native allocator emits).
+/// `TraceEntry::Action`: what the native allocator records, plus what other
+/// recordings carry (`snapshot`, `annotate`) and `Other` for an unknown name.
+/// The snapshot model reads `device_traces` into the same enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TraceAction {
     Alloc,
@@ -11,22 +13,33 @@ pub enum TraceAction {
     SegmentFree,
     SegmentMap,
     SegmentUnmap,
+    Snapshot,
     Oom,
+    Annotate,
+    Other,
 }
 
+/// Each action's name in a snapshot's `device_traces` (`Other` has none).
+pub const TRACE_ACTIONS: &[(&str, TraceAction)] = &[
+    ("alloc", TraceAction::Alloc),
+    ("free_requested", TraceAction::FreeRequested),
+    ("free_completed", TraceAction::FreeCompleted),
+    ("segment_alloc", TraceAction::SegmentAlloc),
+    ("segment_free", TraceAction::SegmentFree),
+    ("segment_map", TraceAction::SegmentMap),
+    ("segment_unmap", TraceAction::SegmentUnmap),
+    ("snapshot", TraceAction::Snapshot),
+    ("oom", TraceAction::Oom),
+    ("annotate", TraceAction::Annotate),
+];
+
 impl TraceAction {
-    /// The action's name in a snapshot's `device_traces`.
+    /// The name `device_traces` entries carry (`other` for an unknown action).
     pub fn as_str(self) -> &'static str {
-        match self {
-            TraceAction::Alloc => "alloc",
-            TraceAction::FreeRequested => "free_requested",
-            TraceAction::FreeCompleted => "free_completed",
-            TraceAction::SegmentAlloc => "segment_alloc",
-            TraceAction::SegmentFree => "segment_free",
-            TraceAction::SegmentMap => "segment_map",
-            TraceAction::SegmentUnmap => "segment_unmap",
-            TraceAction::Oom => "oom",
-        }
+        TRACE_ACTIONS
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("other", |(name, _)| name)
     }
 }
 

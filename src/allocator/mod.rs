@@ -36,7 +36,7 @@ pub mod sizes;
 pub mod stats;
 pub mod summary;
 
-pub use events::{TraceAction, TraceEntry};
+pub use events::{TRACE_ACTIONS, TraceAction, TraceEntry};
 pub use native::{CachingAllocator, OutOfMemory, PointerError};
 pub use segments::{BlockInfo, BlockState, SegmentInfo};
 pub use stats::{DeviceStats, Stat, StatArray};

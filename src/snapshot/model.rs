@@ -104,20 +104,8 @@ pub struct Block {
     pub frames: Frames,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    Snapshot,
-    Oom,
-    Annotate,
-    Other,
-}
+/// A trace entry's action: the allocator's own `TraceAction`.
+pub use crate::allocator::TraceAction as Action;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceEntry {
@@ -458,29 +446,6 @@ const TRACE_KEYS: &[(&str, TraceKey)] = &[
     ("frames", TraceKey::Frames),
 ];
 
-impl Action {
-    /// The name `device_traces` entries carry (`other` for an unknown action).
-    pub fn as_str(self) -> &'static str {
-        ACTIONS
-            .iter()
-            .find(|(_, a)| *a == self)
-            .map_or("other", |(name, _)| name)
-    }
-}
-
-const ACTIONS: &[(&str, Action)] = &[
-    ("alloc", Action::Alloc),
-    ("free_requested", Action::FreeRequested),
-    ("free_completed", Action::FreeCompleted),
-    ("segment_alloc", Action::SegmentAlloc),
-    ("segment_free", Action::SegmentFree),
-    ("segment_map", Action::SegmentMap),
-    ("segment_unmap", Action::SegmentUnmap),
-    ("snapshot", Action::Snapshot),
-    ("oom", Action::Oom),
-    ("annotate", Action::Annotate),
-];
-
 /// The key resolvers of one model build.
 struct Reader {
     seg: Keys<SegKey>,
@@ -497,7 +462,7 @@ impl Reader {
             block: Keys::new(BLOCK_KEYS),
             state: Keys::new(STATES),
             trace: Keys::new(TRACE_KEYS),
-            action: Keys::new(ACTIONS),
+            action: Keys::new(crate::allocator::TRACE_ACTIONS),
         }
     }
 

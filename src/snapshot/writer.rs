@@ -87,7 +87,6 @@ impl Snapshot {
         trace: &[crate::allocator::TraceEntry],
         alloc_conf: Option<RecordedSettings>,
     ) -> Snapshot {
-        use crate::allocator::TraceAction as T;
         let segments = segments
             .iter()
             .map(|s| Segment {
@@ -112,16 +111,7 @@ impl Snapshot {
             .iter()
             .zip(0i64..)
             .map(|(e, t)| TraceEntry {
-                action: match e.action {
-                    T::Alloc => Action::Alloc,
-                    T::FreeRequested => Action::FreeRequested,
-                    T::FreeCompleted => Action::FreeCompleted,
-                    T::SegmentAlloc => Action::SegmentAlloc,
-                    T::SegmentFree => Action::SegmentFree,
-                    T::SegmentMap => Action::SegmentMap,
-                    T::SegmentUnmap => Action::SegmentUnmap,
-                    T::Oom => Action::Oom,
-                },
+                action: e.action,
                 addr: e.addr,
                 size: e.size,
                 stream: e.stream,

@@ -950,16 +950,17 @@ fn free_block(size: u64) -> SeedBlock {
 
 /// The recorded actions the replay reproduces entry by entry.
 fn comparable(a: Action) -> Option<TraceAction> {
-    Some(match a {
-        Action::Alloc => TraceAction::Alloc,
-        Action::FreeRequested => TraceAction::FreeRequested,
-        Action::FreeCompleted => TraceAction::FreeCompleted,
-        Action::SegmentAlloc => TraceAction::SegmentAlloc,
-        Action::SegmentFree => TraceAction::SegmentFree,
-        Action::SegmentMap => TraceAction::SegmentMap,
-        Action::SegmentUnmap => TraceAction::SegmentUnmap,
-        _ => return None,
-    })
+    matches!(
+        a,
+        Action::Alloc
+            | Action::FreeRequested
+            | Action::FreeCompleted
+            | Action::SegmentAlloc
+            | Action::SegmentFree
+            | Action::SegmentMap
+            | Action::SegmentUnmap
+    )
+    .then_some(a)
 }
 
 /// How the capacity of a snapshot replay was chosen.
