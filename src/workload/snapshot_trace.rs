@@ -9,14 +9,14 @@
 //! - live blocks at the start: (a) addresses freed in the trace before any
 //!   `alloc` of theirs, sized `round_size(requested)` under the recorded config
 //!   (the unknown tail left unsplit is ≤ 1 MiB in the large pool, so it can
-//!   never serve a request of that pool, and merges back on free). Known
-//!   limit: under `max_split_size_mb`, a request at or above the split limit
-//!   takes a whole free block up to `max_non_split_rounding` (20 MiB) larger
-//!   (`get_free_block`, `should_split`); for such a block the unsplit tail is
-//!   not in the trace, is seeded as free space, and can serve a request before
-//!   the block's free, so that allocation lands elsewhere than recorded (139
-//!   of 140 allocs on a generated recording with requests up to 161 MiB under
-//!   `max_split_size_mb:64`; 100 % with requests below the limit); (b) blocks
+//!   never serve a request of that pool, and merges back on free). Under
+//!   `max_split_size_mb`, a request at or above the split limit takes a whole
+//!   free block up to `max_non_split_rounding` (20 MiB) larger (`get_free_block`,
+//!   `should_split`), and that tail is not in the trace: the gap after such a
+//!   block is seeded as its tail when it is under the tolerance and no recorded
+//!   alloc lands in it before the block's free (seeded as free space instead,
+//!   it served a request the recording placed elsewhere: 139 of 140 allocs);
+//!   a longer gap stays free space; (b) blocks
 //!   still `active_allocated` at the end that the trace never allocated, with
 //!   their exact size;
 //! - everything else in a start segment is one free block per gap;
@@ -46,7 +46,9 @@
 
 use crate::Error;
 use crate::allocator::seed::{SeedBlock, SeedRange};
-use crate::allocator::sizes::{expandable_page_size, is_small, round_size};
+use crate::allocator::sizes::{
+    expandable_page_size, is_small, max_non_split_rounding_size, round_size,
+};
 use crate::allocator::{CachingAllocator, TraceAction, TraceEntry};
 use crate::conf::Settings;
 use crate::device::sim::SimDevice;
@@ -222,7 +224,9 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         // Walk forward: what the trace allocated, freed, created and released.
         let mut live: HashSet<u64> = HashSet::new();
         let mut seen_alloc: HashSet<u64> = HashSet::new();
-        let mut pre_freed: Vec<(u64, u64)> = Vec::new();
+        // (address, requested size, index of its free) of blocks live at the start.
+        let mut pre_freed: Vec<(u64, u64, usize)> = Vec::new();
+        let mut alloc_at: Vec<(u64, usize)> = Vec::new();
         let mut created: HashSet<u64> = HashSet::new();
         let mut released_first: Vec<(u64, u64, u64)> = Vec::new();
         let mut device_addresses: Vec<(usize, u64)> = Vec::new();
@@ -231,16 +235,17 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                 Action::Alloc => {
                     live.insert(e.addr);
                     seen_alloc.insert(e.addr);
+                    alloc_at.push((e.addr, i));
                 }
                 Action::FreeRequested => {
                     let was_live = live.remove(&e.addr);
                     if !was_live && seen_alloc.insert(e.addr) {
-                        pre_freed.push((e.addr, e.size));
+                        pre_freed.push((e.addr, e.size, i));
                     }
                 }
                 // A completion whose request came before the trace started.
                 Action::FreeCompleted if seen_alloc.insert(e.addr) => {
-                    pre_freed.push((e.addr, e.size));
+                    pre_freed.push((e.addr, e.size, i));
                 }
                 Action::SegmentAlloc => {
                     created.insert(e.addr);
@@ -275,22 +280,37 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         device_addresses.extend_from_slice(&expandable.created);
         device_addresses.sort_unstable();
 
-        // Live blocks at the start: (address, size, requested).
-        let mut blocks: Vec<(u64, u64, u64)> = Vec::new();
+        // Live blocks at the start: (address, size, requested, and for an
+        // oversize block freed in the trace, the index of its free).
+        let mut blocks: Vec<(u64, u64, u64, Option<usize>)> = Vec::new();
         for s in &segs {
             for b in snap.blocks_of(s) {
                 if b.state == BlockState::ActiveAllocated && !live.contains(&b.address) {
-                    blocks.push((b.address, b.size, b.requested_size));
+                    blocks.push((b.address, b.size, b.requested_size, None));
                 }
             }
         }
         let placed_b: HashSet<u64> = blocks.iter().map(|b| b.0).collect();
-        for &(addr, requested) in &pre_freed {
+        for &(addr, requested, freed_at) in &pre_freed {
             if !placed_b.contains(&addr) {
-                blocks.push((addr, round_size(requested, recorded), requested));
+                let size = round_size(requested, recorded);
+                let oversize = size >= recorded.max_split_size;
+                blocks.push((addr, size, requested, oversize.then_some(freed_at)));
             }
         }
         blocks.sort_unstable();
+        // An oversize request takes a whole free block up to the tolerance larger
+        // without splitting it (`get_free_block`, `should_split`): the gap after
+        // such a block is taken to be its tail when it is under the tolerance and
+        // no recorded alloc lands in it before the block's free (PyTorch would
+        // have used a free block there that served a request best).
+        let tolerance = max_non_split_rounding_size(recorded);
+        let is_tail = |from: u64, gap: u64, freed_at: usize| {
+            gap < tolerance
+                && !alloc_at
+                    .iter()
+                    .any(|&(a, i)| i < freed_at && a >= from && a - from < gap)
+        };
 
         let mut state = StartState::default();
         // Every start segment and every range mapped at the start, in address order.
@@ -333,7 +353,18 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
             let mut tiles = Vec::new();
             let mut live_here = Vec::new();
             let mut cursor = address;
-            while let Some(&&(a, bsize, requested)) = next.peek() {
+            // The last live block, if its tail may be the gap after it.
+            let mut open_tail: Option<usize> = None;
+            let gap_to = |tiles: &mut Vec<SeedBlock>, open: Option<usize>, from: u64, to: u64| {
+                let gap = to - from;
+                match (open, tiles.last_mut()) {
+                    (Some(freed_at), Some(last)) if is_tail(from, gap, freed_at) => {
+                        last.size += gap
+                    }
+                    _ => tiles.push(free_block(gap)),
+                }
+            };
+            while let Some(&&(a, bsize, requested, freed_at)) = next.peek() {
                 if a >= end {
                     break;
                 }
@@ -343,19 +374,21 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                     continue;
                 }
                 if a > cursor {
-                    tiles.push(free_block(a - cursor));
+                    gap_to(&mut tiles, open_tail, cursor, a);
                 }
                 tiles.push(SeedBlock {
                     size: bsize,
                     requested_size: requested,
                     allocated: true,
                 });
+                // Only cudaMalloc'd segments: expandable blocks split down to 512 B.
+                open_tail = freed_at.filter(|_| matches!(slot, Slot::Segment(_)));
                 live_here.push(a);
                 state.live_blocks += 1;
                 cursor = a + bsize;
             }
             if cursor < end {
-                tiles.push(free_block(end - cursor));
+                gap_to(&mut tiles, open_tail, cursor, end);
             }
             let (blocks, live) = match slot {
                 Slot::Segment(i) => {
