@@ -304,12 +304,16 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         // such a block is taken to be its tail when it is under the tolerance and
         // no recorded alloc lands in it before the block's free (PyTorch would
         // have used a free block there that served a request best).
+        // Gaps never overlap, so the scans below touch each address once.
+        alloc_at.sort_unstable();
         let tolerance = max_non_split_rounding_size(recorded);
         let is_tail = |from: u64, gap: u64, freed_at: usize| {
+            let first = alloc_at.partition_point(|&(a, _)| a < from);
             gap < tolerance
-                && !alloc_at
+                && !alloc_at[first..]
                     .iter()
-                    .any(|&(a, i)| i < freed_at && a >= from && a - from < gap)
+                    .take_while(|&&(a, _)| a - from < gap)
+                    .any(|&(_, i)| i < freed_at)
         };
 
         let mut state = StartState::default();
