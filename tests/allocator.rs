@@ -938,3 +938,42 @@ fn extreme_sizes_and_capacities_do_not_overflow() {
         }
     }
 }
+
+/// A replay seeded from a recording under another config can hold a split
+/// segment with a free block above the split limit, a state PyTorch's own runs
+/// never reach. `release_available_cached_blocks` must pass it over (only
+/// whole segments can be freed), not free part of a segment (found by the
+/// `replay` fuzz target).
+#[test]
+fn a_split_oversize_block_is_never_released_as_a_segment() {
+    use allocdoc::allocator::seed::SeedBlock;
+    let settings = Settings {
+        max_split_size: 64 * MIB,
+        ..Settings::default()
+    };
+    let mut a = allocator(settings, 110 * MIB);
+    let seeded = [
+        SeedBlock {
+            size: 10 * MIB,
+            requested_size: 10 * MIB,
+            allocated: true,
+        },
+        SeedBlock {
+            size: 100 * MIB,
+            requested_size: 0,
+            allocated: false,
+        },
+    ];
+    a.seed_segment(0, false, &seeded).unwrap();
+    a.check_invariants().unwrap();
+    // 80 MiB is oversize: the 100 MiB block is not within the 20 MiB tolerance,
+    // the card is full, and the only cached oversize block is part of a segment.
+    let oom = a.malloc(80 * MIB, 0).unwrap_err();
+    assert!(oom.message.contains("out of memory"), "{}", oom.message);
+    a.check_invariants().unwrap();
+    assert_eq!(reserved(&a), 110 * MIB);
+    assert_eq!(a.stats().num_device_free, 0);
+    // A request the free block serves within the tolerance still gets it.
+    assert!(a.malloc(90 * MIB, 0).is_ok());
+    a.check_invariants().unwrap();
+}

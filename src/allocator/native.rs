@@ -696,9 +696,17 @@ impl<D: Device> CachingAllocator<D> {
             .range_from(p.stream, key_size)
             .next()
             .map(|(k, id)| (k.0, id));
+        // Only whole segments can be released. A free oversize block is always
+        // one in PyTorch's own runs (oversize blocks are never split), but a
+        // replay seeded from a recording under another config can hold a split
+        // one: it is passed over like an expandable block.
+        let releasable = |id| {
+            let b = arena.get(id);
+            !b.is_expandable() && !b.is_split()
+        };
         if let Some((stream, id)) = first
             && stream == p.stream
-            && !arena.get(id).is_expandable()
+            && releasable(id)
         {
             self.release_block(id);
             return true;
@@ -710,7 +718,7 @@ impl<D: Device> CachingAllocator<D> {
             if released >= key_size || size < max_split || stream != p.stream {
                 break;
             }
-            if !arena.get(id).is_expandable() {
+            if releasable(id) {
                 released += size;
                 to_release.push(id);
             }
