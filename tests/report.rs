@@ -532,20 +532,7 @@ fn report_of_real_replays_overlays_both_configs() {
     use allocdoc::device::sim::SimDevice;
     use allocdoc::report::html::SegmentMap;
     use allocdoc::workload::{ReplayOptions, Trace, replay_with};
-    // Five 20 MiB segments each split into 8 + 8 + 4 MiB; freeing the first
-    // 8 MiB of each leaves 60 MiB free in pieces no 10 MiB request fits.
-    let mut csv = String::from("action,id,size,stream\n");
-    for i in 0..5 {
-        csv.push_str(&format!(
-            "alloc,a{i},{},0\nalloc,b{i},{},0\n",
-            8 * MIB,
-            8 * MIB
-        ));
-    }
-    for i in 0..5 {
-        csv.push_str(&format!("free,a{i},,0\n"));
-    }
-    csv.push_str(&format!("alloc,c,{},0\n", 10 * MIB));
+    let csv = frag_trace_text();
     let trace = Trace::parse("frag.csv", csv.as_bytes()).unwrap();
     let options = ReplayOptions {
         timeline: true,
@@ -596,8 +583,9 @@ fn report_of_real_replays_overlays_both_configs() {
     assert!(html.contains("Live at the OOM, by block size"));
 }
 
-/// The fragmentation trace of `report_of_real_replays_overlays_both_configs`, as a file.
-fn frag_csv(dir: &Path) -> std::path::PathBuf {
+/// Five 20 MiB segments each split into 8 + 8 + 4 MiB; freeing the first 8 MiB
+/// of each leaves 60 MiB free in pieces no final 10 MiB request fits.
+fn frag_trace_text() -> String {
     let mut csv = String::from("action,id,size,stream\n");
     for i in 0..5 {
         csv.push_str(&format!(
@@ -610,6 +598,12 @@ fn frag_csv(dir: &Path) -> std::path::PathBuf {
         csv.push_str(&format!("free,a{i},,0\n"));
     }
     csv.push_str(&format!("alloc,c,{},0\n", 10 * MIB));
+    csv
+}
+
+/// The fragmentation trace of `report_of_real_replays_overlays_both_configs`, as a file.
+fn frag_csv(dir: &Path) -> std::path::PathBuf {
+    let csv = frag_trace_text();
     let path = dir.join("frag.csv");
     std::fs::write(&path, csv).unwrap();
     path

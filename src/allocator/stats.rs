@@ -65,11 +65,10 @@ impl StatArray {
     #[inline]
     pub fn increase(&mut self, small: bool, amount: u64) {
         debug_assert!(amount <= i64::MAX as u64);
-        let amount = amount as i64;
         let all = &mut self.0[AGGREGATE];
-        all.current += amount;
+        all.current += amount as i64;
         all.peak = all.peak.max(all.current);
-        self.0[pool_index(small)].increase(amount as u64);
+        self.0[pool_index(small)].increase(amount);
     }
     #[inline]
     pub fn decrease(&mut self, small: bool, amount: u64) {

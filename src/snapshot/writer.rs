@@ -293,7 +293,8 @@ impl<W: Write> Pickler<W> {
         self.float(s.garbage_collection_threshold)?;
         self.str("expandable_segments")?;
         self.bool(s.expandable_segments)?;
-        // Host (pinned) memory settings: not modelled, written as PyTorch's defaults.
+        // Host (pinned) memory settings: not modelled, written as CUDAAllocatorConfig's
+        // defaults (`m_pinned_num_register_threads(1)`, no host register).
         self.str("pinned_num_register_threads")?;
         self.int(1)?;
         self.str("release_lock_on_cudamalloc")?;

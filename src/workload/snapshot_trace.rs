@@ -560,7 +560,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
                         .iter()
                         .rev()
                         .take_while(|o| o.action != TraceAction::Alloc)
-                        .any(|o| Some(o.action) == comparable(e.action) && o.addr == e.addr);
+                        .any(|o| o.action == e.action && o.addr == e.addr);
                     if !made {
                         alloc.empty_cache();
                     }
@@ -623,7 +623,8 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let recorded: Vec<(usize, TraceAction)> = trace
             .iter()
             .enumerate()
-            .filter_map(|(i, e)| comparable(e.action).map(|a| (i, a)))
+            .filter(|(_, e)| is_replayed(e.action))
+            .map(|(i, e)| (i, e.action))
             .collect();
         let ours: Vec<&TraceEntry> = ours
             .iter()
@@ -680,7 +681,7 @@ impl<'s, 'a> SnapshotTrace<'s, 'a> {
         let e = &self.trace[i];
         Divergence {
             event_index: i,
-            action: comparable(e.action).map_or("other", TraceAction::as_str),
+            action: e.action.as_str(),
             size: e.size,
             recorded_addr: e.addr,
             replayed: ours.map(|o| format!("{} {:#x} size {}", o.action.as_str(), o.addr, o.size)),
@@ -986,7 +987,7 @@ fn free_block(size: u64) -> SeedBlock {
 }
 
 /// The recorded actions the replay reproduces entry by entry.
-fn comparable(a: Action) -> Option<TraceAction> {
+fn is_replayed(a: Action) -> bool {
     matches!(
         a,
         Action::Alloc
@@ -997,7 +998,6 @@ fn comparable(a: Action) -> Option<TraceAction> {
             | Action::SegmentMap
             | Action::SegmentUnmap
     )
-    .then_some(a)
 }
 
 /// How the capacity of a snapshot replay was chosen.
