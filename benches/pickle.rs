@@ -52,7 +52,7 @@ fn decode_fixture(bencher: divan::Bencher, name: &str) {
     let data = std::fs::read(root().join("fixtures/snapshots").join(name)).expect("fixture");
     bencher
         .counter(divan::counter::BytesCount::new(data.len()))
-        .bench(|| pickle::decode(divan::black_box(&data)).map(|p| p.objs.len()));
+        .bench(|| pickle::decode(divan::black_box(&data)).map(|p| p.object_count()));
 }
 
 #[divan::bench(args = SMALL)]
@@ -69,7 +69,7 @@ fn decode_200mb(bencher: divan::Bencher) {
     let data = map(&path);
     bencher
         .counter(divan::counter::BytesCount::new(data.len()))
-        .bench(|| pickle::decode(divan::black_box(&data[..])).map(|p| p.objs.len()));
+        .bench(|| pickle::decode(divan::black_box(&data[..])).map(|p| p.object_count()));
 }
 
 #[divan::bench(sample_count = 3, sample_size = 1)]

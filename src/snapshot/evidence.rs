@@ -3,7 +3,7 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in `detail`.
 
-use super::model::{Action, BlockState, Frame, Frames, ModelError, Segment, Snapshot};
+use super::model::{Action, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot};
 use crate::conf::{Settings, TorchVersion};
 use crate::evidence::{DeviceKind, Kind, Observation};
 use serde_json::{Value as J, json};
@@ -14,6 +14,30 @@ const MIB: u64 = 1 << 20;
 const TOP_SITES: usize = 10;
 /// Frames kept per listed site (innermost first; C++ stacks run to 60+).
 const SITE_FRAMES: usize = 12;
+
+/// Hashes an arena id with one multiply (Fx's constant): ids are the
+/// file's own, and SipHash per block cost more than the rest of `top_sites`.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
 /// One observation per device present (segments or trace entries).
 pub fn device_observations(
@@ -132,7 +156,7 @@ impl SegSum {
 }
 
 /// (private pool id, `None` for the default pools; segment type; stream).
-type PoolKey = (Option<(i64, i64)>, &'static str, u64);
+type PoolKey = (Option<(i64, i64)>, PoolKind, u64);
 
 /// Per (pool, segment type, stream) totals.
 #[derive(Default)]
@@ -156,16 +180,32 @@ fn detail(
     segs: &[&Segment],
     settings_note: Option<&str>,
 ) -> Result<J, ModelError> {
-    let mut pools: BTreeMap<PoolKey, PoolTotals> = BTreeMap::new();
+    // A handful of pools, and runs of segments in the same one: a list
+    // searched from the last hit beats a map.
+    let mut pools: Vec<(PoolKey, PoolTotals)> = Vec::new();
+    let mut last = 0;
     let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
-    let mut classes: BTreeMap<(u8, &'static str), (u64, u64)> = BTreeMap::new();
+    let mut classes = [(0u64, 0u64); SIZE_CLASSES.len()];
     let mut expandable = 0u64;
     for s in segs {
-        let pool = s.segment_pool_id.filter(|_| s.is_private_pool());
-        let t = pools
-            .entry((pool, s.segment_type.as_str(), s.stream))
-            .or_default();
+        let key = (
+            s.segment_pool_id.filter(|_| s.is_private_pool()),
+            s.segment_type,
+            s.stream,
+        );
+        if pools.get(last).is_none_or(|(k, _)| *k != key) {
+            last = match pools.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    pools.push((key, PoolTotals::default()));
+                    pools.len() - 1
+                }
+            };
+        }
+        let Some((_, t)) = pools.get_mut(last) else {
+            continue;
+        };
         let blocks = snap.blocks_of(s);
         let inactive: u64 = blocks
             .iter()
@@ -188,16 +228,18 @@ fn detail(
         }
         t.segsum.add(ss);
         total.add(ss);
-        let class = size_class(s.total_size);
-        let c = classes.entry(class).or_default();
-        c.0 = c.0.saturating_add(1);
-        c.1 = c.1.saturating_add(s.total_size);
+        if let Some(c) = classes.get_mut(size_class(s.total_size)) {
+            c.0 = c.0.saturating_add(1);
+            c.1 = c.1.saturating_add(s.total_size);
+        }
         expandable = expandable.saturating_add(u64::from(s.is_expandable == Some(true)));
     }
 
+    pools.sort_by_key(|(k, _)| *k);
     let pools_json: Vec<J> = pools
         .iter()
         .map(|((pool, kind, stream), t)| {
+            let kind = kind.as_str();
             let pool = match pool {
                 Some((a, b)) => format!("private({a},{b})"),
                 None => "default".to_string(),
@@ -212,17 +254,26 @@ fn detail(
             })
         })
         .collect();
-    let classes_json: Vec<J> = classes
+    let classes_json: Vec<J> = SIZE_CLASSES
         .iter()
-        .map(|((_, name), (n, bytes))| json!({"class": name, "segments": n, "bytes": bytes}))
+        .zip(classes)
+        .filter(|(_, (n, _))| *n > 0)
+        .map(|(name, (n, bytes))| json!({"class": name, "segments": n, "bytes": bytes}))
         .collect();
 
-    let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // Counted per action first: a handful of actions, millions of entries.
+    let mut counts: Vec<(Action, u64)> = Vec::new();
     let mut ooms = Vec::new();
-    for (i, e) in snap.trace(device).enumerate() {
-        let e = e?;
-        *actions.entry(e.action.as_str()).or_default() += 1;
-        if e.action == Action::Oom {
+    for (i, action) in snap.trace_actions(device).enumerate() {
+        let action = action?;
+        match counts.iter_mut().find(|(a, _)| *a == action) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((action, 1)),
+        }
+        if action == Action::Oom
+            && let Some(e) = snap.trace_entry(device, i)
+        {
+            let e = e?;
             ooms.push(json!({
                 "event_index": i, "size": e.size, "device_free": e.device_free,
                 "stream": e.stream,
@@ -230,6 +281,10 @@ fn detail(
         }
     }
 
+    let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (action, n) in counts {
+        *actions.entry(action.as_str()).or_default() += n;
+    }
     let mut d = json!({
         "form": match snap.form {
             super::model::Form::Dict => "dict",
@@ -260,15 +315,25 @@ fn detail(
 
 /// Segment size classes that follow the allocator's segment sizing
 /// (`get_allocation_size`: 2 MiB small buffers, 20 MiB large buffers, larger
-/// requests rounded to 2 MiB).
-fn size_class(size: u64) -> (u8, &'static str) {
+/// requests rounded to 2 MiB), in [`size_class`] order.
+const SIZE_CLASSES: [&str; 6] = [
+    "2 MiB (small pool buffer)",
+    "under 20 MiB",
+    "20 MiB (large pool buffer)",
+    "20-100 MiB",
+    "100 MiB-1 GiB",
+    "1 GiB and over",
+];
+
+/// The index in [`SIZE_CLASSES`] of a segment size.
+fn size_class(size: u64) -> usize {
     match size {
-        s if s == 2 * MIB => (0, "2 MiB (small pool buffer)"),
-        s if s < 20 * MIB => (1, "under 20 MiB"),
-        s if s == 20 * MIB => (2, "20 MiB (large pool buffer)"),
-        s if s < 100 * MIB => (3, "20-100 MiB"),
-        s if s < 1024 * MIB => (4, "100 MiB-1 GiB"),
-        _ => (5, "1 GiB and over"),
+        s if s == 2 * MIB => 0,
+        s if s < 20 * MIB => 1,
+        s if s == 20 * MIB => 2,
+        s if s < 100 * MIB => 3,
+        s if s < 1024 * MIB => 4,
+        _ => 5,
     }
 }
 
@@ -311,7 +376,7 @@ fn frame_text(f: &Frame) -> String {
 /// different list objects are merged. Only the listed sites are formatted.
 fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
     // Read each distinct frames list once (torch shares them between blocks).
-    let mut by_list: HashMap<Frames, usize> = HashMap::new();
+    let mut by_list: HashMap<Frames, usize, IdHash> = HashMap::default();
     let mut by_stack: HashMap<Vec<Frame>, usize> = HashMap::new();
     let mut sites: Vec<(Vec<Frame>, u64, u64)> = Vec::new();
     let mut shown: HashMap<u32, bool> = HashMap::new();

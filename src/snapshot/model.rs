@@ -6,6 +6,7 @@
 //! no `is_expandable`, legacy `history` on blocks) and new ones (extra keys are
 //! ignored) alike (allocator.md §9).
 
+use super::grow::{Prefault, reserved};
 use super::pickle::{Pickle, V};
 use std::ops::Range;
 use thiserror::Error;
@@ -53,18 +54,18 @@ impl PoolKind {
 pub use crate::allocator::BlockState;
 
 /// The frames list of a block, segment or trace entry: its arena id
-/// ([`Frames::NONE`] when not recorded). Equal ids are the same recorded list.
+/// ([`Frames::NONE`] when not recorded). Equal ids are the same recorded list;
+/// an id that is not a list reads as no frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Frames(pub u32);
 
 impl Frames {
     pub const NONE: Frames = Frames(u32::MAX);
 
-    fn of(p: &Pickle, v: V) -> Frames {
-        match v.id() {
-            Some(id) if p.items(v).is_some() => Frames(id),
-            _ => Frames::NONE,
-        }
+    /// Not checked here: reading every block's list would cost a cache miss
+    /// per block, and [`Snapshot::frame_entries`] checks it anyway.
+    fn of(v: V) -> Frames {
+        v.id().map_or(Frames::NONE, Frames)
     }
 }
 
@@ -175,8 +176,11 @@ impl<'a> Snapshot<'a> {
             .ok_or_else(|| err("segments", "not a list"))?;
         let mut reader = Reader::new();
         let mut segments = Vec::with_capacity(seg_items.len());
-        let mut blocks = Vec::new();
+        let mut segments_ahead = Prefault::default();
+        // Every block is a dict, so the arena's size bounds their number.
+        let mut blocks = reserved(pickle.object_count());
         for (i, &s) in seg_items.iter().enumerate() {
+            segments_ahead.ahead(&mut segments, 1);
             segments.push(reader.segment(&pickle, s, i, &mut blocks)?);
         }
 
@@ -248,6 +252,35 @@ impl<'a> Snapshot<'a> {
             .map(move |(j, &e)| reader.trace_entry(p, e, device as usize, j))
     }
 
+    /// Entry `j` of a device's trace.
+    pub fn trace_entry(&self, device: u32, j: usize) -> Option<Result<TraceEntry, ModelError>> {
+        let &e = self.trace_items(device).get(j)?;
+        Some(Reader::new().trace_entry(&self.pickle, e, device as usize, j))
+    }
+
+    /// The action of each of a device's trace entries: [`Snapshot::trace`]
+    /// without reading the other fields.
+    pub fn trace_actions(
+        &self,
+        device: u32,
+    ) -> impl Iterator<Item = Result<Action, ModelError>> + '_ {
+        let mut reader = Reader::new();
+        let p = &self.pickle;
+        self.trace_items(device)
+            .iter()
+            .enumerate()
+            .map(move |(j, &e)| {
+                let path = || format!("device_traces[{}][{j}]", device as usize);
+                let mut action = None;
+                reader.trace.each(p, e, &path, |k, v| {
+                    if let TraceKey::Action = k {
+                        action = Some(v);
+                    }
+                })?;
+                reader.action_of(p, action, &path)
+            })
+    }
+
     /// The frames of a list, skipping entries that are not frame dicts.
     pub fn frames(&self, f: Frames) -> impl Iterator<Item = Frame<'_>> + '_ {
         self.frame_entries(f).map(|(_, frame)| frame)
@@ -284,14 +317,21 @@ impl<'a> Snapshot<'a> {
 }
 
 /// Resolves dict keys to known fields. Keys are shared str objects, so each
-/// distinct key object is compared as text once and then by arena id.
+/// distinct key object is compared as text once and then by arena id; dicts
+/// of one key shape share one resolved field list.
 struct Keys<K: Copy + 'static> {
     names: &'static [(&'static str, K)],
     seen: Vec<(V, Option<K>)>,
-    /// The fields of the last key shape seen (most dicts share one).
-    shape: Option<(*const V, usize)>,
-    shape_fields: Vec<Option<K>>,
+    /// Resolved fields per key shape (identified by the shared key slice),
+    /// most recently added first.
+    shapes: Vec<(ShapeId, Box<[Option<K>]>)>,
 }
+
+/// A key shape: the address and length of the key slice dicts share.
+type ShapeId = (*const V, usize);
+
+/// Key shapes remembered per [`Keys`] (torch writes a handful per kind).
+const CACHED_SHAPES: usize = 8;
 
 fn resolve<K: Copy>(
     seen: &mut Vec<(V, Option<K>)>,
@@ -317,8 +357,7 @@ impl<K: Copy + 'static> Keys<K> {
         Keys {
             names,
             seen: Vec::new(),
-            shape: None,
-            shape_fields: Vec::new(),
+            shapes: Vec::new(),
         }
     }
 
@@ -326,35 +365,42 @@ impl<K: Copy + 'static> Keys<K> {
         resolve(&mut self.seen, self.names, p, k)
     }
 
-    /// The known fields of dict `d` with their values; `path` names it in errors.
-    fn pairs<'p>(
-        &'p mut self,
-        p: &'p Pickle,
+    /// Calls `f` with each known field of dict `d` and its value, in order;
+    /// `path` names the dict in errors.
+    fn each(
+        &mut self,
+        p: &Pickle,
         d: V,
         path: &dyn Fn() -> String,
-    ) -> Result<impl Iterator<Item = (K, V)> + 'p, ModelError> {
+        mut f: impl FnMut(K, V),
+    ) -> Result<(), ModelError> {
         let pairs = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
-        if let Some(keys) = pairs.shape() {
-            let id = (keys.as_ptr(), keys.len());
-            if self.shape != Some(id) {
-                self.shape_fields = keys.iter().map(|&k| self.field(p, k)).collect();
-                self.shape = Some(id);
+        let Some((keys, values)) = pairs.shaped() else {
+            for (k, v) in pairs.iter() {
+                if let Some(key) = self.field(p, k) {
+                    f(key, v);
+                }
             }
-        } else {
-            self.shape = None;
+            return Ok(());
+        };
+        let id = (keys.as_ptr(), keys.len());
+        let i = match self.shapes.iter().position(|(s, _)| *s == id) {
+            Some(i) => i,
+            None => {
+                let fields = keys.iter().map(|&k| self.field(p, k)).collect();
+                self.shapes.truncate(CACHED_SHAPES - 1);
+                self.shapes.insert(0, (id, fields));
+                0
+            }
+        };
+        if let Some((_, fields)) = self.shapes.get(i) {
+            for (field, &v) in fields.iter().zip(values) {
+                if let Some(key) = *field {
+                    f(key, v);
+                }
+            }
         }
-        let cached = self.shape.is_some();
-        let fields = &self.shape_fields;
-        let seen = &mut self.seen;
-        let names = self.names;
-        Ok(pairs.iter().enumerate().filter_map(move |(i, (k, v))| {
-            let f = if cached {
-                fields.get(i).copied().flatten()
-            } else {
-                resolve(seen, names, p, k)
-            };
-            Some((f?, v))
-        }))
+        Ok(())
     }
 }
 
@@ -453,6 +499,7 @@ struct Reader {
     state: Keys<BlockState>,
     trace: Keys<TraceKey>,
     action: Keys<Action>,
+    blocks_ahead: Prefault,
 }
 
 impl Reader {
@@ -463,6 +510,7 @@ impl Reader {
             state: Keys::new(STATES),
             trace: Keys::new(TRACE_KEYS),
             action: Keys::new(crate::allocator::TRACE_ACTIONS),
+            blocks_ahead: Prefault::default(),
         }
     }
 
@@ -482,32 +530,28 @@ impl Reader {
         let mut is_expandable = None;
         let mut frames = Frames::NONE;
         let mut blist = None;
-        for (k, v) in self.seg.pairs(p, s, &path)? {
-            match k {
-                SegKey::Address => address = p.u64(v),
-                SegKey::TotalSize => total_size = p.u64(v),
-                SegKey::Device => {
-                    device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0)
+        self.seg.each(p, s, &path, |k, v| match k {
+            SegKey::Address => address = p.u64(v),
+            SegKey::TotalSize => total_size = p.u64(v),
+            SegKey::Device => device = p.u64(v).and_then(|d| u32::try_from(d).ok()).unwrap_or(0),
+            SegKey::AllocatedSize => allocated_size = p.u64(v),
+            SegKey::ActiveSize => active_size = p.u64(v),
+            SegKey::RequestedSize => requested_size = p.u64(v),
+            SegKey::Stream => stream = stream_of(p, v),
+            SegKey::SegmentType => {
+                if p.str(v) == Some("small") {
+                    segment_type = PoolKind::Small;
                 }
-                SegKey::AllocatedSize => allocated_size = p.u64(v),
-                SegKey::ActiveSize => active_size = p.u64(v),
-                SegKey::RequestedSize => requested_size = p.u64(v),
-                SegKey::Stream => stream = stream_of(p, v),
-                SegKey::SegmentType => {
-                    if p.str(v) == Some("small") {
-                        segment_type = PoolKind::Small;
-                    }
-                }
-                SegKey::SegmentPoolId => {
-                    segment_pool_id = p
-                        .items(v)
-                        .and_then(|t| Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?)))
-                }
-                SegKey::IsExpandable => is_expandable = p.bool(v),
-                SegKey::Frames => frames = Frames::of(p, v),
-                SegKey::Blocks => blist = p.items(v),
             }
-        }
+            SegKey::SegmentPoolId => {
+                segment_pool_id = p
+                    .items(v)
+                    .and_then(|t| Some((p.i64(*t.first()?)?, p.i64(*t.get(1)?)?)))
+            }
+            SegKey::IsExpandable => is_expandable = p.bool(v),
+            SegKey::Frames => frames = Frames::of(v),
+            SegKey::Blocks => blist = p.items(v),
+        })?;
         let address = need(address, "address", &path)?;
         let total_size = need(total_size, "total_size", &path)?;
         let blist = blist.ok_or_else(|| err(path(), "missing 'blocks' list"))?;
@@ -516,6 +560,7 @@ impl Reader {
         for (j, &b) in blist.iter().enumerate() {
             let block = self.block(p, b, (i, j), address.saturating_add(offset))?;
             offset = offset.saturating_add(block.size);
+            self.blocks_ahead.ahead(blocks, 1);
             blocks.push(block);
         }
         let seg_blocks = blocks.get(start..).unwrap_or_default();
@@ -557,19 +602,17 @@ impl Reader {
         let (mut size, mut state, mut address, mut requested) = (None, None, None, None);
         let (mut frames, mut has_frames, mut history, mut state_v) =
             (Frames::NONE, false, None, None);
-        for (k, v) in self.block.pairs(p, b, &path)? {
-            match k {
-                BlockKey::Size => size = p.u64(v),
-                BlockKey::Address => address = p.u64(v),
-                BlockKey::RequestedSize => requested = p.u64(v),
-                BlockKey::State => state_v = Some(v),
-                BlockKey::Frames => {
-                    has_frames = true;
-                    frames = Frames::of(p, v);
-                }
-                BlockKey::History => history = p.items(v).and_then(|h| h.first().copied()),
+        self.block.each(p, b, &path, |k, v| match k {
+            BlockKey::Size => size = p.u64(v),
+            BlockKey::Address => address = p.u64(v),
+            BlockKey::RequestedSize => requested = p.u64(v),
+            BlockKey::State => state_v = Some(v),
+            BlockKey::Frames => {
+                has_frames = true;
+                frames = Frames::of(v);
             }
-        }
+            BlockKey::History => history = p.items(v).and_then(|h| h.first().copied()),
+        })?;
         if let Some(v) = state_v {
             state = Some(self.state.field(p, v).ok_or_else(|| {
                 err(
@@ -584,9 +627,7 @@ impl Reader {
         // the legacy schema (no 'frames' key on blocks).
         let requested_size = match history.filter(|_| !has_frames) {
             Some(h) => {
-                frames = p
-                    .get(h, "frames")
-                    .map_or(Frames::NONE, |f| Frames::of(p, f));
+                frames = p.get(h, "frames").map_or(Frames::NONE, Frames::of);
                 p.get(h, "real_size").and_then(|v| p.u64(v)).unwrap_or(size)
             }
             None => requested.unwrap_or(size),
@@ -618,19 +659,28 @@ impl Reader {
             frames: Frames::NONE,
         };
         let mut action = None;
-        for (k, v) in self.trace.pairs(p, e, &path)? {
-            match k {
-                TraceKey::Action => action = Some(v),
-                TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
-                TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
-                TraceKey::Stream => t.stream = stream_of(p, v),
-                TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
-                TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
-                TraceKey::Frames => t.frames = Frames::of(p, v),
-            }
-        }
-        let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
-        t.action = self.action.field(p, action).unwrap_or(Action::Other);
+        self.trace.each(p, e, &path, |k, v| match k {
+            TraceKey::Action => action = Some(v),
+            TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
+            TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
+            TraceKey::Stream => t.stream = stream_of(p, v),
+            TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
+            TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
+            TraceKey::Frames => t.frames = Frames::of(v),
+        })?;
+        t.action = self.action_of(p, action, &path)?;
         Ok(t)
+    }
+
+    /// A trace entry's action from its `action` value (unknown names read as
+    /// [`Action::Other`]).
+    fn action_of(
+        &mut self,
+        p: &Pickle,
+        action: Option<V>,
+        path: &dyn Fn() -> String,
+    ) -> Result<Action, ModelError> {
+        let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
+        Ok(self.action.field(p, action).unwrap_or(Action::Other))
     }
 }

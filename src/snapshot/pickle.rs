@@ -1,7 +1,7 @@
 //! A pickle decoder for data-only pickles (protocols 0–5) that never executes
 //! anything.
 //!
-//! Objects live in an arena ([`Pickle::objs`]) and values refer to them by
+//! Objects live in an arena ([`Pickle::obj`]) and values refer to them by
 //! index, so the memo keeps shared references shared (torch dedupes frame
 //! objects: the result must stay a DAG, not be expanded). Values are 8 bytes
 //! ([`V`]: small ints, None and bools inline, everything else an arena index);
@@ -14,6 +14,7 @@
 //! against the remaining input before slicing, and never sizes an allocation
 //! from a length read from the input.
 
+use super::grow::{Prefault, reserved};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -114,20 +115,37 @@ pub struct Container {
     start: u64,
 }
 
-/// A heap object in the arena.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Obj<'a> {
-    Str(&'a str),
-    OwnedStr(Box<str>),
-    Bytes(&'a [u8]),
-    /// An int outside [-2^60, 2^64): little-endian two's complement when
-    /// wider than 64 bits.
-    BigInt(Box<[u8]>),
+/// An arena object as callers see it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Obj<'p> {
+    Str(&'p str),
+    Bytes(&'p [u8]),
+    /// An int outside [-2^60, 2^64): little-endian two's complement, wider
+    /// than 64 bits.
+    BigInt(&'p [u8]),
     Int(i64),
     UInt(u64),
     Float(f64),
     Container(Container),
 }
+
+/// An arena slot: 16 bytes (a snapshot holds millions of containers), so
+/// text and wide ints live in side tables.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slot {
+    /// Index into [`Pickle::texts`].
+    Str(u32),
+    /// Index into [`Pickle::bytes`].
+    Bytes(u32),
+    /// Index into [`Pickle::bigints`].
+    BigInt(u32),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Container(Container),
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 16);
 /// Why decoding stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
@@ -196,7 +214,12 @@ impl Default for Limits {
 /// A decoded pickle: the arena, the item pool and the root value.
 #[derive(Debug, Clone)]
 pub struct Pickle<'a> {
-    pub objs: Vec<Obj<'a>>,
+    slots: Vec<Slot>,
+    /// Strings: borrowed from the input, or decoded (protocol 0 escapes,
+    /// invalid UTF-8 made lossy).
+    texts: Vec<std::borrow::Cow<'a, str>>,
+    bytes: Vec<&'a [u8]>,
+    bigints: Vec<Box<[u8]>>,
     /// Items of containers that were built in one go.
     pool: Vec<V>,
     /// Items of containers that grew in several batches between other objects.
@@ -227,11 +250,14 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         pos: 0,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: reserved(n / 16),
-        memo_values: Vec::new(),
-        sparse_memo: HashMap::new(),
+        memo: Memo::default(),
+        pool_ahead: Prefault::default(),
+        slots_ahead: Prefault::default(),
         p: Pickle {
-            objs: reserved(n / 16),
+            slots: reserved(n / 16),
+            texts: Vec::new(),
+            bytes: Vec::new(),
+            bigints: Vec::new(),
             pool: reserved(n / 3),
             owned: Vec::new(),
             shapes: Vec::new(),
@@ -243,37 +269,142 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         values: 0,
         limits,
     };
-    d.run()
+    d.run().map_err(|e| *e)
 }
 
-/// A vector with room for `items`, or for fewer if that much address space
-/// is refused.
-fn reserved<T>(items: usize) -> Vec<T> {
-    let mut v = Vec::new();
-    let mut want = items;
-    while want > 0 && v.try_reserve_exact(want).is_err() {
-        want /= 4;
-    }
-    v
+/// An index into a side table (texts, bytes, big ints).
+fn side_index(len: usize, at: usize) -> Res<u32> {
+    u32::try_from(len).map_err(|_| {
+        Box::new(DecodeError::Limit {
+            offset: at,
+            what: "number of strings",
+            limit: u64::from(u32::MAX),
+        })
+    })
 }
+
+/// Errors inside the decoder are boxed: a pointer-sized `Err` keeps every
+/// hot `Result` in registers.
+type Fail = Box<DecodeError>;
+type Res<T> = Result<T, Fail>;
+
+/// Arena objects at most (ids fit in [`V`] and leave [`MEMO_VALUE`] free).
+const MAX_OBJECTS: usize = 1 << 29;
 
 /// Marks a dense memo entry as an index into `memo_values` (arena ids stay
 /// below 2^29).
 const MEMO_VALUE: u32 = 1 << 31;
+
+/// Runs kept before the memo turns dense (a binary search over them stays
+/// within a few cache lines).
+const MAX_MEMO_RUNS: usize = 1024;
+
+/// The memo. Picklers memoize objects as they create them, so memo index i
+/// is nearly always arena object i + k, with k changing only after an
+/// object that is not memoized (a float, an empty tuple). Such runs are kept
+/// as their first index and first id and read by arithmetic: no memory per
+/// entry and no cache miss per BINGET. An entry that breaks the pattern (an
+/// overwrite, a memoized int, too many runs) turns the memo dense.
+#[derive(Default)]
+struct Memo {
+    /// Entries `0..len` are stored (in `runs` or `dense`).
+    len: u64,
+    /// `(first index, first arena id)`, ascending; used while `dense` is empty.
+    runs: Vec<(u64, u32)>,
+    /// One entry per index: an arena id, or an index into `values` with
+    /// [`MEMO_VALUE`] set.
+    dense: Vec<u32>,
+    values: Vec<V>,
+    /// Indices stored out of order (past `len`), so a huge declared index
+    /// cannot size an allocation.
+    sparse: HashMap<u64, V>,
+}
+
+impl Memo {
+    #[inline]
+    fn put(&mut self, idx: u64, v: V) -> Result<(), u64> {
+        if idx > self.len {
+            self.sparse.insert(idx, v);
+            return Ok(());
+        }
+        if idx == self.len
+            && self.dense.is_empty()
+            && let Some(id) = v.id()
+        {
+            let follows = self.runs.last().is_some_and(|&(first, first_id)| {
+                u64::from(first_id) + (idx - first) == u64::from(id)
+            });
+            if !follows {
+                if self.runs.len() == MAX_MEMO_RUNS {
+                    return self.densify_then_put(idx, v);
+                }
+                self.runs.push((idx, id));
+            }
+            self.len += 1;
+            return Ok(());
+        }
+        self.densify_then_put(idx, v)
+    }
+
+    #[cold]
+    fn densify_then_put(&mut self, idx: u64, v: V) -> Result<(), u64> {
+        if self.dense.is_empty() {
+            for (i, &(first, id)) in self.runs.iter().enumerate() {
+                let end = self.runs.get(i + 1).map_or(self.len, |r| r.0);
+                self.dense.extend((0..end - first).map(|j| id + j as u32));
+            }
+            self.runs.clear();
+        }
+        let entry = match v.id() {
+            Some(id) => id,
+            None => {
+                let i = u32::try_from(self.values.len())
+                    .ok()
+                    .filter(|&i| i < MEMO_VALUE)
+                    .ok_or(u64::from(MEMO_VALUE))?;
+                self.values.push(v);
+                i | MEMO_VALUE
+            }
+        };
+        if idx < self.len {
+            self.dense[idx as usize] = entry;
+        } else {
+            self.dense.push(entry);
+            self.len += 1;
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn get(&self, idx: u64) -> Option<V> {
+        if idx >= self.len {
+            return self.sparse.get(&idx).copied();
+        }
+        if self.dense.is_empty() {
+            // Few runs (the usual case): scan from the newest.
+            let k = if self.runs.len() <= 8 {
+                self.runs.iter().rposition(|r| r.0 <= idx)?
+            } else {
+                self.runs.partition_point(|r| r.0 <= idx).checked_sub(1)?
+            };
+            let (first, id) = self.runs[k];
+            return Some(V::object(id + (idx - first) as u32));
+        }
+        match self.dense[idx as usize] {
+            e if e & MEMO_VALUE == 0 => Some(V::object(e)),
+            e => self.values.get((e & !MEMO_VALUE) as usize).copied(),
+        }
+    }
+}
 
 struct Decoder<'a> {
     data: &'a [u8],
     pos: usize,
     stack: Vec<V>,
     marks: Vec<usize>,
-    /// Dense memo (MEMOIZE and in-order PUTs) of arena ids, 4 bytes an entry
-    /// (a snapshot memoizes millions of objects); a memoized value that is no
-    /// object sits in `memo_values`, its index with [`MEMO_VALUE`] set.
-    /// Out-of-order indices go to `sparse_memo` so a huge declared index
-    /// cannot size an allocation.
-    memo: Vec<u32>,
-    memo_values: Vec<V>,
-    sparse_memo: HashMap<u64, V>,
+    memo: Memo,
+    pool_ahead: Prefault,
+    slots_ahead: Prefault,
     p: Pickle<'a>,
     shape_ids: HashMap<Box<[V]>, u32>,
     /// The shapes used last, checked before `shape_ids`.
@@ -359,31 +490,31 @@ fn opcode_name(op: u8) -> &'static str {
 }
 
 impl<'a> Decoder<'a> {
-    fn run(mut self) -> Result<Pickle<'a>, DecodeError> {
+    fn run(mut self) -> Res<Pickle<'a>> {
         loop {
             let at = self.pos;
             let Some(&op) = self.data.get(at) else {
-                return Err(DecodeError::Truncated {
+                return Err(Box::new(DecodeError::Truncated {
                     offset: at,
                     what: "the pickle (no STOP opcode)",
-                });
+                }));
             };
             self.pos += 1;
+            // A snapshot is mostly memo gets: test for them with plain
+            // branches, which predict the regular key/value rhythm far better
+            // than the one indirect jump of the match.
+            if op == b'h' {
+                let idx = self.take(1, at, op)?[0].into();
+                self.get(idx, at, op)?;
+                continue;
+            }
+            if op == b'j' {
+                let idx = self.le_u64(4, at, op)?;
+                self.get(idx, at, op)?;
+                continue;
+            }
             match op {
-                // The hot opcodes of a snapshot first.
-                0x94 => {
-                    let v = self.top(at, op)?;
-                    let idx = self.memo.len() as u64;
-                    self.memo_put(idx, v, at)?;
-                }
-                b'h' => {
-                    let idx = self.take(1, at, op)?[0].into();
-                    self.get(idx, at, op)?;
-                }
-                b'j' => {
-                    let idx = self.le_u64(4, at, op)?;
-                    self.get(idx, at, op)?;
-                }
+                0x94 => self.memoize(at)?,
                 b'K' => {
                     let v = self.take(1, at, op)?[0];
                     self.push(V::small(v.into()), at)?;
@@ -401,8 +532,9 @@ impl<'a> Decoder<'a> {
                 }
                 0x8a => {
                     let n = self.take(1, at, op)?[0] as usize;
+                    let start = self.pos;
                     let b = self.take(n, at, op)?;
-                    let v = self.long_le(b, at)?;
+                    let v = self.long_le(start, b, at)?;
                     self.push(v, at)?;
                 }
                 0x8c => {
@@ -410,18 +542,15 @@ impl<'a> Decoder<'a> {
                     let b = self.take(n, at, op)?;
                     self.push_utf8(b, at)?;
                 }
-                b'(' => {
-                    if self.marks.len() >= self.limits.max_marks {
-                        return Err(DecodeError::Limit {
-                            offset: at,
-                            what: "MARK nesting",
-                            limit: self.limits.max_marks as u64,
-                        });
-                    }
-                    self.marks.push(self.stack.len());
+                b'(' => self.mark(at)?,
+                b'}' => {
+                    self.new_container(Kind::Dict, at)?;
+                    self.then_memoize_and_mark()?;
                 }
-                b'}' => self.new_container(Kind::Dict, at)?,
-                b']' => self.new_container(Kind::List, at)?,
+                b']' => {
+                    self.new_container(Kind::List, at)?;
+                    self.then_memoize_and_mark()?;
+                }
                 0x8f => self.new_container(Kind::Set, at)?,
                 b')' => self.new_container(Kind::Tuple, at)?,
                 b'u' => self.extend_marked(Kind::Dict, at, op)?,
@@ -478,10 +607,10 @@ impl<'a> Decoder<'a> {
                 0x80 => {
                     let p = self.take(1, at, op)?[0];
                     if p > 5 {
-                        return Err(DecodeError::Protocol {
+                        return Err(Box::new(DecodeError::Protocol {
                             offset: at,
                             protocol: p,
-                        });
+                        }));
                     }
                     self.p.protocol = p;
                 }
@@ -509,15 +638,16 @@ impl<'a> Decoder<'a> {
                 }
                 0x8b => {
                     let n = self.len_i32(at, op)?;
+                    let start = self.pos;
                     let b = self.take(n, at, op)?;
-                    let v = self.long_le(b, at)?;
+                    let v = self.long_le(start, b, at)?;
                     self.push(v, at)?;
                 }
                 b'G' => {
                     let b = self.take(8, at, op)?;
                     let mut a = [0u8; 8];
                     a.copy_from_slice(b);
-                    let v = self.alloc(Obj::Float(f64::from_be_bytes(a)), at)?;
+                    let v = self.alloc(Slot::Float(f64::from_be_bytes(a)), at)?;
                     self.push(v, at)?;
                 }
                 b'I' => {
@@ -541,7 +671,7 @@ impl<'a> Decoder<'a> {
                         .ok()
                         .and_then(|s| s.trim().parse::<f64>().ok())
                         .ok_or_else(|| self.malformed(at, op, "not a float"))?;
-                    let v = self.alloc(Obj::Float(f), at)?;
+                    let v = self.alloc(Slot::Float(f), at)?;
                     self.push(v, at)?;
                 }
                 // Byte strings: Python 3 decodes protocol 0–2 `str` as ASCII by default.
@@ -560,13 +690,13 @@ impl<'a> Decoder<'a> {
                     let s = unquote_string(line).ok_or_else(|| {
                         self.malformed(at, op, "the STRING opcode argument must be quoted")
                     })?;
-                    let v = self.alloc(Obj::OwnedStr(s.into_boxed_str()), at)?;
+                    let v = self.text(s.into(), at)?;
                     self.push(v, at)?;
                 }
                 b'V' => {
                     let line = self.line(at, op)?;
                     let s = raw_unicode_unescape(line);
-                    let v = self.alloc(Obj::OwnedStr(s.into_boxed_str()), at)?;
+                    let v = self.text(s.into(), at)?;
                     self.push(v, at)?;
                 }
                 b'X' => {
@@ -582,19 +712,19 @@ impl<'a> Decoder<'a> {
                 b'B' => {
                     let n = self.len_u32(at, op)?;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(b), at)?;
+                    let v = self.bytes(b, at)?;
                     self.push(v, at)?;
                 }
                 b'C' => {
                     let n = self.take(1, at, op)?[0] as usize;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(b), at)?;
+                    let v = self.bytes(b, at)?;
                     self.push(v, at)?;
                 }
                 0x8e | 0x96 => {
                     let n = self.len_u64(at, op)?;
                     let b = self.take(n, at, op)?;
-                    let v = self.alloc(Obj::Bytes(b), at)?;
+                    let v = self.bytes(b, at)?;
                     self.push(v, at)?;
                 }
                 0x97 => {
@@ -635,7 +765,7 @@ impl<'a> Decoder<'a> {
                 b'c' | b'i' => {
                     let module = self.line(at, op)?;
                     let name = self.line(at, op)?;
-                    return Err(DecodeError::Code {
+                    return Err(Box::new(DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable: format!(
@@ -643,7 +773,7 @@ impl<'a> Decoder<'a> {
                             String::from_utf8_lossy(module),
                             String::from_utf8_lossy(name)
                         ),
-                    });
+                    }));
                 }
                 0x93 => {
                     let n = self.stack.len();
@@ -656,11 +786,11 @@ impl<'a> Decoder<'a> {
                         }
                         _ => "an object missing from the stack".into(),
                     };
-                    return Err(DecodeError::Code {
+                    return Err(Box::new(DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable,
-                    });
+                    }));
                 }
                 b'R' | 0x81 | 0x92 | b'b' | b'o' | b'Q' => {
                     // The callable (or the object BUILD would update) sits below the
@@ -675,19 +805,19 @@ impl<'a> Decoder<'a> {
                         .and_then(|i| self.stack.get(i))
                         .map(|v| self.describe(*v))
                         .unwrap_or_else(|| "an object missing from the stack".into());
-                    return Err(DecodeError::Code {
+                    return Err(Box::new(DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable,
-                    });
+                    }));
                 }
                 b'P' => {
                     let id = self.line(at, op)?;
-                    return Err(DecodeError::Code {
+                    return Err(Box::new(DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable: format!("persistent_load({:?})", String::from_utf8_lossy(id)),
-                    });
+                    }));
                 }
                 0x82..=0x84 => {
                     let n = match op {
@@ -696,17 +826,17 @@ impl<'a> Decoder<'a> {
                         _ => 4,
                     };
                     let code = self.le_u64(n, at, op)?;
-                    return Err(DecodeError::Code {
+                    return Err(Box::new(DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable: format!("the copyreg extension registered as code {code}"),
-                    });
+                    }));
                 }
                 _ => {
-                    return Err(DecodeError::UnknownOpcode {
+                    return Err(Box::new(DecodeError::UnknownOpcode {
                         offset: at,
                         opcode: op,
-                    });
+                    }));
                 }
             }
         }
@@ -718,7 +848,7 @@ impl<'a> Decoder<'a> {
 
     /// The next `n` bytes; `n` comes from the input, so it is checked first.
     #[inline]
-    fn take(&mut self, n: usize, at: usize, op: u8) -> Result<&'a [u8], DecodeError> {
+    fn take(&mut self, n: usize, at: usize, op: u8) -> Res<&'a [u8]> {
         let data: &'a [u8] = self.data;
         match data.get(self.pos..).and_then(|rest| rest.get(..n)) {
             Some(s) => {
@@ -729,24 +859,24 @@ impl<'a> Decoder<'a> {
         }
     }
 
-    fn le_u64(&mut self, n: usize, at: usize, op: u8) -> Result<u64, DecodeError> {
+    fn le_u64(&mut self, n: usize, at: usize, op: u8) -> Res<u64> {
         let b = self.take(n, at, op)?;
         Ok(b.iter()
             .rev()
             .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     }
 
-    fn len_u32(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+    fn len_u32(&mut self, at: usize, op: u8) -> Res<usize> {
         let n = self.le_u64(4, at, op)?;
         self.fits(n, at, op)
     }
 
-    fn len_u64(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+    fn len_u64(&mut self, at: usize, op: u8) -> Res<usize> {
         let n = self.le_u64(8, at, op)?;
         self.fits(n, at, op)
     }
 
-    fn len_i32(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+    fn len_i32(&mut self, at: usize, op: u8) -> Res<usize> {
         let b = self.take(4, at, op)?;
         let n = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         if n < 0 {
@@ -756,7 +886,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// A declared length must fit in what is left of the input.
-    fn fits(&self, n: u64, at: usize, op: u8) -> Result<usize, DecodeError> {
+    fn fits(&self, n: u64, at: usize, op: u8) -> Res<usize> {
         if n > self.remaining() as u64 {
             return Err(self.truncated(at, op));
         }
@@ -764,7 +894,7 @@ impl<'a> Decoder<'a> {
     }
 
     /// A newline-terminated argument (protocol 0), without the newline.
-    fn line(&mut self, at: usize, op: u8) -> Result<&'a [u8], DecodeError> {
+    fn line(&mut self, at: usize, op: u8) -> Res<&'a [u8]> {
         let data: &'a [u8] = self.data;
         let rest = data.get(self.pos..).unwrap_or_default();
         let n = memchr::memchr(b'\n', rest).ok_or_else(|| self.truncated(at, op))?;
@@ -773,44 +903,64 @@ impl<'a> Decoder<'a> {
     }
 
     #[cold]
-    fn truncated(&self, at: usize, op: u8) -> DecodeError {
-        DecodeError::Truncated {
+    fn truncated(&self, at: usize, op: u8) -> Fail {
+        Box::new(DecodeError::Truncated {
             offset: at,
             what: opcode_name(op),
-        }
+        })
     }
 
     #[cold]
-    fn malformed(&self, at: usize, op: u8, problem: &str) -> DecodeError {
-        DecodeError::Malformed {
+    fn malformed(&self, at: usize, op: u8, problem: &str) -> Fail {
+        Box::new(DecodeError::Malformed {
             offset: at,
             opcode: opcode_name(op),
             problem: problem.into(),
-        }
+        })
     }
 
     #[cold]
-    fn empty(&self, at: usize, op: u8) -> DecodeError {
+    fn empty(&self, at: usize, op: u8) -> Fail {
         self.malformed(at, op, "stack underflow")
     }
 
-    #[inline]
-    fn count(&mut self, n: u64, at: usize) -> Result<(), DecodeError> {
+    /// Counts `n` more values held (objects, pooled items, memo entries,
+    /// stack room) against the limit.
+    #[inline(always)]
+    fn count(&mut self, n: u64, at: usize) -> Res<()> {
         self.values += n;
         if self.values > self.limits.max_values {
-            return Err(DecodeError::Limit {
-                offset: at,
-                what: "number of values",
-                limit: self.limits.max_values,
-            });
+            return Err(self.too_many_values(at));
         }
         Ok(())
     }
 
-    #[inline]
-    fn push(&mut self, v: V, at: usize) -> Result<(), DecodeError> {
-        self.count(1, at)?;
+    #[cold]
+    #[inline(never)]
+    fn too_many_values(&self, at: usize) -> Fail {
+        Box::new(DecodeError::Limit {
+            offset: at,
+            what: "number of values",
+            limit: self.limits.max_values,
+        })
+    }
+
+    /// Pushes onto the stack; its room is counted when it grows, not per push.
+    #[inline(always)]
+    fn push(&mut self, v: V, at: usize) -> Res<()> {
+        if self.stack.len() == self.stack.capacity() {
+            self.grow_stack(at)?;
+        }
         self.stack.push(v);
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_stack(&mut self, at: usize) -> Res<()> {
+        let more = self.stack.capacity().max(256);
+        self.count(more as u64, at)?;
+        self.stack.reserve_exact(more);
         Ok(())
     }
 
@@ -823,51 +973,86 @@ impl<'a> Decoder<'a> {
     /// The top of the stack, above the innermost MARK (CPython refuses to
     /// reach below it too).
     #[inline]
-    fn top(&self, at: usize, op: u8) -> Result<V, DecodeError> {
+    fn top(&self, at: usize, op: u8) -> Res<V> {
         match self.stack.last() {
             Some(&v) if self.stack.len() > self.floor() => Ok(v),
             _ => Err(self.empty(at, op)),
         }
     }
 
-    fn pop(&mut self, at: usize, op: u8) -> Result<V, DecodeError> {
+    fn pop(&mut self, at: usize, op: u8) -> Res<V> {
         let v = self.top(at, op)?;
         self.stack.pop();
         Ok(v)
     }
 
-    fn pop_mark(&mut self, at: usize, op: u8) -> Result<usize, DecodeError> {
+    fn pop_mark(&mut self, at: usize, op: u8) -> Res<usize> {
         self.marks
             .pop()
             .ok_or_else(|| self.malformed(at, op, "no MARK open"))
     }
 
-    fn alloc(&mut self, obj: Obj<'a>, at: usize) -> Result<V, DecodeError> {
-        let id = u32::try_from(self.p.objs.len())
-            .ok()
-            .filter(|&id| id < 1 << 29)
-            .ok_or(DecodeError::Limit {
+    #[inline(always)]
+    fn alloc(&mut self, slot: Slot, at: usize) -> Res<V> {
+        let id = self.p.slots.len();
+        if id >= MAX_OBJECTS {
+            return Err(Box::new(DecodeError::Limit {
                 offset: at,
                 what: "number of objects",
-                limit: 1 << 29,
-            })?;
+                limit: MAX_OBJECTS as u64,
+            }));
+        }
         self.count(2, at)?;
-        self.p.objs.push(obj);
-        Ok(V::object(id))
+        self.slots_ahead.ahead(&mut self.p.slots, 1);
+        self.p.slots.push(slot);
+        Ok(V::object(id as u32))
     }
 
     /// An int: inline when small, else boxed.
-    fn int(&mut self, i: i64, at: usize) -> Result<V, DecodeError> {
+    fn int(&mut self, i: i64, at: usize) -> Res<V> {
         match V::int(i) {
             Some(v) => Ok(v),
-            None => self.alloc(Obj::Int(i), at),
+            None => self.alloc(Slot::Int(i), at),
         }
     }
 
-    fn new_container(&mut self, kind: Kind, at: usize) -> Result<(), DecodeError> {
+    fn memoize(&mut self, at: usize) -> Res<()> {
+        let v = self.top(at, 0x94)?;
+        self.memo_put(self.memo.len, v, at)
+    }
+
+    #[inline(always)]
+    fn mark(&mut self, at: usize) -> Res<()> {
+        if self.marks.len() >= self.limits.max_marks {
+            return Err(Box::new(DecodeError::Limit {
+                offset: at,
+                what: "MARK nesting",
+                limit: self.limits.max_marks as u64,
+            }));
+        }
+        self.marks.push(self.stack.len());
+        Ok(())
+    }
+
+    /// Pickler writes MEMOIZE, then usually MARK, after every new dict and
+    /// list: taking them here saves two trips through the dispatch.
+    #[inline(always)]
+    fn then_memoize_and_mark(&mut self) -> Res<()> {
+        if self.data.get(self.pos) == Some(&0x94) {
+            self.pos += 1;
+            self.memoize(self.pos - 1)?;
+            if self.data.get(self.pos) == Some(&b'(') {
+                self.pos += 1;
+                self.mark(self.pos - 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn new_container(&mut self, kind: Kind, at: usize) -> Res<()> {
         let start = self.p.pool.len() as u64;
         let v = self.alloc(
-            Obj::Container(Container {
+            Slot::Container(Container {
                 kind,
                 layout: Layout::Pool,
                 len: 0,
@@ -879,12 +1064,14 @@ impl<'a> Decoder<'a> {
     }
 
     /// A container of `stack[from..]` (TUPLE, LIST, DICT, FROZENSET, TUPLE1-3).
-    fn build(&mut self, kind: Kind, from: usize, at: usize) -> Result<(), DecodeError> {
+    fn build(&mut self, kind: Kind, from: usize, at: usize) -> Res<()> {
         let start = self.p.pool.len() as u64;
         let len = self.checked_len(self.stack.len().saturating_sub(from) as u64, at)?;
+        self.count(len.into(), at)?;
+        self.pool_ahead.ahead(&mut self.p.pool, len as usize);
         self.p.pool.extend(self.stack.drain(from..));
         let v = self.alloc(
-            Obj::Container(Container {
+            Slot::Container(Container {
                 kind,
                 layout: Layout::Pool,
                 len,
@@ -897,7 +1084,7 @@ impl<'a> Decoder<'a> {
 
     /// APPENDS / SETITEMS / ADDITEMS: the items above the MARK go into the
     /// container just below it.
-    fn extend_marked(&mut self, kind: Kind, at: usize, op: u8) -> Result<(), DecodeError> {
+    fn extend_marked(&mut self, kind: Kind, at: usize, op: u8) -> Res<()> {
         let m = self.pop_mark(at, op)?;
         let target = m
             .checked_sub(1)
@@ -911,20 +1098,13 @@ impl<'a> Decoder<'a> {
     }
 
     /// Moves `stack[from..]` into the container `target` of kind `kind`.
-    fn extend(
-        &mut self,
-        target: V,
-        kind: Kind,
-        from: usize,
-        at: usize,
-        op: u8,
-    ) -> Result<(), DecodeError> {
+    fn extend(&mut self, target: V, kind: Kind, from: usize, at: usize, op: u8) -> Res<()> {
         let wrong = || match kind {
             Kind::Dict => "target is not a dict",
             Kind::Set => "target is not a set",
             _ => "target is not a list",
         };
-        let Some(Obj::Container(c)) = target.id().and_then(|id| self.p.objs.get(id as usize))
+        let Some(Slot::Container(c)) = target.id().and_then(|id| self.p.slots.get(id as usize))
         else {
             return Err(self.malformed(at, op, wrong()));
         };
@@ -934,6 +1114,8 @@ impl<'a> Decoder<'a> {
         let c = *c;
         let id = target.id().unwrap_or(u32::MAX) as usize;
         let n = self.stack.len().saturating_sub(from);
+        self.count(n as u64, at)?;
+        self.pool_ahead.ahead(&mut self.p.pool, n);
         let pool_end = self.p.pool.len() as u64;
         match c.layout {
             Layout::Owned => {
@@ -967,14 +1149,14 @@ impl<'a> Decoder<'a> {
                         }
                     }
                 };
-                self.p.objs[id] = Obj::Container(slot);
+                self.p.slots[id] = Slot::Container(slot);
             }
             Layout::Pool if c.len == 0 || c.start + u64::from(c.len) == pool_end => {
                 // The container's items end the pool: grow in place.
                 let len = self.checked_len(u64::from(c.len) + n as u64, at)?;
                 let start = if c.len == 0 { pool_end } else { c.start };
                 self.p.pool.extend(self.stack.drain(from..));
-                self.p.objs[id] = Obj::Container(Container { len, start, ..c });
+                self.p.slots[id] = Slot::Container(Container { len, start, ..c });
             }
             Layout::Pool | Layout::Shaped => {
                 // Other objects were built since: give it a vector of its own.
@@ -985,7 +1167,7 @@ impl<'a> Decoder<'a> {
                 items.extend(self.stack.drain(from..));
                 let start = self.p.owned.len() as u64;
                 self.p.owned.push(items);
-                self.p.objs[id] = Obj::Container(Container {
+                self.p.slots[id] = Slot::Container(Container {
                     kind,
                     layout: Layout::Owned,
                     len: 0,
@@ -996,11 +1178,13 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
-    fn checked_len(&self, n: u64, at: usize) -> Result<u32, DecodeError> {
-        u32::try_from(n).map_err(|_| DecodeError::Limit {
-            offset: at,
-            what: "container length",
-            limit: u64::from(u32::MAX),
+    fn checked_len(&self, n: u64, at: usize) -> Res<u32> {
+        u32::try_from(n).map_err(|_| {
+            Box::new(DecodeError::Limit {
+                offset: at,
+                what: "container length",
+                limit: u64::from(u32::MAX),
+            })
         })
     }
 
@@ -1016,12 +1200,18 @@ impl<'a> Decoder<'a> {
         if keys().any(|k| k.id().is_none()) {
             return None;
         }
-        for &id in &self.recent_shapes {
-            if let Some(shape) = self.p.shapes.get(id as usize)
-                && shape.iter().copied().eq(keys())
-            {
-                return Some(id);
+        let same = |shape: &[V]| shape.len() * 2 == items.len() && shape.iter().copied().eq(keys());
+        // Torch writes a handful of shapes: try them all before hashing.
+        if self.p.shapes.len() <= 16 {
+            if let Some(id) = self.p.shapes.iter().position(|s| same(s)) {
+                return Some(id as u32);
             }
+        } else if let Some(&id) = self
+            .recent_shapes
+            .iter()
+            .find(|&&id| self.p.shapes.get(id as usize).is_some_and(|s| same(s)))
+        {
+            return Some(id);
         }
         let key: Box<[V]> = keys().collect();
         let id = match self.shape_ids.get(&key) {
@@ -1039,91 +1229,93 @@ impl<'a> Decoder<'a> {
         Some(id)
     }
 
-    fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Result<(), DecodeError> {
+    #[inline]
+    fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Res<()> {
         self.count(1, at)?;
-        let len = self.memo.len() as u64;
-        if idx > len {
-            self.sparse_memo.insert(idx, v);
-            return Ok(());
-        }
-        let entry = match v.id() {
-            Some(id) => id,
-            None => {
-                let i = u32::try_from(self.memo_values.len())
-                    .ok()
-                    .filter(|&i| i < MEMO_VALUE)
-                    .ok_or(DecodeError::Limit {
-                        offset: at,
-                        what: "memoized non-object values",
-                        limit: u64::from(MEMO_VALUE),
-                    })?;
-                self.memo_values.push(v);
-                i | MEMO_VALUE
-            }
-        };
-        if idx < len {
-            self.memo[idx as usize] = entry;
-        } else {
-            self.memo.push(entry);
-        }
-        Ok(())
+        self.memo.put(idx, v).map_err(|limit| {
+            Box::new(DecodeError::Limit {
+                offset: at,
+                what: "memoized non-object values",
+                limit,
+            })
+        })
     }
 
-    #[inline]
-    fn get(&mut self, idx: u64, at: usize, op: u8) -> Result<(), DecodeError> {
-        let v = match usize::try_from(idx).ok().and_then(|i| self.memo.get(i)) {
-            Some(&e) if e & MEMO_VALUE == 0 => V::object(e),
-            Some(&e) => *self
-                .memo_values
-                .get((e & !MEMO_VALUE) as usize)
-                .unwrap_or(&V::NONE),
-            None => *self.sparse_memo.get(&idx).ok_or_else(|| {
-                self.malformed(at, op, &format!("memo key {idx} was never stored"))
-            })?,
-        };
-        self.push(v, at)
+    #[inline(always)]
+    fn get(&mut self, idx: u64, at: usize, op: u8) -> Res<()> {
+        match self.memo.get(idx) {
+            Some(v) => self.push(v, at),
+            None => Err(self.not_stored(idx, at, op)),
+        }
     }
 
-    fn push_utf8(&mut self, b: &'a [u8], at: usize) -> Result<(), DecodeError> {
+    #[cold]
+    #[inline(never)]
+    fn not_stored(&self, idx: u64, at: usize, op: u8) -> Fail {
+        self.malformed(at, op, &format!("memo key {idx} was never stored"))
+    }
+
+    fn push_utf8(&mut self, b: &'a [u8], at: usize) -> Res<()> {
         // Python writes lone surrogates with "surrogatepass": keep what decodes.
-        let obj = match std::str::from_utf8(b) {
-            Ok(s) => Obj::Str(s),
-            Err(_) => Obj::OwnedStr(String::from_utf8_lossy(b).into()),
-        };
-        let v = self.alloc(obj, at)?;
+        let v = self.text(String::from_utf8_lossy(b), at)?;
         self.push(v, at)
     }
 
-    /// LONG1/LONG4 payload: little-endian two's complement of any length.
-    #[inline]
-    fn long_le(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
-        // The common case (addresses, sizes): up to 8 bytes, sign-extended.
-        if let Some(&last) = b.last()
-            && b.len() <= 8
-        {
-            let mut a = if last & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
-            a[..b.len()].copy_from_slice(b);
-            let i = i64::from_le_bytes(a);
+    fn text(&mut self, s: std::borrow::Cow<'a, str>, at: usize) -> Res<V> {
+        let i = side_index(self.p.texts.len(), at)?;
+        let v = self.alloc(Slot::Str(i), at)?;
+        self.p.texts.push(s);
+        Ok(v)
+    }
+
+    fn bytes(&mut self, b: &'a [u8], at: usize) -> Res<V> {
+        let i = side_index(self.p.bytes.len(), at)?;
+        let v = self.alloc(Slot::Bytes(i), at)?;
+        self.p.bytes.push(b);
+        Ok(v)
+    }
+
+    fn bigint(&mut self, le: Box<[u8]>, at: usize) -> Res<V> {
+        let i = side_index(self.p.bigints.len(), at)?;
+        let v = self.alloc(Slot::BigInt(i), at)?;
+        self.p.bigints.push(le);
+        Ok(v)
+    }
+
+    /// LONG1/LONG4 payload `b`, at `start` in the input: little-endian two's
+    /// complement of any length.
+    #[inline(always)]
+    fn long_le(&mut self, start: usize, b: &[u8], at: usize) -> Res<V> {
+        // The common case (addresses, sizes): 1 to 8 bytes, read as one word
+        // when the input has 8 bytes from `start`, then sign-extended.
+        let n = b.len();
+        if (1..=8).contains(&n) {
+            let word = match self.data.get(start..).and_then(<[u8]>::first_chunk::<8>) {
+                Some(w) => u64::from_le_bytes(*w),
+                None => b.iter().rev().fold(0, |acc, &x| (acc << 8) | u64::from(x)),
+            };
+            let shift = 64 - 8 * n as u32;
+            let i = ((word << shift) as i64) >> shift;
             if let Some(v) = V::int(i) {
                 return Ok(v);
             }
-            return self.alloc(Obj::Int(i), at);
+            return self.alloc(Slot::Int(i), at);
         }
         self.long_wide(b, at)
     }
 
     /// A LONG payload wider than 8 bytes (or empty).
     #[cold]
-    fn long_wide(&mut self, b: &[u8], at: usize) -> Result<V, DecodeError> {
+    fn long_wide(&mut self, b: &[u8], at: usize) -> Res<V> {
         match long_from_le(b) {
             Some(Value::Int(i)) => self.int(i, at),
-            Some(Value::UInt(u)) => self.alloc(Obj::UInt(u), at),
-            _ => self.alloc(Obj::BigInt(b.into()), at),
+            Some(Value::UInt(u)) => self.alloc(Slot::UInt(u), at),
+            _ => self.bigint(b.into(), at),
         }
     }
 
     /// A protocol 0 decimal int (INT or LONG); too big for u64 becomes a BigInt.
-    fn decimal(&mut self, digits: &[u8], at: usize, op: u8) -> Result<V, DecodeError> {
+    fn decimal(&mut self, digits: &[u8], at: usize, op: u8) -> Res<V> {
         let s = std::str::from_utf8(digits)
             .map_err(|_| self.malformed(at, op, "not a number"))?
             .trim();
@@ -1131,10 +1323,10 @@ impl<'a> Decoder<'a> {
             return self.int(v, at);
         }
         if let Ok(v) = s.parse::<u64>() {
-            return self.alloc(Obj::UInt(v), at);
+            return self.alloc(Slot::UInt(v), at);
         }
         let le = decimal_to_le(s).ok_or_else(|| self.malformed(at, op, "not a number"))?;
-        self.alloc(Obj::BigInt(le.into_boxed_slice()), at)
+        self.bigint(le.into_boxed_slice(), at)
     }
 
     /// A short description of a stack value for refusal messages.
@@ -1142,7 +1334,6 @@ impl<'a> Decoder<'a> {
         match self.p.value(v) {
             Value::Ref(_) => match self.p.obj(v) {
                 Some(Obj::Str(s)) => s.chars().take(80).collect(),
-                Some(Obj::OwnedStr(s)) => s.chars().take(80).collect(),
                 Some(Obj::Container(c)) => format!("a {:?}", c.kind).to_lowercase(),
                 _ => "an object".into(),
             },
@@ -1307,18 +1498,31 @@ fn raw_unicode_unescape(line: &[u8]) -> String {
 }
 
 impl<'a> Pickle<'a> {
-    pub fn obj(&self, v: V) -> Option<&Obj<'a>> {
-        self.objs.get(v.id()? as usize)
+    /// Arena objects (containers, strings, boxed numbers).
+    pub fn object_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn obj(&self, v: V) -> Option<Obj<'_>> {
+        Some(match *self.slots.get(v.id()? as usize)? {
+            Slot::Str(i) => Obj::Str(self.texts.get(i as usize)?),
+            Slot::Bytes(i) => Obj::Bytes(self.bytes.get(i as usize)?),
+            Slot::BigInt(i) => Obj::BigInt(self.bigints.get(i as usize)?),
+            Slot::Int(i) => Obj::Int(i),
+            Slot::UInt(u) => Obj::UInt(u),
+            Slot::Float(f) => Obj::Float(f),
+            Slot::Container(c) => Obj::Container(c),
+        })
     }
 
     /// The value with numbers unboxed.
     pub fn value(&self, v: V) -> Value {
         match v.0 & 7 {
             TAG_INT => Value::Int((v.0 as i64) >> 3),
-            TAG_REF => match self.obj(v) {
-                Some(Obj::Int(i)) => Value::Int(*i),
-                Some(Obj::UInt(u)) => Value::UInt(*u),
-                Some(Obj::Float(f)) => Value::Float(*f),
+            TAG_REF => match self.slots.get((v.0 >> 3) as usize) {
+                Some(Slot::Int(i)) => Value::Int(*i),
+                Some(Slot::UInt(u)) => Value::UInt(*u),
+                Some(Slot::Float(f)) => Value::Float(*f),
                 _ => Value::Ref((v.0 >> 3) as u32),
             },
             _ => match v {
@@ -1330,9 +1534,8 @@ impl<'a> Pickle<'a> {
     }
 
     pub fn str(&self, v: V) -> Option<&str> {
-        match self.obj(v)? {
-            Obj::Str(s) => Some(s),
-            Obj::OwnedStr(s) => Some(s),
+        match self.slots.get(v.id()? as usize)? {
+            Slot::Str(i) => self.texts.get(*i as usize).map(|s| &**s),
             _ => None,
         }
     }
@@ -1375,8 +1578,8 @@ impl<'a> Pickle<'a> {
     }
 
     fn container_of(&self, v: V) -> Option<&Container> {
-        match self.obj(v)? {
-            Obj::Container(c) => Some(c),
+        match self.slots.get(v.id()? as usize)? {
+            Slot::Container(c) => Some(c),
             _ => None,
         }
     }
@@ -1449,7 +1652,7 @@ impl<'a> Pickle<'a> {
     /// Distinct objects reachable from the root (each shared object counted
     /// once, so a memo bomb stays linear); iterative, for any nesting depth.
     pub fn reachable_objects(&self) -> usize {
-        let mut seen = vec![false; self.objs.len()];
+        let mut seen = vec![false; self.slots.len()];
         let mut todo = vec![self.root];
         let mut n = 0;
         while let Some(v) = todo.pop() {
@@ -1488,14 +1691,13 @@ impl<'a> Pickle<'a> {
                     (Value::Float(f), _) => {
                         Some(serde_json::Number::from_f64(f).map_or(J::Null, J::Number))
                     }
-                    (_, Some(Obj::Str(s))) => Some(J::String((*s).to_string())),
-                    (_, Some(Obj::OwnedStr(s))) => Some(J::String(s.to_string())),
+                    (_, Some(Obj::Str(s))) => Some(J::String(s.to_string())),
                     (_, Some(Obj::Bytes(b))) => Some(J::String(String::from_utf8_lossy(b).into())),
                     (_, Some(Obj::Container(c))) if frames.len() < max_depth => {
                         let dict = c.kind == Kind::Dict;
-                        let items: Vec<V> = match self.dict_of(c) {
+                        let items: Vec<V> = match self.dict_of(&c) {
                             Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
-                            None => self.items_of(c).to_vec(),
+                            None => self.items_of(&c).to_vec(),
                         };
                         frames.push(JsonFrame {
                             out: if dict {
@@ -1601,10 +1803,10 @@ impl<'p> Pairs<'p> {
         Some((*self.keys.get(j)?, *self.values.get(j)?))
     }
 
-    /// The keys alone (the shared shape, for shaped dicts): equal slices mean
+    /// A shaped dict's shared key slice and its values: equal key slices mean
     /// equal key sequences, so callers can cache per shape.
-    pub fn shape(&self) -> Option<&'p [V]> {
-        (self.stride == 1).then_some(self.keys)
+    pub fn shaped(&self) -> Option<(&'p [V], &'p [V])> {
+        (self.stride == 1).then_some((self.keys, self.values))
     }
 
     pub fn iter(self) -> impl DoubleEndedIterator<Item = (V, V)> + 'p {
@@ -1624,7 +1826,7 @@ mod tests {
         let items = p.items(p.root).unwrap();
         assert_eq!(items.len(), 2);
         let (d0, d1) = (items[0], items[1]);
-        assert_eq!(p.dict(d0).unwrap().shape().map(<[V]>::len), Some(2));
+        assert_eq!(p.dict(d0).unwrap().shaped().map(|(k, _)| k.len()), Some(2));
         assert_eq!(
             p.shapes.len(),
             1,
@@ -1641,7 +1843,60 @@ mod tests {
             (Some(3), Some(4), Some(5))
         );
         assert_eq!(p.dict(d1).unwrap().len(), 3);
-        assert_eq!(p.dict(d1).unwrap().shape(), None);
+        assert_eq!(p.dict(d1).unwrap().shaped(), None);
+    }
+
+    #[test]
+    fn the_memo_answers_alike_in_runs_and_dense() {
+        // Ids that mostly follow their index, with a jump every seventh
+        // entry: more runs than MAX_MEMO_RUNS, so the memo turns dense on
+        // the way; then an overwrite, a memoized int and an out-of-order index.
+        let mut memo = Memo::default();
+        let mut want = Vec::new();
+        let mut id = 0u32;
+        for i in 0..10_000u64 {
+            id += if i % 7 == 0 { 3 } else { 1 };
+            let v = V::object(id);
+            memo.put(i, v).unwrap();
+            want.push(v);
+            if i == 500 {
+                assert!(memo.dense.is_empty(), "still runs at {i}");
+                assert!(memo.runs.len() > 1);
+            }
+        }
+        assert!(
+            !memo.dense.is_empty(),
+            "over {MAX_MEMO_RUNS} runs turn the memo dense"
+        );
+        memo.put(17, V::object(5)).unwrap();
+        want[17] = V::object(5);
+        memo.put(10_000, V::small(9)).unwrap();
+        want.push(V::small(9));
+        memo.put(20_000, V::TRUE).unwrap();
+        for (i, v) in want.iter().enumerate() {
+            assert_eq!(memo.get(i as u64), Some(*v), "index {i}");
+        }
+        assert_eq!(memo.get(20_000), Some(V::TRUE));
+        assert_eq!(memo.get(10_001), None);
+
+        // Few runs: an overwrite in run form turns it dense too.
+        let mut memo = Memo::default();
+        for i in 0..10 {
+            memo.put(i, V::object(i as u32 + if i < 5 { 0 } else { 1 }))
+                .unwrap();
+        }
+        assert_eq!(memo.runs.len(), 2);
+        assert_eq!(memo.get(4), Some(V::object(4)));
+        assert_eq!(memo.get(5), Some(V::object(6)));
+        memo.put(2, V::NONE).unwrap();
+        assert_eq!(
+            (0..10).map(|i| memo.get(i)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| Some(if i == 2 { V::NONE } else { V::object(id) }))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
