@@ -3,7 +3,9 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in `detail`.
 
-use super::model::{Action, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot};
+use super::model::{
+    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
+};
 use crate::conf::{Settings, TorchVersion};
 use crate::evidence::{DeviceKind, Kind, Observation};
 use serde_json::{Value as J, json};
@@ -57,33 +59,19 @@ pub fn device_observations(
             let mut o = Observation::new(Kind::Snapshot, input_name);
             o.device_kind = Some(DeviceKind::Cuda);
             o.device_index = Some(device);
-            o.segments = Some(segs.len() as u64);
-            // Sizes come from the file: saturate rather than overflow.
-            let total = |f: &dyn Fn(&Segment) -> u64| {
-                segs.iter().map(|s| f(s)).fold(0, u64::saturating_add)
-            };
-            o.blocks = Some(total(&|s| s.blocks.len() as u64));
-            o.reserved_bytes = Some(total(&|s| s.total_size));
-            o.allocated_bytes = Some(total(&|s| s.allocated_size));
-            o.active_bytes = Some(total(&|s| s.active_size));
-            o.requested_bytes = Some(total(&|s| segment_requested(snap, s)));
+            let (detail, t) = detail(snap, device, &segs, settings_note.as_deref())?;
+            o.segments = Some(t.segments);
+            o.blocks = Some(t.blocks);
+            o.reserved_bytes = Some(t.reserved);
+            o.allocated_bytes = Some(t.allocated);
+            o.active_bytes = Some(t.active);
+            o.requested_bytes = Some(t.requested);
             o.trace_events = Some(snap.trace_len(device) as u64);
             o.allocator_settings = settings_json.clone();
-            o.detail = Some(detail(snap, device, &segs, settings_note.as_deref())?);
+            o.detail = Some(detail);
             Ok(o)
         })
         .collect()
-}
-
-/// Σ requested bytes of the segment's active blocks (recorded, or from the blocks).
-fn segment_requested(snap: &Snapshot, s: &Segment) -> u64 {
-    s.requested_size.unwrap_or_else(|| {
-        snap.blocks_of(s)
-            .iter()
-            .filter(|b| b.state != BlockState::Inactive)
-            .map(|b| b.requested_size)
-            .fold(0, u64::saturating_add)
-    })
 }
 
 /// Free memory as `_memory_viz.segsum` splits it (allocator.md §10):
@@ -101,25 +89,19 @@ pub struct SegSum {
 }
 
 impl SegSum {
-    pub fn of(snap: &Snapshot, s: &Segment) -> SegSum {
-        let mut r = SegSum {
-            reserved: s.total_size,
-            ..SegSum::default()
-        };
-        for b in snap.blocks_of(s) {
-            if b.state == BlockState::ActiveAllocated {
-                // segsum trusts requested ≤ size; clamp so a corrupt file cannot underflow.
-                let req = b.requested_size.min(b.size);
-                r.allocated = r.allocated.saturating_add(req);
-                r.internal_free = r.internal_free.saturating_add(b.size - req);
-            } else {
-                r.external_free = r.external_free.saturating_add(b.size);
-                if b.state == BlockState::Inactive {
-                    r.largest_free_block = r.largest_free_block.max(b.size);
-                }
+    /// Counts one block of the segment.
+    fn block(&mut self, b: &Block) {
+        if b.state == BlockState::ActiveAllocated {
+            // segsum trusts requested ≤ size; clamp so a corrupt file cannot underflow.
+            let req = b.requested_size.min(b.size);
+            self.allocated = self.allocated.saturating_add(req);
+            self.internal_free = self.internal_free.saturating_add(b.size - req);
+        } else {
+            self.external_free = self.external_free.saturating_add(b.size);
+            if b.state == BlockState::Inactive {
+                self.largest_free_block = self.largest_free_block.max(b.size);
             }
         }
-        r
     }
 
     fn add(&mut self, o: SegSum) {
@@ -158,7 +140,7 @@ impl SegSum {
 /// (private pool id, `None` for the default pools; segment type; stream).
 type PoolKey = (Option<(i64, i64)>, PoolKind, u64);
 
-/// Per (pool, segment type, stream) totals.
+/// Per (pool, segment type, stream) totals, and their sum per device.
 #[derive(Default)]
 struct PoolTotals {
     segments: u64,
@@ -174,16 +156,33 @@ struct PoolTotals {
     segsum: SegSum,
 }
 
+impl PoolTotals {
+    fn add(&mut self, o: &PoolTotals) {
+        self.segments = self.segments.saturating_add(o.segments);
+        self.blocks = self.blocks.saturating_add(o.blocks);
+        self.reserved = self.reserved.saturating_add(o.reserved);
+        self.allocated = self.allocated.saturating_add(o.allocated);
+        self.active = self.active.saturating_add(o.active);
+        self.requested = self.requested.saturating_add(o.requested);
+        self.inactive = self.inactive.saturating_add(o.inactive);
+        self.inactive_split = self.inactive_split.saturating_add(o.inactive_split);
+        self.segsum.add(o.segsum);
+    }
+}
+
+/// The observation's `detail`, and its totals. One pass over each
+/// segment's blocks feeds the pool totals, segsum and the allocation sites.
 fn detail(
     snap: &Snapshot,
     device: u32,
     segs: &[&Segment],
     settings_note: Option<&str>,
-) -> Result<J, ModelError> {
+) -> Result<(J, PoolTotals), ModelError> {
     // A handful of pools, and runs of segments in the same one: a list
     // searched from the last hit beats a map.
     let mut pools: Vec<(PoolKey, PoolTotals)> = Vec::new();
     let mut last = 0;
+    let mut sites = Sites::default();
     let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
     let mut classes = [(0u64, 0u64); SIZE_CLASSES.len()];
@@ -207,22 +206,32 @@ fn detail(
             continue;
         };
         let blocks = snap.blocks_of(s);
-        let inactive: u64 = blocks
-            .iter()
-            .filter(|b| b.state == BlockState::Inactive)
-            .map(|b| b.size)
-            .fold(0, u64::saturating_add);
+        let (mut inactive, mut requested) = (0u64, 0u64);
+        let mut ss = SegSum {
+            reserved: s.total_size,
+            ..SegSum::default()
+        };
+        for b in blocks {
+            if b.state == BlockState::Inactive {
+                inactive = inactive.saturating_add(b.size);
+            } else {
+                requested = requested.saturating_add(b.requested_size);
+            }
+            ss.block(b);
+            sites.block(snap, b);
+        }
+        // Σ requested bytes of the active blocks, when the file does not record it.
+        let requested = s.requested_size.unwrap_or(requested);
         t.segments = t.segments.saturating_add(1);
         t.blocks = t.blocks.saturating_add(blocks.len() as u64);
         t.reserved = t.reserved.saturating_add(s.total_size);
         t.allocated = t.allocated.saturating_add(s.allocated_size);
         t.active = t.active.saturating_add(s.active_size);
-        t.requested = t.requested.saturating_add(segment_requested(snap, s));
+        t.requested = t.requested.saturating_add(requested);
         t.inactive = t.inactive.saturating_add(inactive);
         if blocks.len() > 1 {
             t.inactive_split = t.inactive_split.saturating_add(inactive);
         }
-        let ss = SegSum::of(snap, s);
         if !ss.balanced() {
             unbalanced.push(s.address);
         }
@@ -295,7 +304,7 @@ fn detail(
         "segsum": total.json(),
         "segments_by_size": classes_json,
         "expandable_segments": expandable,
-        "top_sites": top_sites(snap, segs),
+        "top_sites": sites.top(),
         "trace_actions": actions,
         "oom_events": ooms,
     });
@@ -310,7 +319,11 @@ fn detail(
             map.insert("external_annotations".into(), json!(n));
         }
     }
-    Ok(d)
+    let mut sum = PoolTotals::default();
+    for (_, t) in &pools {
+        sum.add(t);
+    }
+    Ok((d, sum))
 }
 
 /// Segment size classes that follow the allocator's segment sizing
@@ -371,52 +384,62 @@ fn frame_text(f: &Frame) -> String {
     format!("{base}:{}:{}", f.line, f.name)
 }
 
-/// The top allocation sites of live (`active_allocated`) blocks by bytes.
-/// A site is the shown part of the stack; identical stacks recorded as
-/// different list objects are merged. Only the listed sites are formatted.
-fn top_sites(snap: &Snapshot, segs: &[&Segment]) -> Vec<J> {
-    // Read each distinct frames list once (torch shares them between blocks).
-    let mut by_list: HashMap<Frames, usize, IdHash> = HashMap::default();
-    let mut by_stack: HashMap<Vec<Frame>, usize> = HashMap::new();
-    let mut sites: Vec<(Vec<Frame>, u64, u64)> = Vec::new();
-    let mut shown: HashMap<u32, bool> = HashMap::new();
-    for s in segs {
-        for b in snap.blocks_of(s) {
-            if b.state != BlockState::ActiveAllocated {
-                continue;
+/// The allocation sites of live (`active_allocated`) blocks, by bytes. A
+/// site is the shown part of the stack; identical stacks recorded as
+/// different list objects are merged.
+#[derive(Default)]
+struct Sites<'s> {
+    /// Each distinct frames list is read once (torch shares them between blocks).
+    by_list: HashMap<Frames, usize, IdHash>,
+    by_stack: HashMap<Vec<Frame<'s>>, usize>,
+    /// Stack, bytes, blocks.
+    sites: Vec<(Vec<Frame<'s>>, u64, u64)>,
+    /// The frame filter's verdict per frame dict.
+    shown: HashMap<u32, bool>,
+}
+
+impl<'s> Sites<'s> {
+    fn block(&mut self, snap: &'s Snapshot, b: &Block) {
+        if b.state != BlockState::ActiveAllocated {
+            return;
+        }
+        let idx = match self.by_list.get(&b.frames) {
+            Some(&i) => i,
+            None => {
+                let stack = site_frames(snap, b.frames, &mut self.shown);
+                let sites = &mut self.sites;
+                let i = *self.by_stack.entry(stack.clone()).or_insert_with(|| {
+                    sites.push((stack, 0, 0));
+                    sites.len() - 1
+                });
+                self.by_list.insert(b.frames, i);
+                i
             }
-            let idx = match by_list.get(&b.frames) {
-                Some(&i) => i,
-                None => {
-                    let stack = site_frames(snap, b.frames, &mut shown);
-                    let i = *by_stack.entry(stack.clone()).or_insert_with(|| {
-                        sites.push((stack, 0, 0));
-                        sites.len() - 1
-                    });
-                    by_list.insert(b.frames, i);
-                    i
-                }
-            };
-            if let Some(site) = sites.get_mut(idx) {
-                site.1 = site.1.saturating_add(b.size);
-                site.2 = site.2.saturating_add(1);
-            }
+        };
+        if let Some(site) = self.sites.get_mut(idx) {
+            site.1 = site.1.saturating_add(b.size);
+            site.2 = site.2.saturating_add(1);
         }
     }
-    sites.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    sites
-        .into_iter()
-        .take(TOP_SITES)
-        .map(|(stack, bytes, blocks)| {
-            let frames: Vec<String> = stack.iter().map(frame_text).collect();
-            json!({
-                "site": frames.first().cloned().unwrap_or_else(|| "<non-python>".into()),
-                "bytes": bytes,
-                "blocks": blocks,
-                "frames": frames,
+
+    /// The [`TOP_SITES`] biggest, formatted; only these are formatted.
+    fn top(mut self) -> Vec<J> {
+        self.sites
+            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        self.sites
+            .into_iter()
+            .take(TOP_SITES)
+            .map(|(stack, bytes, blocks)| {
+                let frames: Vec<String> = stack.iter().map(frame_text).collect();
+                json!({
+                    "site": frames.first().cloned().unwrap_or_else(|| "<non-python>".into()),
+                    "bytes": bytes,
+                    "blocks": blocks,
+                    "frames": frames,
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 /// The shown frames of a stack (`_memory_viz`'s filter), innermost first,

@@ -271,12 +271,7 @@ impl<'a> Snapshot<'a> {
             .enumerate()
             .map(move |(j, &e)| {
                 let path = || format!("device_traces[{}][{j}]", device as usize);
-                let mut action = None;
-                reader.trace.each(p, e, &path, |k, v| {
-                    if let TraceKey::Action = k {
-                        action = Some(v);
-                    }
-                })?;
+                let action = reader.trace.value(p, e, &path, TraceKey::Action)?;
                 reader.action_of(p, action, &path)
             })
     }
@@ -383,6 +378,44 @@ impl<K: Copy + 'static> Keys<K> {
             }
             return Ok(());
         };
+        for (field, &v) in self.fields(p, keys).iter().zip(values) {
+            if let Some(key) = *field {
+                f(key, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of field `want` in dict `d` (the last, if repeated).
+    fn value(
+        &mut self,
+        p: &Pickle,
+        d: V,
+        path: &dyn Fn() -> String,
+        want: K,
+    ) -> Result<Option<V>, ModelError>
+    where
+        K: PartialEq,
+    {
+        let pairs = p.dict(d).ok_or_else(|| err(path(), "not a dict"))?;
+        Ok(match pairs.shaped() {
+            Some((keys, values)) => self
+                .fields(p, keys)
+                .iter()
+                .zip(values)
+                .rev()
+                .find(|(f, _)| **f == Some(want))
+                .map(|(_, &v)| v),
+            None => pairs
+                .iter()
+                .rev()
+                .find(|&(k, _)| self.field(p, k) == Some(want))
+                .map(|(_, v)| v),
+        })
+    }
+
+    /// The resolved fields of a key shape.
+    fn fields(&mut self, p: &Pickle, keys: &[V]) -> &[Option<K>] {
         let id = (keys.as_ptr(), keys.len());
         let i = match self.shapes.iter().position(|(s, _)| *s == id) {
             Some(i) => i,
@@ -393,14 +426,7 @@ impl<K: Copy + 'static> Keys<K> {
                 0
             }
         };
-        if let Some((_, fields)) = self.shapes.get(i) {
-            for (field, &v) in fields.iter().zip(values) {
-                if let Some(key) = *field {
-                    f(key, v);
-                }
-            }
-        }
-        Ok(())
+        self.shapes.get(i).map_or(&[], |(_, f)| f)
     }
 }
 
@@ -471,7 +497,7 @@ const STATES: &[(&str, BlockState)] = &[
     ("inactive", BlockState::Inactive),
 ];
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum TraceKey {
     Action,
     Addr,

@@ -265,7 +265,7 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
             protocol: 0,
         },
         shape_ids: HashMap::new(),
-        recent_shapes: [u32::MAX; 4],
+        last_shape: u32::MAX,
         values: 0,
         limits,
     };
@@ -407,8 +407,8 @@ struct Decoder<'a> {
     slots_ahead: Prefault,
     p: Pickle<'a>,
     shape_ids: HashMap<Box<[V]>, u32>,
-    /// The shapes used last, checked before `shape_ids`.
-    recent_shapes: [u32; 4],
+    /// The shape matched last, tried first.
+    last_shape: u32,
     /// Values created so far (a running bound on memory).
     values: u64,
     limits: Limits,
@@ -500,9 +500,9 @@ impl<'a> Decoder<'a> {
                 }));
             };
             self.pos += 1;
-            // A snapshot is mostly memo gets: test for them with plain
-            // branches, which predict the regular key/value rhythm far better
-            // than the one indirect jump of the match.
+            // A snapshot is mostly memo gets and ints: test for them with
+            // plain branches, which predict the regular key/value rhythm
+            // better than the one indirect jump of the match (BENCHMARKS.md).
             if op == b'h' {
                 let idx = self.take(1, at, op)?[0].into();
                 self.get(idx, at, op)?;
@@ -513,29 +513,31 @@ impl<'a> Decoder<'a> {
                 self.get(idx, at, op)?;
                 continue;
             }
+            if op == b'J' {
+                let b = self.take(4, at, op)?;
+                let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let v = self.int(v.into(), at)?;
+                self.push(v, at)?;
+                continue;
+            }
+            if op == 0x8a {
+                let n = self.take(1, at, op)?[0] as usize;
+                let start = self.pos;
+                let b = self.take(n, at, op)?;
+                let v = self.long_le(start, b, at)?;
+                self.push(v, at)?;
+                continue;
+            }
             match op {
                 0x94 => self.memoize(at)?,
                 b'K' => {
                     let v = self.take(1, at, op)?[0];
                     self.push(V::small(v.into()), at)?;
                 }
-                b'J' => {
-                    let b = self.take(4, at, op)?;
-                    let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    let v = self.int(v.into(), at)?;
-                    self.push(v, at)?;
-                }
                 b'M' => {
                     let b = self.take(2, at, op)?;
                     let v = u16::from_le_bytes([b[0], b[1]]);
                     self.push(V::small(v.into()), at)?;
-                }
-                0x8a => {
-                    let n = self.take(1, at, op)?[0] as usize;
-                    let start = self.pos;
-                    let b = self.take(n, at, op)?;
-                    let v = self.long_le(start, b, at)?;
-                    self.push(v, at)?;
                 }
                 0x8c => {
                     let n = self.take(1, at, op)?[0] as usize;
@@ -1128,8 +1130,8 @@ impl<'a> Decoder<'a> {
                 let start = pool_end;
                 let slot = match self.shape_of(from) {
                     Some(shape) => {
-                        let values = self.stack.get(from + 1..).unwrap_or_default();
-                        self.p.pool.extend(values.iter().step_by(2));
+                        let items = self.stack.get(from..).unwrap_or_default();
+                        self.p.pool.extend(items.chunks_exact(2).map(|kv| kv[1]));
                         self.stack.truncate(from);
                         Container {
                             kind,
@@ -1196,36 +1198,44 @@ impl<'a> Decoder<'a> {
         if !items.len().is_multiple_of(2) || items.len() > 64 {
             return None;
         }
-        let keys = || items.iter().step_by(2).copied();
-        if keys().any(|k| k.id().is_none()) {
-            return None;
-        }
-        let same = |shape: &[V]| shape.len() * 2 == items.len() && shape.iter().copied().eq(keys());
-        // Torch writes a handful of shapes: try them all before hashing.
-        if self.p.shapes.len() <= 16 {
-            if let Some(id) = self.p.shapes.iter().position(|s| same(s)) {
-                return Some(id as u32);
-            }
-        } else if let Some(&id) = self
-            .recent_shapes
-            .iter()
-            .find(|&&id| self.p.shapes.get(id as usize).is_some_and(|s| same(s)))
-        {
-            return Some(id);
-        }
-        let key: Box<[V]> = keys().collect();
-        let id = match self.shape_ids.get(&key) {
-            Some(&id) => id,
-            None if self.p.shapes.len() < MAX_SHAPES => {
-                let id = self.p.shapes.len() as u32;
-                self.p.shapes.push(key.clone());
-                self.shape_ids.insert(key, id);
-                id
-            }
-            None => return None,
+        let same = |shape: &[V]| {
+            shape.len() * 2 == items.len()
+                && shape
+                    .iter()
+                    .zip(items.iter().step_by(2))
+                    .all(|(s, k)| s == k)
         };
-        self.recent_shapes.rotate_right(1);
-        self.recent_shapes[0] = id;
+        // Runs of dicts share a shape: try the last one, then (torch writes a
+        // handful) all of them, and hash only past that.
+        let last = self.last_shape;
+        if self.p.shapes.get(last as usize).is_some_and(|s| same(s)) {
+            return Some(last);
+        }
+        let known = if self.p.shapes.len() <= 16 {
+            self.p.shapes.iter().position(|s| same(s))
+        } else {
+            None
+        };
+        let id = match known {
+            Some(id) => id as u32,
+            None => {
+                let key: Box<[V]> = items.iter().step_by(2).copied().collect();
+                if key.iter().any(|k| k.id().is_none()) {
+                    return None;
+                }
+                match self.shape_ids.get(&key) {
+                    Some(&id) => id,
+                    None if self.p.shapes.len() < MAX_SHAPES => {
+                        let id = self.p.shapes.len() as u32;
+                        self.p.shapes.push(key.clone());
+                        self.shape_ids.insert(key, id);
+                        id
+                    }
+                    None => return None,
+                }
+            }
+        };
+        self.last_shape = id;
         Some(id)
     }
 
