@@ -305,12 +305,14 @@ const MAX_MEMO_RUNS: usize = 1024;
 /// as their first index and first id and read by arithmetic: no memory per
 /// entry and no cache miss per BINGET. An entry that breaks the pattern (an
 /// overwrite, a memoized int, too many runs) turns the memo dense.
-#[derive(Default)]
 struct Memo {
     /// Entries `0..len` are stored (in `runs` or `dense`).
     len: u64,
     /// `(first index, first arena id)`, ascending; used while `dense` is empty.
     runs: Vec<(u64, u32)>,
+    /// The first [`EARLY`] entries while in runs (BINGET's one-byte indices
+    /// all land here: dict keys, memoized first), read without a run search.
+    early: Box<[V; EARLY]>,
     /// One entry per index: an arena id, or an index into `values` with
     /// [`MEMO_VALUE`] set.
     dense: Vec<u32>,
@@ -320,8 +322,24 @@ struct Memo {
     sparse: HashMap<u64, V>,
 }
 
+/// Memo entries kept in [`Memo::early`].
+const EARLY: usize = 256;
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo {
+            len: 0,
+            runs: Vec::new(),
+            early: Box::new([V::NONE; EARLY]),
+            dense: Vec::new(),
+            values: Vec::new(),
+            sparse: HashMap::new(),
+        }
+    }
+}
+
 impl Memo {
-    #[inline]
+    #[inline(always)]
     fn put(&mut self, idx: u64, v: V) -> Result<(), u64> {
         if idx > self.len {
             self.sparse.insert(idx, v);
@@ -339,6 +357,9 @@ impl Memo {
                     return self.densify_then_put(idx, v);
                 }
                 self.runs.push((idx, id));
+            }
+            if let Some(e) = self.early.get_mut(idx as usize) {
+                *e = v;
             }
             self.len += 1;
             return Ok(());
@@ -381,6 +402,9 @@ impl Memo {
             return self.sparse.get(&idx).copied();
         }
         if self.dense.is_empty() {
+            if let Some(&v) = self.early.get(idx as usize) {
+                return Some(v);
+            }
             // Few runs (the usual case): scan from the newest.
             let k = if self.runs.len() <= 8 {
                 self.runs.iter().rposition(|r| r.0 <= idx)?
@@ -492,6 +516,7 @@ fn opcode_name(op: u8) -> &'static str {
 impl<'a> Decoder<'a> {
     fn run(mut self) -> Res<Pickle<'a>> {
         loop {
+            self.hot();
             let at = self.pos;
             let Some(&op) = self.data.get(at) else {
                 return Err(Box::new(DecodeError::Truncated {
@@ -500,35 +525,30 @@ impl<'a> Decoder<'a> {
                 }));
             };
             self.pos += 1;
-            // A snapshot is mostly memo gets and ints: test for them with
-            // plain branches, which predict the regular key/value rhythm
-            // better than the one indirect jump of the match (BENCHMARKS.md).
-            if op == b'h' {
-                let idx = self.take(1, at, op)?[0].into();
-                self.get(idx, at, op)?;
-                continue;
-            }
-            if op == b'j' {
-                let idx = self.le_u64(4, at, op)?;
-                self.get(idx, at, op)?;
-                continue;
-            }
-            if op == b'J' {
-                let b = self.take(4, at, op)?;
-                let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                let v = self.int(v.into(), at)?;
-                self.push(v, at)?;
-                continue;
-            }
-            if op == 0x8a {
-                let n = self.take(1, at, op)?[0] as usize;
-                let start = self.pos;
-                let b = self.take(n, at, op)?;
-                let v = self.long_le(start, b, at)?;
-                self.push(v, at)?;
-                continue;
-            }
             match op {
+                // What `hot` left: the same opcodes at the input's end, memo
+                // misses, ints to box, a full stack; checked and reported here.
+                b'h' => {
+                    let idx = self.take(1, at, op)?[0].into();
+                    self.get(idx, at, op)?;
+                }
+                b'j' => {
+                    let idx = self.le_u64(4, at, op)?;
+                    self.get(idx, at, op)?;
+                }
+                b'J' => {
+                    let b = self.take(4, at, op)?;
+                    let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    let v = self.int(v.into(), at)?;
+                    self.push(v, at)?;
+                }
+                0x8a => {
+                    let n = self.take(1, at, op)?[0] as usize;
+                    let start = self.pos;
+                    let b = self.take(n, at, op)?;
+                    let v = self.long_le(start, b, at)?;
+                    self.push(v, at)?;
+                }
                 0x94 => self.memoize(at)?,
                 b'K' => {
                     let v = self.take(1, at, op)?[0];
@@ -844,6 +864,72 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// The bulk of a snapshot: memo gets and ints (dict keys and values),
+    /// decoded with the input position in a register and no error plumbing
+    /// (BENCHMARKS.md, "Snapshot decoding"). Stops at any other opcode, when
+    /// the stack is out of room, and at anything unusual (fewer than 10 bytes
+    /// left, a memo miss, an int that needs boxing): the dispatch in `run`
+    /// then decodes or reports it.
+    #[inline(always)]
+    fn hot(&mut self) {
+        let data = self.data;
+        let mut pos = self.pos;
+        let mut room = self.stack.capacity() - self.stack.len();
+        while room > 0 {
+            let Some(w) = data.get(pos..).and_then(<[u8]>::first_chunk::<10>) else {
+                break;
+            };
+            let v = match w[0] {
+                b'h' => {
+                    let Some(v) = self.memo.get(w[1].into()) else {
+                        break;
+                    };
+                    pos += 2;
+                    v
+                }
+                b'j' => {
+                    let idx = u32::from_le_bytes([w[1], w[2], w[3], w[4]]);
+                    let Some(v) = self.memo.get(idx.into()) else {
+                        break;
+                    };
+                    pos += 5;
+                    v
+                }
+                b'J' => {
+                    let Some(v) = V::int(i32::from_le_bytes([w[1], w[2], w[3], w[4]]).into())
+                    else {
+                        break;
+                    };
+                    pos += 5;
+                    v
+                }
+                b'K' => {
+                    pos += 2;
+                    V::small(w[1].into())
+                }
+                0x8a => {
+                    // LONG1 of 1 to 8 bytes: the word after the length, masked
+                    // to them and sign-extended.
+                    let n = u32::from(w[1]);
+                    if !(1..=8).contains(&n) {
+                        break;
+                    }
+                    let word = u64::from_le_bytes([w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]]);
+                    let shift = 64 - 8 * n;
+                    let Some(v) = V::int(((word << shift) as i64) >> shift) else {
+                        break;
+                    };
+                    pos += 2 + n as usize;
+                    v
+                }
+                _ => break,
+            };
+            self.stack.push(v);
+            room -= 1;
+        }
+        self.pos = pos;
+    }
+
     fn remaining(&self) -> usize {
         self.data.len().saturating_sub(self.pos)
     }
@@ -1018,6 +1104,7 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    #[inline(always)]
     fn memoize(&mut self, at: usize) -> Res<()> {
         let v = self.top(at, 0x94)?;
         self.memo_put(self.memo.len, v, at)
@@ -1239,7 +1326,7 @@ impl<'a> Decoder<'a> {
         Some(id)
     }
 
-    #[inline]
+    #[inline(always)]
     fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Res<()> {
         self.count(1, at)?;
         self.memo.put(idx, v).map_err(|limit| {
