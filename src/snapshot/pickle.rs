@@ -1997,6 +1997,37 @@ mod tests {
     }
 
     #[test]
+    fn the_tight_loop_and_the_checked_dispatch_agree() {
+        // pickle.dumps([x, x[:]], 4) for x = ['k', -1, 2**40, -5, 7, -2**59, 2**60, 300]:
+        // the second list's key comes from the memo, 2**60 must be boxed.
+        let data = b"\x80\x04\x95i\x00\x00\x00\x00\x00\x00\x00]\x94(]\x94(\x8c\x01k\x94J\xff\xff\xff\xff\x8a\x06\x00\x00\x00\x00\x00\x01J\xfb\xff\xff\xffK\x07\x8a\x08\x00\x00\x00\x00\x00\x00\x00\xf8\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x10M,\x01e]\x94(h\x02J\xff\xff\xff\xff\x8a\x06\x00\x00\x00\x00\x00\x01J\xfb\xff\xff\xffK\x07\x8a\x08\x00\x00\x00\x00\x00\x00\x00\xf8\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x10M,\x01ee.";
+        let p = decode(data).unwrap();
+        let lists = p.items(p.root).unwrap();
+        let ints = |l: V| -> Vec<Option<i64>> {
+            p.items(l).unwrap()[1..].iter().map(|&v| p.i64(v)).collect()
+        };
+        let want: Vec<Option<i64>> = [-1, 1 << 40, -5, 7, -(1 << 59), 1 << 60, 300]
+            .into_iter()
+            .map(Some)
+            .collect();
+        assert_eq!(ints(lists[0]), want);
+        assert_eq!(ints(lists[1]), want);
+        assert_eq!(p.str(p.items(lists[1]).unwrap()[0]), Some("k"));
+        // Within 10 bytes of the end the same opcodes take the checked path.
+        let p = decode(b"\x80\x04]\x94(K\x01\x8a\x01\xffJ\xfe\xff\xff\xffh\x00e.").unwrap();
+        let items = p.items(p.root).unwrap();
+        assert_eq!(
+            items[..3].iter().map(|&v| p.i64(v)).collect::<Vec<_>>(),
+            [Some(1), Some(-1), Some(-2)]
+        );
+        assert_eq!(items[3], p.root, "the list holds itself");
+        // A memo miss stops the loop and is reported at its opcode.
+        let e = decode(b"\x80\x04]\x94(h\x07K\x01K\x02K\x03K\x04e.").unwrap_err();
+        assert_eq!(e.offset(), 5, "{e}");
+        assert!(e.to_string().contains("memo key 7"), "{e}");
+    }
+
+    #[test]
     fn a_list_appended_between_other_objects_keeps_its_order() {
         // l = []; APPENDS [1, 2]; then a dict is built; APPENDS [3] to l.
         let data = b"\x80\x04]\x94(K\x01K\x02e}(\x8c\x01k\x94K\x09u0h\x00(K\x03e.";
