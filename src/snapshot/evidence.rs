@@ -17,8 +17,9 @@ const TOP_SITES: usize = 10;
 /// Frames kept per listed site (innermost first; C++ stacks run to 60+).
 const SITE_FRAMES: usize = 12;
 
-/// Hashes an arena id with one multiply (Fx's constant): ids are the
-/// file's own, and SipHash per block cost more than the rest of `top_sites`.
+/// Hashes an arena id with one multiply (Fx's constant): the ids are the
+/// file's own, so SipHash's flooding resistance buys nothing at a lookup per
+/// live block.
 #[derive(Default, Clone, Copy)]
 struct IdHasher(u64);
 
@@ -183,7 +184,6 @@ fn detail(
     let mut pools: Vec<(PoolKey, PoolTotals)> = Vec::new();
     let mut last = 0;
     let mut sites = Sites::default();
-    let mut total = SegSum::default();
     let mut unbalanced = Vec::new();
     let mut classes = [(0u64, 0u64); SIZE_CLASSES.len()];
     let mut expandable = 0u64;
@@ -220,23 +220,21 @@ fn detail(
             ss.block(b);
             sites.block(snap, b);
         }
-        // Σ requested bytes of the active blocks, when the file does not record it.
-        let requested = s.requested_size.unwrap_or(requested);
-        t.segments = t.segments.saturating_add(1);
-        t.blocks = t.blocks.saturating_add(blocks.len() as u64);
-        t.reserved = t.reserved.saturating_add(s.total_size);
-        t.allocated = t.allocated.saturating_add(s.allocated_size);
-        t.active = t.active.saturating_add(s.active_size);
-        t.requested = t.requested.saturating_add(requested);
-        t.inactive = t.inactive.saturating_add(inactive);
-        if blocks.len() > 1 {
-            t.inactive_split = t.inactive_split.saturating_add(inactive);
-        }
         if !ss.balanced() {
             unbalanced.push(s.address);
         }
-        t.segsum.add(ss);
-        total.add(ss);
+        t.add(&PoolTotals {
+            segments: 1,
+            blocks: blocks.len() as u64,
+            reserved: s.total_size,
+            allocated: s.allocated_size,
+            active: s.active_size,
+            // Σ requested bytes of the active blocks, when the file does not record it.
+            requested: s.requested_size.unwrap_or(requested),
+            inactive,
+            inactive_split: if blocks.len() > 1 { inactive } else { 0 },
+            segsum: ss,
+        });
         if let Some(c) = classes.get_mut(size_class(s.total_size)) {
             c.0 = c.0.saturating_add(1);
             c.1 = c.1.saturating_add(s.total_size);
@@ -245,6 +243,10 @@ fn detail(
     }
 
     pools.sort_by_key(|(k, _)| *k);
+    let mut sum = PoolTotals::default();
+    for (_, t) in &pools {
+        sum.add(t);
+    }
     let pools_json: Vec<J> = pools
         .iter()
         .map(|((pool, kind, stream), t)| {
@@ -301,7 +303,7 @@ fn detail(
         },
         "protocol": snap.pickle.protocol,
         "pools": pools_json,
-        "segsum": total.json(),
+        "segsum": sum.segsum.json(),
         "segments_by_size": classes_json,
         "expandable_segments": expandable,
         "top_sites": sites.top(),
@@ -318,10 +320,6 @@ fn detail(
         if let Some(n) = snap.external_annotations {
             map.insert("external_annotations".into(), json!(n));
         }
-    }
-    let mut sum = PoolTotals::default();
-    for (_, t) in &pools {
-        sum.add(t);
     }
     Ok((d, sum))
 }
@@ -422,7 +420,7 @@ impl<'s> Sites<'s> {
         }
     }
 
-    /// The [`TOP_SITES`] biggest, formatted; only these are formatted.
+    /// The [`TOP_SITES`] biggest, the only ones formatted.
     fn top(mut self) -> Vec<J> {
         self.sites
             .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

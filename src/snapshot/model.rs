@@ -269,11 +269,7 @@ impl<'a> Snapshot<'a> {
         self.trace_items(device)
             .iter()
             .enumerate()
-            .map(move |(j, &e)| {
-                let path = || format!("device_traces[{}][{j}]", device as usize);
-                let action = reader.trace.value(p, e, &path, TraceKey::Action)?;
-                reader.action_of(p, action, &path)
-            })
+            .map(move |(j, &e)| reader.trace_action(p, e, device as usize, j))
     }
 
     /// The frames of a list, skipping entries that are not frame dicts.
@@ -674,7 +670,7 @@ impl Reader {
         d: usize,
         j: usize,
     ) -> Result<TraceEntry, ModelError> {
-        let path = || format!("device_traces[{d}][{j}]");
+        let path = || trace_path(d, j);
         let mut t = TraceEntry {
             action: Action::Other,
             addr: 0,
@@ -698,6 +694,13 @@ impl Reader {
         Ok(t)
     }
 
+    /// Only the action of trace entry `e` (entry `j` of device `d`).
+    fn trace_action(&mut self, p: &Pickle, e: V, d: usize, j: usize) -> Result<Action, ModelError> {
+        let path = || trace_path(d, j);
+        let action = self.trace.value(p, e, &path, TraceKey::Action)?;
+        self.action_of(p, action, &path)
+    }
+
     /// A trace entry's action from its `action` value (unknown names read as
     /// [`Action::Other`]).
     fn action_of(
@@ -709,4 +712,9 @@ impl Reader {
         let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
         Ok(self.action.field(p, action).unwrap_or(Action::Other))
     }
+}
+
+/// Where trace entry `j` of device `d` sits, for errors.
+fn trace_path(d: usize, j: usize) -> String {
+    format!("device_traces[{d}][{j}]")
 }

@@ -196,7 +196,8 @@ impl DecodeError {
 pub struct Limits {
     /// Open MARKs at once (the nesting depth of MARK-built containers).
     pub max_marks: usize,
-    /// Values held in total (stack, memo and containers), 8 bytes each.
+    /// Values held in total, 8 bytes each: container items, memo entries,
+    /// stack room, two per arena object.
     pub max_values: u64,
 }
 
@@ -277,7 +278,7 @@ fn side_index(len: usize, at: usize) -> Res<u32> {
     u32::try_from(len).map_err(|_| {
         Box::new(DecodeError::Limit {
             offset: at,
-            what: "number of strings",
+            what: "number of strings, byte strings and wide ints",
             limit: u64::from(u32::MAX),
         })
     })
@@ -291,12 +292,12 @@ type Res<T> = Result<T, Fail>;
 /// Arena objects at most (ids fit in [`V`] and leave [`MEMO_VALUE`] free).
 const MAX_OBJECTS: usize = 1 << 29;
 
-/// Marks a dense memo entry as an index into `memo_values` (arena ids stay
-/// below 2^29).
+/// Marks a dense memo entry as an index into [`Memo::values`] (arena ids
+/// stay below 2^29).
 const MEMO_VALUE: u32 = 1 << 31;
 
-/// Runs kept before the memo turns dense (a binary search over them stays
-/// within a few cache lines).
+/// Runs kept before the memo turns dense (a binary search over them takes
+/// at most 10 steps).
 const MAX_MEMO_RUNS: usize = 1024;
 
 /// The memo. Picklers memoize objects as they create them, so memo index i
@@ -405,12 +406,7 @@ impl Memo {
             if let Some(&v) = self.early.get(idx as usize) {
                 return Some(v);
             }
-            // Few runs (the usual case): scan from the newest.
-            let k = if self.runs.len() <= 8 {
-                self.runs.iter().rposition(|r| r.0 <= idx)?
-            } else {
-                self.runs.partition_point(|r| r.0 <= idx).checked_sub(1)?
-            };
+            let k = self.runs.partition_point(|r| r.0 <= idx).checked_sub(1)?;
             let (first, id) = self.runs[k];
             return Some(V::object(id + (idx - first) as u32));
         }
@@ -433,7 +429,7 @@ struct Decoder<'a> {
     shape_ids: HashMap<Box<[V]>, u32>,
     /// The shape matched last, tried first.
     last_shape: u32,
-    /// Values created so far (a running bound on memory).
+    /// Values counted so far against [`Limits::max_values`].
     values: u64,
     limits: Limits,
 }
