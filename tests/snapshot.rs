@@ -384,6 +384,30 @@ fn memo_bombs_stay_bounded() {
     assert_eq!(p.reachable_objects(), 61);
 }
 
+/// Found by the `decode` fuzz target: shared lists written out as JSON at each
+/// use (the recorded `allocator_settings` path) grew to gigabytes from 10 kB.
+#[test]
+fn json_of_a_shared_list_bomb_stays_bounded() {
+    // a = ["x" * 1000]; b = [a] * 200; c = [b] * 200; d = [c] * 200: 8 TB as a tree.
+    let mut d = b"\x80\x04]\x94(X\xe8\x03\x00\x00".to_vec();
+    d.extend(std::iter::repeat_n(b'x', 1000));
+    d.extend_from_slice(b"\x94e");
+    for memo in [0u8, 2, 3] {
+        d.extend_from_slice(b"]\x94(");
+        for _ in 0..200 {
+            d.extend_from_slice(&[b'h', memo]);
+        }
+        d.push(b'e');
+    }
+    d.push(b'.');
+    let p = pickle::decode(&d).unwrap();
+    let j = p.to_json(p.root, 8);
+    let text = serde_json::to_string(&j).unwrap();
+    assert!(text.len() < 4 << 20, "{} bytes", text.len());
+    assert_eq!(j[0][0][0][0].as_str().map(str::len), Some(1000));
+    assert_eq!(j[199], serde_json::Value::Null, "past the budget");
+}
+
 #[test]
 fn ints_up_to_u64_max_and_beyond() {
     // MAX_UINT64 as torch writes it: LONG1 with 9 bytes (pytorch#115234).

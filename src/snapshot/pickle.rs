@@ -1769,14 +1769,33 @@ impl<'a> Pickle<'a> {
 
     /// The value as JSON, for small recorded dicts (`allocator_settings`).
     /// Containers nested deeper than `max_depth` become `null`; iterative.
+    /// Shared objects are written out at each use, so a file could make the
+    /// tree exponentially larger than itself: past [`JSON_BUDGET`] bytes,
+    /// values become `null` and keys `"…"`.
     pub fn to_json(&self, v: V, max_depth: usize) -> serde_json::Value {
         use serde_json::Value as J;
         let mut frames: Vec<JsonFrame> = Vec::new();
         let mut result = J::Null;
         let mut next = Some(v);
+        let mut left = JSON_BUDGET;
+        // Takes an item's rough size from the budget; false once spent.
+        let mut spend = |v: V| {
+            let text = match self.obj(v) {
+                Some(Obj::Str(s)) => s.len(),
+                Some(Obj::Bytes(b)) => b.len(),
+                _ => 0,
+            };
+            let cost = text.saturating_add(16);
+            let fits = cost <= left;
+            if fits {
+                left -= cost;
+            }
+            fits
+        };
         loop {
             if let Some(v) = next.take() {
                 let leaf = match (self.value(v), self.obj(v)) {
+                    _ if !spend(v) => Some(J::Null),
                     (Value::None, _) => Some(J::Null),
                     (Value::Bool(b), _) => Some(J::Bool(b)),
                     (Value::Int(i), _) => Some(J::from(i)),
@@ -1814,7 +1833,11 @@ impl<'a> Pickle<'a> {
             let Some(top) = frames.last_mut() else { break };
             match top.items.next() {
                 Some(child) if top.dict && top.key.is_none() => {
-                    top.key = Some(self.key_text(child));
+                    top.key = Some(if spend(child) {
+                        self.key_text(child)
+                    } else {
+                        "…".into()
+                    });
                     // The value follows.
                     next = top.items.next();
                     if next.is_none() {
@@ -1844,6 +1867,10 @@ impl<'a> Pickle<'a> {
         }
     }
 }
+
+/// Bytes of text (and 16 per value) [`Pickle::to_json`] writes at most:
+/// recorded settings take a few hundred.
+const JSON_BUDGET: usize = 1 << 20;
 
 /// A JSON container being filled: whether it is a dict, the key waiting for
 /// its value, and the items still to visit.
