@@ -244,12 +244,7 @@ impl<'a> Snapshot<'a> {
 
     /// A device's trace entries, read from the pickle as they are visited.
     pub fn trace(&self, device: u32) -> impl Iterator<Item = Result<TraceEntry, ModelError>> + '_ {
-        let mut reader = Reader::new();
-        let p = &self.pickle;
-        self.trace_items(device)
-            .iter()
-            .enumerate()
-            .map(move |(j, &e)| reader.trace_entry(p, e, device as usize, j))
+        self.read_trace(device, Reader::trace_entry)
     }
 
     /// Entry `j` of a device's trace.
@@ -264,12 +259,21 @@ impl<'a> Snapshot<'a> {
         &self,
         device: u32,
     ) -> impl Iterator<Item = Result<Action, ModelError>> + '_ {
+        self.read_trace(device, Reader::trace_action)
+    }
+
+    /// `read` applied to each of a device's trace entries, with one reader.
+    fn read_trace<'s, T>(
+        &'s self,
+        device: u32,
+        mut read: impl FnMut(&mut Reader, &Pickle, V, usize, usize) -> T + 's,
+    ) -> impl Iterator<Item = T> + 's {
         let mut reader = Reader::new();
         let p = &self.pickle;
         self.trace_items(device)
             .iter()
             .enumerate()
-            .map(move |(j, &e)| reader.trace_action(p, e, device as usize, j))
+            .map(move |(j, &e)| read(&mut reader, p, e, device as usize, j))
     }
 
     /// The frames of a list, skipping entries that are not frame dicts.
