@@ -2,9 +2,9 @@
 //! what it returns and exits with the contract's code. Nothing else lives here.
 
 use allocdoc::app::{self, Format, Outcome};
-use allocdoc::units::parse_size;
+use allocdoc::units::{decimal_unit_note, parse_device_size};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,8 +44,17 @@ struct FormatOpt {
     format: FormatArg,
 }
 
+/// A device size; the first size written with a decimal-looking unit (`GB`)
+/// gets a one-line note that it is read as binary.
 fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s)
+    static NOTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let size = parse_device_size(s)?;
+    if let Some(note) = decimal_unit_note(s)
+        && !NOTED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        let _ = writeln!(std::io::stderr(), "{note}");
+    }
+    Ok(size)
 }
 
 #[derive(Subcommand)]
@@ -419,15 +428,63 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
     }
 }
 
+impl Command {
+    /// True when the command reads standard input (`-`, or no input given).
+    fn reads_stdin(&self) -> bool {
+        match self {
+            Command::Diagnose { inputs, .. } | Command::Parse { inputs, .. } => {
+                inputs.is_empty() || inputs.iter().any(|i| i == "-")
+            }
+            Command::Replay { trace: input, .. }
+            | Command::Recommend { input, .. }
+            | Command::Validate { input, .. } => input == "-",
+            Command::Conf { .. } | Command::Rules { .. } => false,
+        }
+    }
+}
+
+/// Writes what a command printed; a failed write is exit 2 with a message,
+/// but a reader that went away (`allocdoc … | head`) ends it quietly.
+fn write_out(text: &str, code: u8) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::from(code),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(code),
+        Err(e) => write_failed(&e),
+    }
+}
+
+fn write_failed(e: &std::io::Error) -> ExitCode {
+    let _ = writeln!(
+        std::io::stderr(),
+        "allocdoc: error: cannot write the output: {e}"
+    );
+    ExitCode::from(allocdoc::error::EXIT_INPUT as u8)
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        Err(e) if e.use_stderr() => {
             let _ = e.print();
-            // --help and --version are not errors; everything else is a usage error (2).
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            // Everything but --help and --version is a usage error (2).
+            return ExitCode::from(2);
+        }
+        // --help and --version go to standard output.
+        Err(e) => {
+            return match e.print() {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => write_failed(&e),
+                _ => ExitCode::SUCCESS,
+            };
         }
     };
+    if cli.command.reads_stdin() && std::io::stdin().is_terminal() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "allocdoc: reading standard input: paste the text, then press Ctrl-D on a new line \
+             (Ctrl-Z then Enter on Windows); Ctrl-C cancels"
+        );
+    }
     // On a terminal, lay tables out for its width; piped output keeps the
     // library's stable default.
     if let Some(columns) = comfy_table::Table::new().width() {
@@ -435,17 +492,14 @@ fn main() -> ExitCode {
     }
     match run(cli) {
         Ok(outcome) => {
+            let mut err = std::io::stderr().lock();
             for note in &outcome.stderr {
-                eprintln!("{note}");
+                let _ = writeln!(err, "{note}");
             }
-            let mut out = std::io::stdout().lock();
-            // A closed pipe (`allocdoc … | head`) is not an error worth a panic.
-            let _ = out.write_all(outcome.stdout.as_bytes());
-            let _ = out.flush();
-            ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)
+            write_out(&outcome.stdout, outcome.exit_code.clamp(0, 255) as u8)
         }
         Err(e) => {
-            eprintln!("allocdoc: error: {e}");
+            let _ = writeln!(std::io::stderr(), "allocdoc: error: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
     }

@@ -77,24 +77,11 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     }
 }
 
-/// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
-/// surrounding text (versions, configs, platform) from the same bytes.
+/// Reads each input once: `ingest` parses it and gathers the clues the
+/// surrounding text gives (versions, configs, platform) on the same pass.
 pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
-    let stdin = [String::from("-")];
-    let inputs = if inputs.is_empty() {
-        &stdin[..]
-    } else {
-        inputs
-    };
-    let mut evidence = Evidence::default();
-    for name in inputs {
-        let data = crate::ingest::read_input(name)?;
-        if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
-            ctx.scan(&data);
-        }
-        let ev = crate::ingest::parse_input(name, &data)?;
-        evidence.observations.extend(ev.observations);
-        evidence.notes.extend(ev.notes);
-    }
+    let mut clues = crate::evidence::TextClues::default();
+    let evidence = crate::ingest::load_with(inputs, &crate::Limits::default(), &mut clues)?;
+    ctx.absorb(&clues);
     Ok(evidence)
 }
