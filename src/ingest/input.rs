@@ -109,25 +109,26 @@ pub fn layer_of(head: &[u8]) -> Result<Option<Layer>, &'static str> {
 }
 
 /// UTF-16 without a BOM, told by ASCII text's zero high bytes: in the first
-/// KiB, nearly every other byte is zero (the odd ones for LE, the even ones
-/// for BE) and the others nearly never are. Binary data has zeros on both
-/// sides; text and pickles have almost none.
+/// KiB, most 2-byte units read as a printable ASCII character in one byte
+/// order (the other byte zero) and few in the other. Binary data has its
+/// zeros beside control bytes; text and pickles have almost no zeros.
 fn utf16_without_bom(head: &[u8]) -> Option<Layer> {
     let n = head.len().min(1024) & !1;
     if n < 16 {
         return None;
     }
-    let (mut even, mut odd) = (0, 0);
+    let printable = |b: u8| matches!(b, b'\t' | b'\n' | b'\r' | 0x20..=0x7e);
+    let (mut le, mut be) = (0, 0);
     for pair in head[..n].chunks_exact(2) {
-        even += usize::from(pair[0] == 0);
-        odd += usize::from(pair[1] == 0);
+        le += usize::from(pair[1] == 0 && printable(pair[0]));
+        be += usize::from(pair[0] == 0 && printable(pair[1]));
     }
+    // Box drawing and other non-ASCII text (rich tracebacks) fill the rest.
     let units = n / 2;
-    let mostly = |z: usize| z * 10 >= units * 9;
-    let rarely = |z: usize| z * 20 <= units;
-    if mostly(odd) && rarely(even) {
+    let clear = |a: usize, b: usize| a * 5 >= units * 3 && b * 4 <= a;
+    if clear(le, be) {
         Some(Layer::Utf16Le)
-    } else if mostly(even) && rarely(odd) {
+    } else if clear(be, le) {
         Some(Layer::Utf16Be)
     } else {
         None

@@ -176,15 +176,27 @@ pub fn load_with(
     };
     let mut all = Evidence::default();
     for name in inputs {
-        let opened = open(name, limits)?;
-        match opened.body {
-            Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, &mut all)?,
-            Body::Stream(mut stream) => {
-                binary_note(name, stream.head(), &mut all);
-                all.observations
-                    .extend(scan::scan_stream(&mut stream, name, clues)?);
-            }
-        }
+        read_opened(name, open(name, limits)?, limits, clues, &mut all)?;
     }
     Ok(all)
+}
+
+/// Adds what an opened input holds to `ev`: a stream is scanned chunk by
+/// chunk, a whole input parsed as its kind.
+pub fn read_opened(
+    name: &str,
+    opened: Opened,
+    limits: &Limits,
+    clues: &mut TextClues,
+    ev: &mut Evidence,
+) -> Result<(), Error> {
+    match opened.body {
+        Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, ev),
+        Body::Stream(mut stream) => {
+            binary_note(name, stream.head(), ev);
+            let found = scan::scan_stream(&mut stream, name, clues)?;
+            ev.observations.extend(found);
+            Ok(())
+        }
+    }
 }

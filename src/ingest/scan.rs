@@ -134,12 +134,22 @@ pub fn scan_stream(
     input: &str,
     clues: &mut TextClues,
 ) -> Result<Vec<Observation>, Error> {
+    scan_chunks(stream, input, clues, CHUNK)
+}
+
+/// [`scan_stream`] reading `chunk` bytes ahead per step.
+fn scan_chunks(
+    stream: &mut Stream,
+    input: &str,
+    clues: &mut TextClues,
+    chunk: usize,
+) -> Result<Vec<Observation>, Error> {
     let mut s = Scanner::new(input, clues);
     let mut buf: Vec<u8> = Vec::new();
     loop {
         // From here, hits are looked for at or after `s.resume`.
         let from = s.resume.max(s.pos) - s.base;
-        let more = stream.fill(&mut buf, from + REACH + CHUNK)?;
+        let more = stream.fill(&mut buf, from + REACH + chunk)?;
         let limit = if more { buf.len() - REACH } else { buf.len() };
         s.span(&buf, s.base, s.base + limit.max(from));
         if !more {
@@ -339,4 +349,56 @@ fn is_chained_repeat(
         .collect();
     memchr::memmem::find(&gap, b"During handling of the above exception").is_some()
         || memchr::memmem::find(&gap, b"The above exception was the direct cause").is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A few MiB of log with every kind of evidence and clue, repeated at
+    /// shifting offsets, so that small chunks cut through each of them.
+    fn log() -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/text/");
+        let piece = |name: &str| std::fs::read(format!("{dir}{name}")).expect("fixture");
+        let pieces = [
+            piece("constructed_2_4_every_clause.log"),
+            piece("constructed_summary_2x_full.log"),
+            piece("constructed_chained_same_message.log"),
+            piece("constructed_hard_wrap_80.log"),
+            b"PyTorch version: 2.3.1+cu121\nPYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128\n\
+              File \"C:\\Users\\me\\train.py\", line 3\nvllm custom_all_reduce\n"
+                .to_vec(),
+        ];
+        let mut out = Vec::new();
+        let mut i = 0usize;
+        while out.len() < 5 << 20 {
+            out.extend(std::iter::repeat_n(b'.', i * 7919 % 4093));
+            out.push(b'\n');
+            out.extend_from_slice(&pieces[i % pieces.len()]);
+            i += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn a_stream_in_small_chunks_finds_what_one_span_finds() {
+        let data = log();
+        let mut whole_clues = TextClues::default();
+        let whole = scan_with_clues(&data, "log", &mut whole_clues);
+        assert!(whole.len() > 300, "{}", whole.len());
+        assert_eq!(whole_clues.torch_version, Some((2, 3)));
+        assert!(whole_clues.windows_paths && whole_clues.ipc_user);
+        for chunk in [4099, 65536, 3 << 20] {
+            let reader = Box::new(std::io::Cursor::new(data.clone()));
+            let opened = super::super::open_stream("log", reader, &crate::Limits::default()).unwrap();
+            let super::super::Body::Stream(mut stream) = opened.body else {
+                panic!("a stream");
+            };
+            let mut clues = TextClues::default();
+            let got = scan_chunks(&mut stream, "log", &mut clues, chunk).unwrap();
+            assert_eq!(got.len(), whole.len(), "chunk {chunk}");
+            assert!(got == whole, "chunk {chunk}");
+            assert_eq!(clues, whole_clues, "chunk {chunk}");
+        }
+    }
 }
