@@ -205,23 +205,14 @@ fn read_some(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Reads until `buf` holds `want` bytes or the input ends; false at the end.
+/// The room is reserved first (fallibly); `read_to_end` then fills it
+/// without zeroing it.
 fn fill(r: &mut dyn Read, buf: &mut Vec<u8>, want: usize) -> io::Result<bool> {
-    const STEP: usize = 256 * 1024;
-    while buf.len() < want {
-        let len = buf.len();
-        let more = (want - len).min(STEP);
-        if buf.capacity() - len < more {
-            buf.try_reserve(more.max(len / 2).min(want - len))
-                .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "no memory for the input"))?;
-        }
-        buf.resize(len + more, 0);
-        let n = read_some(r, &mut buf[len..])?;
-        buf.truncate(len + n);
-        if n == 0 {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    let more = want.saturating_sub(buf.len());
+    buf.try_reserve(more)
+        .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "no memory for the input"))?;
+    r.take(more as u64).read_to_end(buf)?;
+    Ok(buf.len() >= want)
 }
 
 /// An input read as it arrives: its first bytes (already decoded), then the
@@ -374,6 +365,7 @@ pub fn open(name: &str, limits: &Limits) -> Result<Opened, Error> {
     }
     open_stream(name, Box::new(file), limits)
 }
+
 
 /// Standard input as a file, so that a redirected file (`< big.log`) is mapped.
 #[cfg(unix)]

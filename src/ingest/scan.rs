@@ -26,7 +26,7 @@ pub const REACH: usize = 1 << 20;
 /// 64 KiB a chained exception may put between two copies of a message.
 const BACK: usize = REACH + (128 << 10);
 /// Bytes a stream reads ahead per step.
-const CHUNK: usize = 8 << 20;
+const CHUNK: usize = 16 << 20;
 
 /// What a parser found: the observation and the byte range it covered.
 pub struct Found {
