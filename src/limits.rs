@@ -103,7 +103,9 @@ mod tests {
             max_blocks: 10,
             ..Limits::default()
         };
-        let e = l.exceeded("s.pickle", Limit::Blocks, "400000000 blocks").to_string();
+        let e = l
+            .exceeded("s.pickle", Limit::Blocks, "400000000 blocks")
+            .to_string();
         assert_eq!(
             e,
             "s.pickle: over the limit of 10 snapshot blocks (shared block lists counted once per segment): 400000000 blocks (raise it with --max-blocks N)"

@@ -72,7 +72,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn overflow(s: &str) -> String {
-    format!("invalid size '{s}': overflows 64 bits (the largest size is 18446744073709551615 bytes, 16 EiB)")
+    format!(
+        "invalid size '{s}': overflows 64 bits (the largest size is 18446744073709551615 bytes, 16 EiB)"
+    )
 }
 
 /// The largest device size accepted: no card comes near 1 PiB.
@@ -82,7 +84,9 @@ pub const MAX_DEVICE_SIZE: u64 = 1 << 50;
 /// over 1 PiB with the reason.
 pub fn parse_device_size(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
-        0 => Err(format!("invalid size '{s}': a device of 0 bytes holds nothing")),
+        0 => Err(format!(
+            "invalid size '{s}': a device of 0 bytes holds nothing"
+        )),
         n if n > MAX_DEVICE_SIZE => Err(format!(
             "invalid size '{s}': {} is over 1 PiB, more than any GPU holds (a unit typo?)",
             human(n)
@@ -160,15 +164,39 @@ mod tests {
             assert_eq!(parse_size(s), Ok(25769803776), "{s}");
         }
         assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
-        for s in ["18446744073709551616", "18446744073709551615K", "16384PiB", "1e30"] {
+        for s in [
+            "18446744073709551616",
+            "18446744073709551615K",
+            "16384PiB",
+            "1e30",
+        ] {
             let e = parse_size(s).unwrap_err();
-            assert!(e.contains("overflows 64 bits") || e.contains("unknown unit"), "{s}: {e}");
+            assert!(
+                e.contains("overflows 64 bits") || e.contains("unknown unit"),
+                "{s}: {e}"
+            );
         }
-        assert!(parse_size("18446744073709551616").unwrap_err().contains("overflows 64 bits"));
-        assert!(parse_size("16384PiB").unwrap_err().contains("overflows 64 bits"));
-        assert!(parse_size("99999999999999999999.5G").unwrap_err().contains("overflows 64 bits"));
+        assert!(
+            parse_size("18446744073709551616")
+                .unwrap_err()
+                .contains("overflows 64 bits")
+        );
+        assert!(
+            parse_size("16384PiB")
+                .unwrap_err()
+                .contains("overflows 64 bits")
+        );
+        assert!(
+            parse_size("99999999999999999999.5G")
+                .unwrap_err()
+                .contains("overflows 64 bits")
+        );
         assert_eq!(parse_size("0"), Ok(0));
-        assert!(parse_device_size("0").unwrap_err().contains("0 bytes holds nothing"));
+        assert!(
+            parse_device_size("0")
+                .unwrap_err()
+                .contains("0 bytes holds nothing")
+        );
         assert!(parse_device_size("0GiB").is_err());
         assert_eq!(parse_device_size("1PiB"), Ok(1 << 50));
         let e = parse_device_size("1025TiB").unwrap_err();
@@ -180,7 +208,9 @@ mod tests {
     fn decimal_units_get_one_note() {
         assert_eq!(
             decimal_unit_note("24GB").as_deref(),
-            Some("note: '24GB' is read as binary (GiB, 25769803776 bytes), as PyTorch prints sizes; give a byte count for a decimal size")
+            Some(
+                "note: '24GB' is read as binary (GiB, 25769803776 bytes), as PyTorch prints sizes; give a byte count for a decimal size"
+            )
         );
         assert!(decimal_unit_note("512mb").is_some());
         for s in ["24GiB", "24G", "24g", "80000000000", "1.5TiB"] {

@@ -100,10 +100,15 @@ fn write(dir: &Path, name: &str, data: &[u8]) -> String {
 }
 
 fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(rel)
 }
 
 // ---- a small pickle writer (protocol 4 opcodes) --------------------------
+
+/// A dict value, written by a closure.
+type Item<'a> = (&'a str, &'a dyn Fn(&mut Pickler));
 
 #[derive(Default)]
 struct Pickler {
@@ -146,7 +151,7 @@ impl Pickler {
         self
     }
     /// `{k: v, …}` from `(key, writer)` pairs.
-    fn dict(&mut self, items: &[(&str, &dyn Fn(&mut Pickler))]) -> &mut Self {
+    fn dict(&mut self, items: &[Item]) -> &mut Self {
         self.out.extend_from_slice(b"}(");
         for (k, v) in items {
             self.str(k);
@@ -218,7 +223,7 @@ fn shared_object_pickle(n: usize) -> Vec<u8> {
 fn shared_objects_are_counted_before_they_are_expanded() {
     let dir = tempfile::tempdir().unwrap();
     // Small: fine, and every shared block is counted.
-    let small = write(&dir.path(), "n100.pickle", &shared_object_pickle(100));
+    let small = write(dir.path(), "n100.pickle", &shared_object_pickle(100));
     let r = run(&["parse", "--format", "json", &small]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
@@ -228,7 +233,7 @@ fn shared_objects_are_counted_before_they_are_expanded() {
     for n in [9_000, 20_000, 60_000] {
         let data = shared_object_pickle(n);
         assert!(data.len() < 5 * n, "{n}: {} bytes", data.len());
-        let path = write(&dir.path(), &format!("n{n}.pickle"), &data);
+        let path = write(dir.path(), &format!("n{n}.pickle"), &data);
         let blocks = (n * n).to_string();
         for cmd in ["parse", "diagnose", "replay"] {
             refused(
@@ -248,10 +253,13 @@ fn a_model_the_machine_cannot_hold_is_an_error_not_an_abort() {
     // 8000² = 6.4·10^7 blocks is within the default limit, but their 2 GiB
     // cannot fit in 1 GiB of address space.
     let dir = tempfile::tempdir().unwrap();
-    let path = write(&dir.path(), "n8000.pickle", &shared_object_pickle(8000));
+    let path = write(dir.path(), "n8000.pickle", &shared_object_pickle(8000));
     refused(
         &run_within(1 << 30, &["parse", &path], None),
-        &["not enough memory for the snapshot's blocks", "--max-blocks"],
+        &[
+            "not enough memory for the snapshot's blocks",
+            "--max-blocks",
+        ],
     );
 }
 
@@ -273,7 +281,13 @@ fn deep_nesting_memo_bombs_and_huge_lengths_are_refused() {
         (
             // Lists nested 10 million deep, without a MARK.
             "nested-lists",
-            [&b"\x80\x04"[..], &b"]".repeat(10_000_000), &b"a".repeat(9_999_999), b"."].concat(),
+            [
+                &b"\x80\x04"[..],
+                &b"]".repeat(10_000_000),
+                &b"a".repeat(9_999_999),
+                b".",
+            ]
+            .concat(),
             vec!["not a torch memory snapshot"],
         ),
         (
@@ -298,7 +312,7 @@ fn deep_nesting_memo_bombs_and_huge_lengths_are_refused() {
         ),
     ];
     for (name, data, says) in cases {
-        let path = write(&dir.path(), name, &data);
+        let path = write(dir.path(), name, &data);
         let r = run(&["parse", &path]);
         refused(&r, &says);
         assert!(r.stderr.contains(&path), "{name}: {}", r.stderr);
@@ -308,10 +322,14 @@ fn deep_nesting_memo_bombs_and_huge_lengths_are_refused() {
 #[test]
 fn truncated_snapshots_name_where_they_end() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["gen-small-p4.pickle", "gen-small-p0.pickle", "gen-small-p1.pickle"] {
+    for name in [
+        "gen-small-p4.pickle",
+        "gen-small-p0.pickle",
+        "gen-small-p1.pickle",
+    ] {
         let data = std::fs::read(fixture("snapshots").join(name)).unwrap();
         for cut in [data.len() / 3, data.len() / 2, data.len() - 1] {
-            let path = write(&dir.path(), &format!("{cut}-{name}"), &data[..cut]);
+            let path = write(dir.path(), &format!("{cut}-{name}"), &data[..cut]);
             refused(&run(&["parse", &path]), &[&path, "input ends inside"]);
         }
     }
@@ -321,12 +339,18 @@ fn truncated_snapshots_name_where_they_end() {
 fn protocol_0_and_1_pickles_that_would_call_code_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&[u8], &str); 5] = [
-        (b"cos\nsystem\n(S'echo hi'\ntR.", "byte 0: opcode GLOBAL would call os system"),
+        (
+            b"cos\nsystem\n(S'echo hi'\ntR.",
+            "byte 0: opcode GLOBAL would call os system",
+        ),
         (
             b"cos\nsystem\nq\x00(X\x07\x00\x00\x00echo hiq\x01tq\x02Rq\x03.",
             "byte 0: opcode GLOBAL would call os system",
         ),
-        (b"(S'echo hi'\nios\nsystem\n.", "byte 12: opcode INST would call os system"),
+        (
+            b"(S'echo hi'\nios\nsystem\n.",
+            "byte 12: opcode INST would call os system",
+        ),
         (
             b"c__builtin__\neval\n(Vprint(1)\ntR.",
             "byte 0: opcode GLOBAL would call __builtin__ eval",
@@ -337,7 +361,7 @@ fn protocol_0_and_1_pickles_that_would_call_code_are_refused() {
         ),
     ];
     for (i, (data, says)) in cases.into_iter().enumerate() {
-        let path = write(&dir.path(), &format!("code{i}.pkl"), data);
+        let path = write(dir.path(), &format!("code{i}.pkl"), data);
         for cmd in ["parse", "diagnose", "replay"] {
             refused(&run(&[cmd, &path]), &[says, "refused (nothing was run)"]);
         }
@@ -345,7 +369,7 @@ fn protocol_0_and_1_pickles_that_would_call_code_are_refused() {
     }
     // Text that starts like a GLOBAL stays text.
     let text = "cat\nfoo\nThis log has no evidence.\n";
-    let path = write(&dir.path(), "cat.log", text.as_bytes());
+    let path = write(dir.path(), "cat.log", text.as_bytes());
     let r = run(&["parse", &path]);
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
@@ -435,7 +459,7 @@ fn compressed_and_utf16_variants_of_every_text_fixture_parse_alike() {
         let want = parse_json(&path.display().to_string());
         for (ext, data) in variants(&plain) {
             let name = path.file_name().unwrap().to_string_lossy();
-            let p = write(&dir.path(), &format!("{name}.{ext}"), &data);
+            let p = write(dir.path(), &format!("{name}.{ext}"), &data);
             assert_eq!(parse_json(&p), want, "{name} as {ext}");
             compared += 1;
         }
@@ -447,27 +471,51 @@ fn compressed_and_utf16_variants_of_every_text_fixture_parse_alike() {
 fn compressed_snapshots_traces_and_rmm_logs_are_read_by_every_command() {
     let dir = tempfile::tempdir().unwrap();
     let snap = std::fs::read(fixture("snapshots/gen-small-p4.pickle")).unwrap();
-    let want = parse_json(&fixture("snapshots/gen-small-p4.pickle").display().to_string());
-    for (ext, data) in [("gz", gzip(&snap)), ("xz", xz(&snap)), ("zst", zstd(&snap)), ("bz2", bzip2(&snap))] {
-        let p = write(&dir.path(), &format!("s.pickle.{ext}"), &data);
+    let want = parse_json(
+        &fixture("snapshots/gen-small-p4.pickle")
+            .display()
+            .to_string(),
+    );
+    for (ext, data) in [
+        ("gz", gzip(&snap)),
+        ("xz", xz(&snap)),
+        ("zst", zstd(&snap)),
+        ("bz2", bzip2(&snap)),
+    ] {
+        let p = write(dir.path(), &format!("s.pickle.{ext}"), &data);
         assert_eq!(parse_json(&p), want, "{ext}");
     }
     // A trace CSV: zstd, UTF-16 and a BOM replay alike.
     let csv = "action,id,size,stream\nalloc,1,1048576,0\nalloc,2,2097152,0\nfree,1,,0\nalloc,3,4194304,0\n";
-    let want = run(&["replay", &write(&dir.path(), "t.csv", csv.as_bytes()), "--capacity", "1GiB", "--format", "json"]);
+    let want = run(&[
+        "replay",
+        &write(dir.path(), "t.csv", csv.as_bytes()),
+        "--capacity",
+        "1GiB",
+        "--format",
+        "json",
+    ]);
     assert_eq!(want.code, 0, "{}", want.stderr);
     for (ext, data) in [
         ("zst", zstd(csv.as_bytes())),
         ("u16", utf16(csv, true, true)),
         ("bom", [b"\xef\xbb\xbf", csv.as_bytes()].concat()),
     ] {
-        let p = write(&dir.path(), &format!("t.csv.{ext}"), &data);
+        let p = write(dir.path(), &format!("t.csv.{ext}"), &data);
         let r = run(&["replay", &p, "--capacity", "1GiB", "--format", "json"]);
         assert_eq!(r.code, 0, "{ext}: {}", r.stderr);
-        assert_eq!(r.stdout.replace(&p, "T"), want.stdout.replace(&dir.path().join("t.csv").display().to_string(), "T"), "{ext}");
+        assert_eq!(
+            r.stdout.replace(&p, "T"),
+            want.stdout
+                .replace(&dir.path().join("t.csv").display().to_string(), "T"),
+            "{ext}"
+        );
     }
     // Standard input, compressed.
-    let r = run_limited(&["replay", "-", "--capacity", "1GiB", "--format", "json"], Some(&xz(csv.as_bytes())));
+    let r = run_limited(
+        &["replay", "-", "--capacity", "1GiB", "--format", "json"],
+        Some(&xz(csv.as_bytes())),
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
 
@@ -476,14 +524,30 @@ fn corrupt_or_unreadable_compression_is_exit_2_never_no_evidence() {
     let dir = tempfile::tempdir().unwrap();
     let log = std::fs::read(fixture("text/constructed_2_4_every_clause.log")).unwrap();
     for (ext, data, says) in [
-        ("gz", gzip(&log)[..60].to_vec(), "cannot decode the gzip data"),
+        (
+            "gz",
+            gzip(&log)[..60].to_vec(),
+            "cannot decode the gzip data",
+        ),
         ("xz", xz(&log)[..60].to_vec(), "cannot decode the xz data"),
-        ("zst", zstd(&log)[..60].to_vec(), "cannot decode the zstd data"),
-        ("bz2", bzip2(&log)[..60].to_vec(), "cannot decode the bzip2 data"),
-        ("zip", b"PK\x03\x04\x14\x00\x00\x00rest of a zip".to_vec(), "a zip archive"),
+        (
+            "zst",
+            zstd(&log)[..60].to_vec(),
+            "cannot decode the zstd data",
+        ),
+        (
+            "bz2",
+            bzip2(&log)[..60].to_vec(),
+            "cannot decode the bzip2 data",
+        ),
+        (
+            "zip",
+            b"PK\x03\x04\x14\x00\x00\x00rest of a zip".to_vec(),
+            "a zip archive",
+        ),
         ("lz4", b"\x04\x22\x4d\x18rest".to_vec(), "lz4-compressed"),
     ] {
-        let path = write(&dir.path(), &format!("log.{ext}"), &data);
+        let path = write(dir.path(), &format!("log.{ext}"), &data);
         for cmd in ["parse", "diagnose"] {
             refused(&run(&[cmd, &path]), &[&path, says]);
         }
@@ -503,10 +567,16 @@ fn chunky_log(mib: usize) -> Vec<u8> {
     let mut state = 7u64;
     let mut edge = 8 << 20;
     while out.len() < mib << 20 {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         if out.len() + 4096 > edge {
             // Put a piece of evidence across the edge, at a varying offset.
-            let piece: &[u8] = if edge % (16 << 20) == 0 { &oom } else { &summary };
+            let piece: &[u8] = if edge % (16 << 20) == 0 {
+                &oom
+            } else {
+                &summary
+            };
             let before = (state >> 33) as usize % piece.len().min(3000);
             while out.len() + before < edge {
                 out.extend_from_slice(noise);
@@ -514,7 +584,7 @@ fn chunky_log(mib: usize) -> Vec<u8> {
             out.extend_from_slice(piece);
             out.push(b'\n');
             edge += 8 << 20;
-        } else if state % 5000 == 0 {
+        } else if state.is_multiple_of(5000) {
             out.extend_from_slice(&oom);
             out.push(b'\n');
         } else {
@@ -528,7 +598,7 @@ fn chunky_log(mib: usize) -> Vec<u8> {
 fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
     let dir = tempfile::tempdir().unwrap();
     let log = chunky_log(40);
-    let path = write(&dir.path(), "big.log", &log);
+    let path = write(dir.path(), "big.log", &log);
     let file = run(&["parse", "--format", "json", &path]);
     assert_eq!(file.code, 0, "{}", file.stderr);
     let n = serde_json::from_str::<serde_json::Value>(&file.stdout).unwrap()["observations"]
@@ -540,13 +610,20 @@ fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
     for (how, data) in [("plain", log.clone()), ("gzip", gzip(&log))] {
         let piped = run_limited(&["parse", "--format", "json", "-"], Some(&data));
         assert_eq!(piped.code, 0, "{how}: {}", piped.stderr);
-        assert_eq!(strip(&piped.stdout, "\"-\""), strip(&file.stdout, &format!("{path:?}")), "{how}");
+        assert_eq!(
+            strip(&piped.stdout, "\"-\""),
+            strip(&file.stdout, &format!("{path:?}")),
+            "{how}"
+        );
     }
     // The same through diagnose, clues included.
     let d_file = run(&["diagnose", "--format", "json", &path]);
     let d_pipe = run_limited(&["diagnose", "--format", "json"], Some(&log));
     assert_eq!(d_pipe.code, d_file.code);
-    assert_eq!(strip(&d_pipe.stdout, "\"-\""), strip(&d_file.stdout, &format!("{path:?}")));
+    assert_eq!(
+        strip(&d_pipe.stdout, "\"-\""),
+        strip(&d_file.stdout, &format!("{path:?}"))
+    );
 }
 
 #[test]
@@ -554,14 +631,23 @@ fn endless_inputs_stop_at_the_byte_limit() {
     // /dev/zero never ends: read in chunks, it stops at the limit, not at
     // the address-space limit.
     let r = run(&["parse", "/dev/zero", "--max-input-bytes", "64MiB"]);
-    refused(&r, &["/dev/zero", "over the limit of 67108864 bytes read", "--max-input-bytes"]);
+    refused(
+        &r,
+        &[
+            "/dev/zero",
+            "over the limit of 67108864 bytes read",
+            "--max-input-bytes",
+        ],
+    );
 }
 
 // ---- output ---------------------------------------------------------------
 
 #[test]
 fn output_errors_are_exit_2_and_a_closed_pipe_is_quiet() {
-    let log = fixture("text/constructed_2_4_every_clause.log").display().to_string();
+    let log = fixture("text/constructed_2_4_every_clause.log")
+        .display()
+        .to_string();
     let full = || {
         std::fs::OpenOptions::new()
             .write(true)
@@ -581,7 +667,10 @@ fn output_errors_are_exit_2_and_a_closed_pipe_is_quiet() {
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cannot write the output: No space left on device"), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot write the output: No space left on device"),
+            "{args:?}: {err}"
+        );
     }
     // A report file that cannot be written.
     let out = Command::new(BIN)
@@ -592,8 +681,10 @@ fn output_errors_are_exit_2_and_a_closed_pipe_is_quiet() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/full"));
     // A reader that goes away: no message, the command's own exit code.
     let dir = tempfile::tempdir().unwrap();
-    let many = String::from_utf8(std::fs::read(&log).unwrap()).unwrap().repeat(3000);
-    let path = write(&dir.path(), "many.log", many.as_bytes());
+    let many = String::from_utf8(std::fs::read(&log).unwrap())
+        .unwrap()
+        .repeat(3000);
+    let path = write(dir.path(), "many.log", many.as_bytes());
     let mut child = Command::new(BIN)
         .args(["parse", "--format", "json", &path])
         .stdout(Stdio::piped())
@@ -635,7 +726,12 @@ fn a_terminal_on_standard_input_gets_a_hint() {
     m.write_all(b"\x04").unwrap();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("paste the text, then press Ctrl-D on a new line (Ctrl-Z then Enter on Windows)"), "{err}");
+    assert!(
+        err.contains(
+            "paste the text, then press Ctrl-D on a new line (Ctrl-Z then Enter on Windows)"
+        ),
+        "{err}"
+    );
     assert_eq!(out.status.code(), Some(0));
     // Not on a pipe or a file.
     let r = run_limited(&["parse"], Some(b"no evidence here\n"));
@@ -644,7 +740,9 @@ fn a_terminal_on_standard_input_gets_a_hint() {
 
 #[test]
 fn sizes_name_their_problem() {
-    let trace = fixture("snapshots/gen-expandable-workload.csv").display().to_string();
+    let trace = fixture("snapshots/gen-expandable-workload.csv")
+        .display()
+        .to_string();
     for (size, says) in [
         ("18446744073709551615", "16384 PiB is over 1 PiB"),
         ("18446744073709551616", "overflows 64 bits"),
@@ -654,7 +752,21 @@ fn sizes_name_their_problem() {
     ] {
         refused(&run(&["replay", &trace, "--capacity", size]), &[says]);
     }
-    let r = run(&["replay", &trace, "--capacity", "24gb", "--conf", "", "--conf", "expandable_segments:True"]);
+    let r = run(&[
+        "replay",
+        &trace,
+        "--capacity",
+        "24gb",
+        "--conf",
+        "",
+        "--conf",
+        "expandable_segments:True",
+    ]);
     assert!(r.code == 0 || r.code == 1, "{}", r.stderr);
-    assert_eq!(r.stderr.matches("is read as binary").count(), 1, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.matches("is read as binary").count(),
+        1,
+        "{}",
+        r.stderr
+    );
 }

@@ -49,8 +49,10 @@ pub const ANCHORS: [(&str, Clue); 14] = [
 ];
 
 static VERSION: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i-u)(?:PyTorch version:\s*|torch\s*==\s*|torch version[:=]?\s*|torch\s+)v?(\d+)\.(\d+)")
-        .unwrap_or_else(|e| panic!("static regex: {e}"))
+    Regex::new(
+        r"(?i-u)(?:PyTorch version:\s*|torch\s*==\s*|torch version[:=]?\s*|torch\s+)v?(\d+)\.(\d+)",
+    )
+    .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 static CONF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
@@ -92,7 +94,8 @@ impl Finder {
             Clue::MaxSplitHint => clues.max_split_hint = true,
             Clue::ExpandableUnsupported => clues.expandable_unsupported = true,
             Clue::WindowsFile => {
-                clues.windows_paths |= matches!(after(3), Some([d, b':', b'\\']) if d.is_ascii_alphabetic());
+                clues.windows_paths |=
+                    matches!(after(3), Some([d, b':', b'\\']) if d.is_ascii_alphabetic());
             }
             Clue::WindowsDir => {
                 let drive = hit
@@ -126,13 +129,18 @@ impl Finder {
         }
         // Every version pattern goes on with a space or `=` (paths and
         // `torch.` names are most hits, and stop here).
-        if self.version_seen || !rest.first().is_some_and(|b| b.is_ascii_whitespace() || *b == b'=')
+        if self.version_seen
+            || !rest
+                .first()
+                .is_some_and(|b| b.is_ascii_whitespace() || *b == b'=')
         {
             return;
         }
         let lo = hit.saturating_sub(2);
         let window = &data[lo..data.len().min(hit + AFTER)];
-        let Some(c) = VERSION.captures(window).filter(|c| c.get(0).is_some_and(|m| m.start() <= hit - lo))
+        let Some(c) = VERSION
+            .captures(window)
+            .filter(|c| c.get(0).is_some_and(|m| m.start() <= hit - lo))
         else {
             return;
         };
@@ -173,5 +181,6 @@ fn conf_at(data: &[u8], hit: usize) -> Option<String> {
 fn is_pytorch_hint(text: &[u8], start: usize, end: usize) -> bool {
     let before = &text[start.saturating_sub(80)..start];
     let after = &text[end..end.saturating_add(40).min(text.len())];
-    memchr::memmem::find(before, b"try").is_some() || memchr::memmem::find(after, b"avoid").is_some()
+    memchr::memmem::find(before, b"try").is_some()
+        || memchr::memmem::find(after, b"avoid").is_some()
 }

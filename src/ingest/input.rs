@@ -91,8 +91,32 @@ pub fn layer_of(head: &[u8]) -> Result<Option<Layer>, &'static str> {
         [0x1f, 0x8b, ..] => Layer::Gzip,
         [0xfd, b'7', b'z', b'X', b'Z', 0, ..] => Layer::Xz,
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Layer::Zstd,
-        [b'B', b'Z', b'h', b'1'..=b'9', 0x31, 0x41, 0x59, 0x26, 0x53, 0x59, ..]
-        | [b'B', b'Z', b'h', b'1'..=b'9', 0x17, 0x72, 0x45, 0x38, 0x50, 0x90, ..] => Layer::Bzip2,
+        [
+            b'B',
+            b'Z',
+            b'h',
+            b'1'..=b'9',
+            0x31,
+            0x41,
+            0x59,
+            0x26,
+            0x53,
+            0x59,
+            ..,
+        ]
+        | [
+            b'B',
+            b'Z',
+            b'h',
+            b'1'..=b'9',
+            0x17,
+            0x72,
+            0x45,
+            0x38,
+            0x50,
+            0x90,
+            ..,
+        ] => Layer::Bzip2,
         [b'P', b'K', 3, 4, ..] => return Err("a zip archive (torch.save writes these)"),
         [b'7', b'z', 0xbc, 0xaf, 0x27, 0x1c, ..] => return Err("a 7z archive"),
         [0x04, 0x22, 0x4d, 0x18, ..] => return Err("lz4-compressed"),
@@ -242,7 +266,8 @@ impl Stream {
             if buf.is_empty() {
                 *buf = head;
             } else {
-                buf.try_reserve(head.len()).map_err(|_| self.memory(head.len()))?;
+                buf.try_reserve(head.len())
+                    .map_err(|_| self.memory(head.len()))?;
                 buf.extend_from_slice(&head);
             }
         }
@@ -264,7 +289,10 @@ impl Stream {
         let mut buf = Vec::new();
         let cap = usize::try_from(self.limits.max_input_bytes).unwrap_or(usize::MAX);
         loop {
-            let want = buf.len().saturating_add(HEAD * 16).min(cap.saturating_add(1));
+            let want = buf
+                .len()
+                .saturating_add(HEAD * 16)
+                .min(cap.saturating_add(1));
             if want <= buf.len() {
                 return Err(self.limits.exceeded(&self.name, Limit::InputBytes, ""));
             }
@@ -366,7 +394,6 @@ pub fn open(name: &str, limits: &Limits) -> Result<Opened, Error> {
     open_stream(name, Box::new(file), limits)
 }
 
-
 /// Standard input as a file, so that a redirected file (`< big.log`) is mapped.
 #[cfg(unix)]
 fn stdin_file() -> io::Result<File> {
@@ -408,11 +435,11 @@ pub fn open_stream(name: &str, reader: Box<dyn Read>, limits: &Limits) -> Result
         }
         // The layer reads what was looked at, then the rest; it starts past its BOM.
         let skip = layer.bom_len(&head);
-        let under = io::Cursor::new(head.split_off(skip)).chain(std::mem::replace(
-            &mut stream.rest,
-            Box::new(io::empty()),
-        ));
-        stream.rest = layer.decode(Box::new(under)).map_err(|e| stream.failed(&e))?;
+        let under = io::Cursor::new(head.split_off(skip))
+            .chain(std::mem::replace(&mut stream.rest, Box::new(io::empty())));
+        stream.rest = layer
+            .decode(Box::new(under))
+            .map_err(|e| stream.failed(&e))?;
         stream.layers.push(layer);
         stream.ended = false;
         stream.read = 0;

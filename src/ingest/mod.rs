@@ -83,7 +83,14 @@ pub fn detect(data: &[u8]) -> InputKind {
 pub fn parse_input(input_name: &str, data: &[u8]) -> Result<Evidence, Error> {
     let mut ev = Evidence::default();
     let kind = detect(data);
-    parse_whole(input_name, data, kind, &Limits::default(), &mut TextClues::default(), &mut ev)?;
+    parse_whole(
+        input_name,
+        data,
+        kind,
+        &Limits::default(),
+        &mut TextClues::default(),
+        &mut ev,
+    )?;
     Ok(ev)
 }
 

@@ -390,7 +390,8 @@ mod tests {
         assert!(whole_clues.windows_paths && whole_clues.ipc_user);
         for chunk in [4099, 65536, 3 << 20] {
             let reader = Box::new(std::io::Cursor::new(data.clone()));
-            let opened = super::super::open_stream("log", reader, &crate::Limits::default()).unwrap();
+            let opened =
+                super::super::open_stream("log", reader, &crate::Limits::default()).unwrap();
             let super::super::Body::Stream(mut stream) = opened.body else {
                 panic!("a stream");
             };

@@ -73,8 +73,7 @@ pub fn may_be_pickle(head: &[u8]) -> bool {
         Opening::Certain => true,
         Opening::Possible => matches!(
             pickle::decode_whole(head, SNIFF),
-            Ok(())
-                | Err(pickle::DecodeError::Code { .. } | pickle::DecodeError::Truncated { .. })
+            Ok(()) | Err(pickle::DecodeError::Code { .. } | pickle::DecodeError::Truncated { .. })
         ),
         Opening::No => false,
     }

@@ -201,7 +201,11 @@ impl<'a> Snapshot<'a> {
         for (i, &s) in seg_items.iter().enumerate() {
             let path = || format!("segments[{i}]");
             let listed = reader.seg.value(&pickle, s, &path, SegKey::Blocks)?;
-            total = total.saturating_add(listed.and_then(|b| pickle.items(b)).map_or(0, |b| b.len() as u64));
+            total = total.saturating_add(
+                listed
+                    .and_then(|b| pickle.items(b))
+                    .map_or(0, |b| b.len() as u64),
+            );
         }
         if total > max_blocks {
             return Err(BuildError::Blocks(total));

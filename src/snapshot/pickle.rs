@@ -176,7 +176,9 @@ pub enum DecodeError {
         limit: u64,
     },
     /// The system refused memory the input asked for (never an abort).
-    #[error("byte {offset}: not enough memory for the {what} (the system refused {bytes} more bytes)")]
+    #[error(
+        "byte {offset}: not enough memory for the {what} (the system refused {bytes} more bytes)"
+    )]
     Memory {
         offset: usize,
         what: &'static str,
@@ -845,7 +847,12 @@ impl<'a> Decoder<'a> {
                     if self.defer_code && !(is_dotted_name(module) && is_dotted_name(name)) {
                         return Err(self.malformed(at, op, "not a module and a name"));
                     }
-                    self.step_over(code, if op == b'i' { Pops::Mark } else { Pops::N(0) }, at, op)?;
+                    self.step_over(
+                        code,
+                        if op == b'i' { Pops::Mark } else { Pops::N(0) },
+                        at,
+                        op,
+                    )?;
                 }
                 0x93 => {
                     let n = self.stack.len();
