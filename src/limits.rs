@@ -54,6 +54,14 @@ impl Limit {
         }
     }
 
+    /// What the flag takes.
+    fn value(self) -> &'static str {
+        match self {
+            Limit::InputBytes => "SIZE",
+            Limit::Objects | Limit::Blocks => "N",
+        }
+    }
+
     fn what(self) -> &'static str {
         match self {
             Limit::InputBytes => "bytes read",
@@ -77,10 +85,11 @@ impl Limits {
     pub fn exceeded(&self, input: &str, limit: Limit, detail: &str) -> Error {
         let sep = if detail.is_empty() { "" } else { ": " };
         Error::Input(format!(
-            "{input}: over the limit of {} {}{sep}{detail} (raise it with {} N)",
+            "{input}: over the limit of {} {}{sep}{detail} (raise it with {} {})",
             self.get(limit),
             limit.what(),
-            limit.flag()
+            limit.flag(),
+            limit.value()
         ))
     }
 }

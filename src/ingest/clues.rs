@@ -48,23 +48,24 @@ pub const ANCHORS: [(&str, Clue); 14] = [
     ("cumem_allocator", Clue::Ipc),
 ];
 
+// Both are anchored: they are tried only where an anchor says a match starts.
 static VERSION: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i-u)(?:PyTorch version:\s*|torch\s*==\s*|torch version[:=]?\s*|torch\s+)v?(\d+)\.(\d+)",
+        r"(?i-u)^(?:PyTorch version:\s*|torch\s*==\s*|torch version[:=]?\s*|torch\s+)v?(\d+)\.(\d+)",
     )
     .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 static CONF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r#"(?-u)PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\s*[=:]\s*["']?([A-Za-z_][A-Za-z0-9_:.,\[\]>]*)"#,
+        r#"(?-u)^PYTORCH_(?:CUDA_|HIP_)?ALLOC_CONF\s*[=:]\s*["']?([A-Za-z_][A-Za-z0-9_:.,\[\]>]*)"#,
     )
     .unwrap_or_else(|e| panic!("static regex: {e}"))
 });
 
-/// How far around a hit a clue is read: a version line's spaces (pip's
-/// aligned columns) or a config value fit easily.
-const AFTER: usize = 4096;
-const BEFORE: usize = 128;
+/// How far past a hit a clue is read: a version line's spaces (pip's
+/// aligned columns) or a config value fit easily. Regex captures cost in
+/// proportion to what they are given, so no more.
+const AFTER: usize = 512;
 
 /// The clues of one input, gathered hit by hit.
 #[derive(Default)]
@@ -136,11 +137,15 @@ impl Finder {
         {
             return;
         }
-        let lo = hit.saturating_sub(2);
-        let window = &data[lo..data.len().min(hit + AFTER)];
-        let Some(c) = VERSION
-            .captures(window)
-            .filter(|c| c.get(0).is_some_and(|m| m.start() <= hit - lo))
+        // "PyTorch version:" starts two bytes before its "Torch"; the rest at the hit.
+        let end = data.len().min(hit + AFTER);
+        let py = hit
+            .checked_sub(2)
+            .filter(|&at| data[at..hit].eq_ignore_ascii_case(b"py"));
+        let Some(c) = py
+            .into_iter()
+            .chain([hit])
+            .find_map(|at| VERSION.captures(&data[at..end]))
         else {
             return;
         };
@@ -162,14 +167,14 @@ impl Finder {
 /// The config value set by the `PYTORCH_*ALLOC_CONF` whose `_ALLOC_CONF` is
 /// at `hit`, unless it is PyTorch's own OOM hint.
 fn conf_at(data: &[u8], hit: usize) -> Option<String> {
-    let lo = hit.saturating_sub(BEFORE);
-    let window = &data[lo..data.len().min(hit + AFTER)];
-    let at = hit - lo;
-    let c = CONF
-        .captures_iter(window)
-        .find(|c| c.get(0).is_some_and(|m| m.start() <= at && at < m.end()))?;
+    // "PYTORCH" + "_ALLOC_CONF", "PYTORCH_HIP" + …, "PYTORCH_CUDA" + ….
+    let end = data.len().min(hit + AFTER);
+    let (start, c) = [7, 11, 12]
+        .into_iter()
+        .filter_map(|back| hit.checked_sub(back))
+        .find_map(|at| Some((at, CONF.captures(&data[at..end])?)))?;
     let (all, value) = (c.get(0)?, c.get(1)?);
-    if is_pytorch_hint(window, all.start(), all.end()) {
+    if is_pytorch_hint(data, start, start + all.end()) {
         return None;
     }
     let value = std::str::from_utf8(value.as_bytes()).ok()?;
@@ -181,6 +186,5 @@ fn conf_at(data: &[u8], hit: usize) -> Option<String> {
 fn is_pytorch_hint(text: &[u8], start: usize, end: usize) -> bool {
     let before = &text[start.saturating_sub(80)..start];
     let after = &text[end..end.saturating_add(40).min(text.len())];
-    memchr::memmem::find(before, b"try").is_some()
-        || memchr::memmem::find(after, b"avoid").is_some()
+    before.windows(3).any(|w| w == b"try") || after.windows(5).any(|w| w == b"avoid")
 }

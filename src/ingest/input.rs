@@ -245,7 +245,7 @@ pub struct Stream {
     name: String,
     head: Vec<u8>,
     rest: Box<dyn Read>,
-    /// The input ended within `head`.
+    /// The input has ended: what is left of it is in `head`.
     ended: bool,
     read: u64,
     limits: Limits,

@@ -147,8 +147,7 @@ fn scan_chunks(
     let mut s = Scanner::new(input, clues);
     let mut buf: Vec<u8> = Vec::new();
     loop {
-        // From here, hits are looked for at or after `s.resume`.
-        let from = s.resume.max(s.pos) - s.base;
+        let from = s.next - s.base;
         let more = stream.fill(&mut buf, from + REACH + chunk)?;
         let limit = if more { buf.len() - REACH } else { buf.len() };
         s.span(&buf, s.base, s.base + limit.max(from));
@@ -156,7 +155,7 @@ fn scan_chunks(
             return Ok(s.out);
         }
         // Keep BACK bytes behind where the next search starts.
-        let keep = (s.resume.max(s.pos) - BACK.min(s.resume.max(s.pos))).max(s.base);
+        let keep = s.next.saturating_sub(BACK).max(s.base);
         s.lines.advance(&buf, s.base, keep);
         let drop = keep - s.base;
         buf.copy_within(drop.., 0);
@@ -177,8 +176,8 @@ struct Scanner<'c> {
     /// Where the scan stands: past the last hit, or past what it parsed
     /// (a summary table is never read back above it).
     pos: usize,
-    /// Where the previous span ended: no hit starts before it unread.
-    resume: usize,
+    /// Where the next search starts: every anchor before it has been seen.
+    next: usize,
     last_oom: Option<(usize, usize)>, // (index in out, end offset)
 }
 
@@ -192,7 +191,7 @@ impl<'c> Scanner<'c> {
             lines: LineCounter { pos: 0, line: 1 },
             base: 0,
             pos: 0,
-            resume: 0,
+            next: 0,
             last_oom: None,
         }
     }
@@ -202,17 +201,19 @@ impl<'c> Scanner<'c> {
     /// unless the input ends first.
     fn span(&mut self, buf: &[u8], base: usize, limit: usize) {
         let (ac, kinds) = &*ANCHORS;
-        let mut search = self.resume.max(self.pos);
-        while search < limit {
-            let Some(m) = ac.find(Input::new(buf).span(search - base..buf.len())) else {
+        while self.next < limit {
+            let Some(m) = ac.find(Input::new(buf).span(self.next - base..buf.len())) else {
                 break;
             };
-            if m.start() + base >= limit {
+            let at = m.start() + base;
+            if at >= limit {
                 break;
             }
-            search = m.start() + base + 1;
+            self.next = at + 1;
             let anchor = kinds[m.pattern().as_usize()];
             let hit = match anchor {
+                // Clues count everywhere, in what a parser took too (PyTorch's
+                // hints in an OOM message).
                 Anchor::Clue(clue) => {
                     self.finder.hit(clue, buf, m.start(), m.len(), self.clues);
                     continue;
@@ -222,24 +223,18 @@ impl<'c> Scanner<'c> {
                     Some(q) if q + base >= self.pos && matches!(buf[q], b'\'' | b'"') => q,
                     _ => continue,
                 },
+                // Evidence inside what a parser took is part of that evidence.
+                _ if at < self.pos => continue,
                 _ => m.start(),
             };
             let Some(f) = self.parse(buf, base, hit, m.len(), anchor) else {
                 self.pos = hit + base + 1;
                 continue;
             };
-            // Clues inside what the parser took (PyTorch's hints in an OOM message).
-            let took = Input::new(buf).span(m.start() + 1..(f.end - base).max(m.start() + 1));
-            for c in ac.find_iter(took) {
-                if let Anchor::Clue(clue) = kinds[c.pattern().as_usize()] {
-                    self.finder.hit(clue, buf, c.start(), c.len(), self.clues);
-                }
-            }
             self.pos = f.end.max(hit + base + 1);
-            search = search.max(self.pos);
             self.push(buf, base, f);
         }
-        self.resume = self.resume.max(limit);
+        self.next = self.next.max(limit);
     }
 
     /// Runs the parser of `anchor` on the window around its hit at `hit` (in
