@@ -512,7 +512,7 @@ fn replay_accepts_a_snapshot_and_reports_fidelity() {
     let r = execute(&opts).unwrap();
     assert_eq!(r.events, 3840);
     assert_eq!(r.runs.len(), 2);
-    assert!(r.runs.iter().all(|run| run.result.oom.is_none()));
+    assert!(r.runs.iter().all(|run| run.result.figures.oom.is_none()));
     let f = r.fidelity.as_ref().unwrap();
     assert_eq!((f.alloc_events, f.address_matches), (1280, 1280));
     let json: serde_json::Value =
