@@ -17,6 +17,7 @@ pub mod limits;
 pub mod report;
 pub mod rules;
 pub mod snapshot;
+pub mod trial;
 pub mod units;
 pub mod workload;
 

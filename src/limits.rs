@@ -10,19 +10,27 @@
 use crate::Error;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct Limits {
-    /// Bytes read from one input, counted after decompression and
-    /// transcoding (`--max-input-bytes`). Bounds the time an endless input
-    /// (a device, a pipe that never closes) can take, and the memory of the
-    /// inputs held whole: pickles, trace CSVs and RMM logs that arrive
-    /// compressed or through a pipe.
+    /// The most bytes read from one input, after decompression.
+    ///
+    /// Bounds the time an endless input (a device, a pipe that never closes)
+    /// can take, and the memory of the inputs held whole: pickles, trace CSVs
+    /// and RMM logs that arrive compressed or through a pipe.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE", value_parser = crate::units::parse_size,
+        default_value_t = Limits::default().max_input_bytes, help_heading = "Limits"))]
     pub max_input_bytes: u64,
-    /// Values the snapshot decoder may hold, 8 bytes each: objects, container
-    /// items, memo entries (`--max-objects`).
+    /// The most values a snapshot pickle may decode to (8 bytes each).
+    ///
+    /// Objects, container items and memo entries all count.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N",
+        default_value_t = Limits::default().max_objects, help_heading = "Limits"))]
     pub max_objects: u64,
-    /// Blocks the snapshot model may build, counted as expanded: a block
-    /// list shared by several segments counts once per segment
-    /// (`--max-blocks`).
+    /// The most blocks a snapshot may expand to.
+    ///
+    /// A block list that several segments share counts once per segment.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N",
+        default_value_t = Limits::default().max_blocks, help_heading = "Limits"))]
     pub max_blocks: u64,
 }
 

@@ -434,6 +434,7 @@ fn parse_json(path: &str) -> serde_json::Value {
     let out = allocdoc::app::parse::run(&allocdoc::app::parse::ParseOptions {
         inputs: vec![path.to_owned()],
         format: allocdoc::app::Format::Json,
+        ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();

@@ -5,23 +5,36 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
+use crate::report::views::ReportViews;
 use crate::rules::{RuleSet, VersionRange};
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DiagnoseOptions {
+    /// Logs, memory_summary()/memory_stats() dumps, snapshot pickles or traces; `-` or nothing reads standard input.
     pub inputs: Vec<String>,
-    pub format: Format,
-    /// List rules that were not evaluated and why.
+    /// Also list rules that could not be evaluated and what they need.
+    #[cfg_attr(feature = "cli", arg(short, long))]
     pub verbose: bool,
-    /// Extra rule files that add to or override the embedded ones.
+    /// A directory of extra YAML rules that add to or override the built-in ones.
+    #[cfg_attr(feature = "cli", arg(long = "rules", value_name = "RULES"))]
     pub rules_dir: Option<PathBuf>,
-    /// The user's PyTorch version when the evidence does not say.
+    /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
-    /// The PYTORCH_CUDA_ALLOC_CONF in effect when the evidence was taken.
+    /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
+    #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
-    /// Write a self-contained HTML report here.
+    /// Also write a self-contained HTML report.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Output format.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
+    pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::Limits,
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
@@ -37,12 +50,12 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     {
         notes.push(format!("allocdoc: warning: {why}"));
     }
-    let evidence = read_inputs(&opts.inputs, &mut ctx)?;
+    let evidence = read_inputs(&opts.inputs, &opts.limits, &mut ctx)?;
     let d = advise::diagnose(evidence, &ctx, &rules);
     if let Some(path) = &opts.report {
         std::fs::write(
             path,
-            crate::report::diagnose::html(&d, pictures(&opts.inputs)),
+            crate::report::diagnose::html(&d, pictures(&opts.inputs, &opts.limits)),
         )
         .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
     }
@@ -54,19 +67,19 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String]) -> crate::report::diagnose::Pictures {
-    let mut pictures = crate::report::diagnose::Pictures::default();
+fn pictures(inputs: &[String], limits: &crate::Limits) -> ReportViews {
+    let mut views = ReportViews::of_snapshots();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = crate::ingest::read_input(name) else {
+        let Ok(data) = crate::ingest::read_input_with(name, limits) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
-            && let Ok(snap) = crate::snapshot::load(name, &data)
+            && let Ok(snap) = crate::snapshot::load_with(name, &data, limits)
         {
-            pictures.add_snapshot(name, &snap);
+            views.add_snapshot(name, &snap);
         }
     }
-    pictures
+    views
 }
 
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
@@ -79,9 +92,13 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
 
 /// Reads each input once: `ingest` parses it and gathers the clues the
 /// surrounding text gives (versions, configs, platform) on the same pass.
-pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
+pub fn read_inputs(
+    inputs: &[String],
+    limits: &crate::Limits,
+    ctx: &mut Context,
+) -> Result<Evidence, Error> {
     let mut clues = crate::evidence::TextClues::default();
-    let evidence = crate::ingest::load_with(inputs, &crate::Limits::default(), &mut clues)?;
+    let evidence = crate::ingest::load_with(inputs, limits, &mut clues)?;
     ctx.absorb(&clues);
     Ok(evidence)
 }
