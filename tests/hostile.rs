@@ -628,6 +628,43 @@ fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
 }
 
 #[test]
+fn every_limit_is_a_flag_and_named_when_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = write(dir.path(), "n100.pickle", &shared_object_pickle(100));
+    refused(
+        &run(&["parse", &snap, "--max-blocks", "9999"]),
+        &[
+            "over the limit of 9999 snapshot blocks",
+            "its segments list 10000 blocks",
+            "--max-blocks N",
+        ],
+    );
+    assert_eq!(run(&["parse", &snap, "--max-blocks", "10000"]).code, 0);
+    refused(
+        &run(&["diagnose", &snap, "--max-objects", "300"]),
+        &["over the limit of 300 decoded values", "--max-objects N"],
+    );
+    refused(
+        &run(&["replay", &snap, "--max-input-bytes", "100"]),
+        &["over the limit of 100 bytes read", "--max-input-bytes SIZE"],
+    );
+    // Through a pipe, compressed: the decoded bytes count.
+    let log = std::fs::read(fixture("text/constructed_2_4_every_clause.log")).unwrap();
+    let big = log.repeat(2000);
+    refused(
+        &run_limited(&["parse", "--max-input-bytes", "1MiB"], Some(&gzip(&big))),
+        &[
+            "over the limit of 1048576 bytes read",
+            "--max-input-bytes SIZE",
+        ],
+    );
+    assert_eq!(
+        run_limited(&["parse", "--max-input-bytes", "4MiB"], Some(&gzip(&big))).code,
+        0
+    );
+}
+
+#[test]
 fn endless_inputs_stop_at_the_byte_limit() {
     // /dev/zero never ends: read in chunks, it stops at the limit, not at
     // the address-space limit.

@@ -34,7 +34,7 @@ pub struct DiagnoseOptions {
     pub format: Format,
     /// How much one input may make allocdoc read and hold.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::Limits,
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
@@ -67,7 +67,7 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String], limits: &crate::Limits) -> ReportViews {
+fn pictures(inputs: &[String], limits: &crate::limits::Limits) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
         let Ok(data) = crate::ingest::read_input_with(name, limits) else {
@@ -94,7 +94,7 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
 /// surrounding text gives (versions, configs, platform) on the same pass.
 pub fn read_inputs(
     inputs: &[String],
-    limits: &crate::Limits,
+    limits: &crate::limits::Limits,
     ctx: &mut Context,
 ) -> Result<Evidence, Error> {
     let mut clues = crate::evidence::TextClues::default();

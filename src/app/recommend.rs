@@ -31,7 +31,7 @@ pub struct RecommendOptions {
     pub format: Format,
     /// How much one input may make allocdoc read and hold.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::Limits,
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &RecommendOptions) -> Result<Outcome, Error> {

@@ -51,7 +51,7 @@ pub struct ReplayOptions {
     pub format: Format,
     /// How much one input may make allocdoc read and hold.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::Limits,
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {

@@ -38,7 +38,7 @@ pub struct ValidateOptions {
     pub format: Format,
     /// How much one input may make allocdoc read and hold.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::Limits,
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {

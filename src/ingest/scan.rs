@@ -386,7 +386,8 @@ mod tests {
         for chunk in [4099, 65536, 3 << 20] {
             let reader = Box::new(std::io::Cursor::new(data.clone()));
             let opened =
-                super::super::open_stream("log", reader, &crate::Limits::default()).unwrap();
+                super::super::open_stream("log", reader, &crate::limits::Limits::default())
+                    .unwrap();
             let super::super::Body::Stream(mut stream) = opened.body else {
                 panic!("a stream");
             };

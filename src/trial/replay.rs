@@ -34,7 +34,7 @@ pub struct Plan {
     pub pictures: bool,
     /// Keep the last run's trace entries (for `--emit-snapshot`).
     pub history: bool,
-    pub limits: crate::Limits,
+    pub limits: crate::limits::Limits,
 }
 
 /// One config's run.

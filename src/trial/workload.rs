@@ -22,7 +22,7 @@ pub enum Source {
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
     /// borrows them) with the limits it is decoded within; replayed from the
     /// state the trace started in.
-    Snapshot(crate::ingest::Bytes, crate::Limits),
+    Snapshot(crate::ingest::Bytes, crate::limits::Limits),
 }
 
 /// What gets replayed for an input.
@@ -166,7 +166,7 @@ impl Workload {
         capacity: Option<u64>,
         current_conf: &str,
         current: &Settings,
-        limits: &crate::Limits,
+        limits: &crate::limits::Limits,
     ) -> Result<Workload, Error> {
         let data =
             crate::ingest::read_input_with(if input.is_empty() { "-" } else { input }, limits)?;
@@ -271,7 +271,7 @@ fn rule_advice(
 pub(crate) fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
-    limits: &crate::Limits,
+    limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
     let snap = crate::snapshot::load_with(name, data, limits)?;
