@@ -25,15 +25,20 @@ for _ in $(seq "$runs"); do
   cat "$log" | /usr/bin/time -f "diagnose-stdin %e %U %S %M" "$bin" diagnose >/dev/null 2>>"$out"
   /usr/bin/time -f "parse-zst %e %U %S %M" "$bin" parse "$log.zst" >/dev/null 2>>"$out"
 done
-grep -E '^(parse|diagnose)-' "$out" | awk -v bytes="$(stat -c %s "$log")" '
-  { n[$1]++; w[$1, n[$1]] = $2; c[$1, n[$1]] = $3 + $4; r[$1] = ($5 > r[$1] ? $5 : r[$1])
-    printf "%-15s wall %6.2f s  user %5.2f s  sys %5.2f s  rss %7.1f MiB\n", $1, $2, $3, $4, $5 / 1024 }
-  END {
-    print "medians (wall, CPU = user + sys, GB/s of wall and of CPU, peak RSS):"
-    for (k in n) {
-      m = n[k]; for (i = 1; i <= m; i++) { ws[i] = w[k, i]; cs[i] = c[k, i] }
-      asort(ws); asort(cs); mw = ws[int((m + 1) / 2)]; mc = cs[int((m + 1) / 2)]
-      printf "%-15s %6.2f s  %5.2f s  %5.2f GB/s  %5.2f GB/s  %7.1f MiB\n", k, mw, mc, bytes / mw / 1e9, bytes / mc / 1e9, r[k] / 1024
-    }
-  }'
+python3 - "$out" "$(stat -c %s "$log")" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 5 and f[0].startswith(("parse-", "diagnose-")):
+        name, wall, user, sys_, rss = f[0], *map(float, f[1:])
+        runs.setdefault(name, []).append((wall, user + sys_, rss))
+        print(f"{name:15} wall {wall:6.2f} s  user {user:5.2f} s  sys {sys_:5.2f} s  rss {rss / 1024:7.1f} MiB")
+size = int(sys.argv[2])
+print("medians: wall, CPU (user + sys), GB/s of wall, GB/s of CPU, peak RSS")
+for name, r in runs.items():
+    w = statistics.median(x[0] for x in r)
+    c = statistics.median(x[1] for x in r)
+    print(f"{name:15} {w:6.2f} s  {c:5.2f} s  {size / w / 1e9:5.2f} GB/s  {size / c / 1e9:5.2f} GB/s  {max(x[2] for x in r) / 1024:7.1f} MiB")
+PY
 rm -f "$out"
