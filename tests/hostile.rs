@@ -367,6 +367,16 @@ fn protocol_0_and_1_pickles_that_would_call_code_are_refused() {
         }
         refused(&run_limited(&["diagnose"], Some(data)), &[says]);
     }
+    // Piped text that starts like a pickle stays a stream (a bounded scan,
+    // not a read of the whole input): "(T" reads as a MARK and a 1.8 GB string.
+    // 300 MB through 256 MiB of address space: only a stream fits.
+    let log = std::fs::read(fixture("text/constructed_2_4_every_clause.log")).unwrap();
+    let noise = b"step 1200 | loss 2.3104 | lr 2.0e-05 | tokens/s 51234\n".repeat(5_800_000);
+    let text = [&b"(Training started)\n"[..], &noise, &log].concat();
+    assert!(text.len() > 300_000_000);
+    let r = run_within(256 << 20, &["parse", "--format", "json"], Some(&text));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("\"kind\": \"oom\""));
     // Text that starts like a GLOBAL stays text.
     let text = "cat\nfoo\nThis log has no evidence.\n";
     let path = write(dir.path(), "cat.log", text.as_bytes());

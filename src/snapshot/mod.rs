@@ -67,14 +67,18 @@ pub fn is_pickle(data: &[u8]) -> bool {
 }
 
 /// True when an input whose first bytes are `head` may be a pickle: read
-/// it whole and ask [`is_pickle`]. For streams, whose end is not read yet.
+/// it whole and ask [`is_pickle`]. For streams, whose end is not read yet:
+/// a pickle's head decodes up to an opcode cut near its end, where text
+/// that starts like one fails early (`(Training…` reads as a MARK and a
+/// string of 1.8 GB).
 pub fn may_be_pickle(head: &[u8]) -> bool {
     match opening(head) {
         Opening::Certain => true,
-        Opening::Possible => matches!(
-            pickle::decode_whole(head, SNIFF),
-            Ok(()) | Err(pickle::DecodeError::Code { .. } | pickle::DecodeError::Truncated { .. })
-        ),
+        Opening::Possible => match pickle::decode_whole(head, SNIFF) {
+            Ok(()) | Err(pickle::DecodeError::Code { .. }) => true,
+            Err(pickle::DecodeError::Truncated { offset, .. }) => offset >= head.len() / 2,
+            Err(_) => false,
+        },
         Opening::No => false,
     }
 }
