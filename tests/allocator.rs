@@ -75,6 +75,22 @@ fn section_8_summary_1x_abbreviated_layout() {
     );
 }
 
+/// PyTorch 1.4.0 through 1.9.0 print no "Oversize" rows (they came with
+/// max_split_size_mb in 1.10); the fixture is 1.9.0's own memory_summary run on
+/// these stats, and 1.4.0's function is the same.
+#[test]
+fn section_8_summary_before_1_10_has_no_oversize_rows() {
+    let stats = section_8_allocator().memory_stats();
+    let expected = include_str!("../fixtures/allocator/summary_1_4_to_1_9.txt");
+    for minor in 4..=9 {
+        let version = TorchVersion::new(1, minor);
+        assert_eq!(memory_summary(&stats, 0, false, version), expected, "{version:?}");
+    }
+    let with_oversize = memory_summary(&stats, 0, false, TorchVersion::new(1, 10));
+    assert!(with_oversize.contains("| Oversize allocations  |       0    |"));
+    assert_eq!(with_oversize.lines().count(), expected.lines().count() + 4);
+}
+
 // ---- anchors.md §3.3: the devlog's lab cases ----------------------------------------
 
 #[test]

@@ -1,6 +1,7 @@
 //! `torch.cuda.memory_summary()` (torch/cuda/memory.py) rendered from a flat
 //! `memory_stats()` map, byte for byte: the 2.x layout, or the 1.x one
-//! (KB/MB units of width 7, no "Requested memory" rows). Spec: allocator.md §8.
+//! (KB/MB units of width 7, no "Requested memory" rows), which has no
+//! "Oversize" rows before 1.10. Spec: allocator.md §8.
 
 use crate::conf::TorchVersion;
 use std::collections::BTreeMap;
@@ -71,6 +72,13 @@ pub fn memory_summary(
     version: TorchVersion,
 ) -> String {
     let modern = version >= TorchVersion::new(2, 0);
+    // The oversize rows came with max_split_size_mb in 1.10 (1.9.0's
+    // memory_summary ends after "Non-releasable allocs").
+    let oversize: &[(&str, &str)] = if version >= TorchVersion::new(1, 10) {
+        &OVERSIZE
+    } else {
+        &[]
+    };
     let get = |key: &str| stats.get(key).copied().unwrap_or(0);
     let mut lines: Vec<String> = vec![
         "=".repeat(75),
@@ -117,7 +125,7 @@ pub fn memory_summary(
             lines.push(row);
         }
     }
-    for (key, name) in OVERSIZE {
+    for &(key, name) in oversize {
         lines.push("-".repeat(75));
         let mut row = format!(" {name:<21} ");
         for column in COLUMNS {
