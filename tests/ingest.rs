@@ -312,7 +312,9 @@ proptest! {
     }
 
     /// A hard wrap of the OOM messages at any width from 40 on changes no
-    /// figure and no era.
+    /// figure and no era. A message without its "out of memory" head (retyped,
+    /// IPEX's 4 GB refusal, a quoted fragment) has no anchor a wrap cannot
+    /// split: it may be lost, but every figure read is still its own.
     #[test]
     fn hard_wraps_keep_the_oom_figures(pick in any::<prop::sample::Index>(), width in 40usize..200) {
         let all: Vec<_> = oom_fixture_bodies()
@@ -330,7 +332,18 @@ proptest! {
         let text = String::from_utf8_lossy(data);
         let a = ingest::parse_bytes(name, text.as_bytes()).unwrap();
         let b = ingest::parse_bytes(name, hard_wrap(&text, width).as_bytes()).unwrap();
-        prop_assert_eq!(figures(&a), figures(&b), "{} at width {}", name, width);
+        let headless = text.lines().any(|l| {
+            (l.contains("Tried to allocate") || l.contains("total capacity;"))
+                && !l.contains("out of memory")
+        });
+        if headless {
+            let full = figures(&a);
+            for p in figures(&b) {
+                prop_assert!(full.iter().any(|f| subset(&p, f)), "{} at width {}:\n{}", name, width, p);
+            }
+        } else {
+            prop_assert_eq!(figures(&a), figures(&b), "{} at width {}", name, width);
+        }
     }
 }
 

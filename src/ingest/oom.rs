@@ -9,7 +9,9 @@
 //! complete: a message cut off yields the figures it holds and no others.
 
 use super::scan::Found;
-use super::text::{self, clean, exception_before, has_process_prefix, line_end, line_start};
+use super::text::{
+    self, clean, exception_before, has_process_prefix, line_end, line_start, shared_prefix,
+};
 use crate::evidence::{Backend, DeviceKind, Kind, Observation, OomSource, ProcessUse};
 use crate::units::printed_size;
 use regex::{Captures, Regex};
@@ -75,6 +77,7 @@ patterns! {
     COMPLETE = r"cached \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
+    LEAD_RETYPED = r"(?i)\b(cuda|hip|xpu) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
     LEAD_NCCL = r"Cuda failure (?:\d+ )?'$";
     LEAD_MPS = r"MPS backend $";
@@ -317,23 +320,24 @@ pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     const ANCHOR: &[u8] = b"out of memory";
     let line = hit_line(data, hit, ANCHOR.len(), ANCHOR);
     let before = line.before.clone();
-    if let Some(m) = LEAD_ALLOCATOR.captures(&before) {
+    let exact = LEAD_ALLOCATOR.captures(&before);
+    if let Some(m) = exact.as_ref().or(LEAD_RETYPED.captures(&before).as_ref()) {
         let lead = m.get(1)?;
-        let device = device_of(lead.as_str());
+        let device = device_of(&lead.as_str().to_ascii_uppercase());
         let after = line.after.as_str();
         // "CUDA out of memory." (or cut right there); prose like "CUDA out of memory errors" is not PyTorch's.
         let rest = after.get(ANCHOR.len()..).unwrap_or("");
-        if !(rest.is_empty() || rest.starts_with('.')) {
+        let plain = rest.is_empty() || rest.starts_with('.');
+        if !plain && !rest.starts_with([':', ',']) {
             return None;
         }
-        return Some(allocator(
-            data,
-            line,
-            lead.start(),
-            device,
-            input,
-            &before[..lead.start()],
-        ));
+        let at = lead.start();
+        let found = allocator(data, line, at, device, input, &before[..at]);
+        // A head retyped by hand ("Cuda out of memory:") counts when its figures follow.
+        if (exact.is_none() || !plain) && found.obs.requested_bytes.is_none() {
+            return None;
+        }
+        return Some(found);
     }
     let (source, lead) = if let Some(m) = LEAD_RUNTIME.captures(&before) {
         let device = if m.get(1)?.as_str() == "HIP" {
@@ -416,6 +420,9 @@ pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> 
 /// figures of a 1.x-layout message quoted without their head ("… (GPU 0; 15.75
 /// GiB total capacity; 79.11 MiB already allocated; …)").
 pub fn fragment(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    if let Some(at) = request_split_above(data, hit) {
+        return tried_to_allocate(data, at, input);
+    }
     let line = hit_line(data, hit, 0, b"Tried to allocate");
     let at = FRAGMENT_OPEN.find(&line.before)?.start();
     let mut found = headless(data, line, at, input);
@@ -427,6 +434,40 @@ pub fn fragment(data: &[u8], hit: usize, input: &str) -> Option<Found> {
         m.truncate(close + 1);
     }
     Some(found)
+}
+
+/// Where "Tried to allocate" starts on a line above `hit` when a hard wrap
+/// split it, so the figures up to `hit` are the rest of that message.
+fn request_split_above(data: &[u8], hit: usize) -> Option<usize> {
+    const PHRASE: &[u8] = b"Tried to allocate";
+    static SPLIT: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"^Tried to allocate\s*\d+(?:\.\d+)?\s*\w+\s*\(GPU\s*\d+\s*;\s*\d+(?:\.\d+)?\s*\w+\s*$")
+            .unwrap()
+    });
+    let ls = line_start(data, hit);
+    let mut start = ls;
+    // A 40-column wrap spreads the phrase and the first two figures over three lines.
+    for _ in 0..3 {
+        start = line_start(data, start.checked_sub(1)?);
+        let first_end = line_end(data, start);
+        let first = &data[start..first_end];
+        let first = first.strip_suffix(b"\r").unwrap_or(first);
+        // The wrap left the start of the phrase at the very end of that line.
+        let tail = first.len().saturating_sub(PHRASE.len());
+        let Some(from) = (tail..first.len()).find(|&i| PHRASE.starts_with(&first[i..])) else {
+            continue;
+        };
+        let mut joined: Vec<u8> = first[from..].to_vec();
+        let mut p = first_end + 1;
+        while p <= ls {
+            let e = line_end(data, p).min(hit);
+            joined.extend(data[p..e].iter().filter(|&&b| b != b'\r'));
+            p = e + 1;
+        }
+        let joined = std::str::from_utf8(&joined).ok()?;
+        return SPLIT.is_match(joined).then_some(start + from);
+    }
+    None
 }
 
 /// A native message whose head is lost, read from `at` in `line.before`,
@@ -495,15 +536,6 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str) -> Option<Found> {
         }
     }
     None
-}
-
-/// Length of the log prefix two lines share (`[rank2]: `), ending at a separator.
-fn shared_prefix(a: &str, b: &str) -> usize {
-    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
-    while !b.is_char_boundary(n) {
-        n -= 1;
-    }
-    b[..n].rfind([':', ' ', ']', ')']).map_or(0, |i| i + 1)
 }
 
 /// The caching allocator's message (native backend).

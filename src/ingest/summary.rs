@@ -4,7 +4,7 @@
 //! contract says; a table cut at its head or tail keeps its whole rows.
 
 use super::scan::Found;
-use super::text::{clean, line_end, line_start, rank_in};
+use super::text::{clean, line_end, line_start, rank_in, shared_prefix};
 use crate::evidence::{Kind, Metrics, Observation, StatValues};
 use crate::units::unit_multiplier;
 
@@ -182,7 +182,10 @@ fn logical_line(data: &[u8], s: usize) -> TableLine {
             break;
         }
         let next = physical(end + 1);
-        joined.push_str(&next.text);
+        // A prefix written on every physical line (after the wrap) is not the table's.
+        let shared = shared_prefix(&first.text, &next.text);
+        let log_prefix = first.text.find('|').is_some_and(|bar| shared <= bar);
+        joined.push_str(&next.text[if log_prefix { shared } else { 0 }..]);
         end = next.end;
         // The line must start in the first piece, or the pieces are not one line.
         match joined.trim_end().len().checked_sub(TABLE_WIDTH) {

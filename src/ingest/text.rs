@@ -156,6 +156,15 @@ pub fn has_process_prefix(line: &str) -> bool {
     PROCESS_PREFIX.is_match(line)
 }
 
+/// Length of the log prefix two lines share (`[rank2]: `), ending at a separator.
+pub fn shared_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !b.is_char_boundary(n) {
+        n -= 1;
+    }
+    b[..n].rfind([':', ' ', ']', ')']).map_or(0, |i| i + 1)
+}
+
 /// Index of the first char boundary at or after `i`.
 pub fn ceil_boundary(s: &str, mut i: usize) -> usize {
     while i < s.len() && !s.is_char_boundary(i) {
