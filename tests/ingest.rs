@@ -158,6 +158,23 @@ fn snapshots_of_what_users_read() {
         insta::assert_snapshot!(format!("{stem}.text"), render(name, Format::Text));
         insta::assert_snapshot!(format!("{stem}.json"), render(name, Format::Json));
     }
+    // The shapes of issue 15, as `parse --format json` prints them.
+    for name in [
+        "issue_async_short_comfyui_5818.log",
+        "constructed_async_short_log_then_traceback.log",
+        "issue_thc_check_alone.log",
+        "issue_th_host_lua_reallocate.log",
+        "constructed_fragment_in_prose.log",
+        "issue_ipex_xpu_repl.log",
+        "issue_exception_repr_inline.log",
+        "constructed_retyped_heads.log",
+        "constructed_summary_wrapped_80_1_9.log",
+        "constructed_summary_cut_in_active_allocs.log",
+        "issue_stats_wrapped_key.log",
+    ] {
+        let stem = name.trim_end_matches(".log");
+        insta::assert_snapshot!(format!("{stem}.json"), render(name, Format::Json));
+    }
     insta::assert_snapshot!(
         "readme_example.markdown",
         render("readme_example.log", Format::Markdown)
