@@ -100,10 +100,12 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
     if !has_bar(ls, le) {
         return Vec::new();
     }
-    // Start where the run of barred lines above the hit starts (a wrapped
-    // table has up to twice as many physical lines), then rebuild the table
-    // lines downwards.
+    // Start where the table above the hit starts (a wrapped table has up to
+    // twice as many physical lines; the pieces a wrap cut off are not table
+    // lines alone, but never more than three in a row), then rebuild the
+    // table lines downwards.
     let mut s = ls;
+    let mut pieces = 0;
     for _ in 0..2 * MAX_LINES {
         if s <= floor {
             break;
@@ -111,6 +113,14 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
         let p = line_start(data, s - 1).max(floor);
         if !has_bar(p, s - 1) {
             break;
+        }
+        if is_table_line(&clean(&data[p..s - 1])) {
+            pieces = 0;
+        } else {
+            pieces += 1;
+            if pieces > 3 {
+                break;
+            }
         }
         s = p;
     }
