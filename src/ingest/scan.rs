@@ -77,12 +77,8 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
     add("memory summary, device ID", Anchor::Summary);
     for row in [
         "Allocated memory ",
-        "Active memory ",
-        "Requested memory ",
         "GPU reserved ",
         "Non-releasable ",
-        "Allocations ",
-        "Active allocs ",
         "Oversize ",
         "Cur Usage",
     ] {
