@@ -84,7 +84,11 @@ fn section_8_summary_before_1_10_has_no_oversize_rows() {
     let expected = include_str!("../fixtures/allocator/summary_1_4_to_1_9.txt");
     for minor in 4..=9 {
         let version = TorchVersion::new(1, minor);
-        assert_eq!(memory_summary(&stats, 0, false, version).unwrap(), expected, "{version:?}");
+        assert_eq!(
+            memory_summary(&stats, 0, false, version).unwrap(),
+            expected,
+            "{version:?}"
+        );
     }
     let with_oversize = memory_summary(&stats, 0, false, TorchVersion::new(1, 10)).unwrap();
     assert!(with_oversize.contains("| Oversize allocations  |       0    |"));
@@ -771,11 +775,20 @@ fn replay_summary_follows_the_version() {
             .args(["--torch-version", version])
             .assert()
     };
-    for (version, oversize) in [("1.4", false), ("1.9", false), ("1.10", true), ("2.6", true)] {
+    for (version, oversize) in [
+        ("1.4", false),
+        ("1.9", false),
+        ("1.10", true),
+        ("2.6", true),
+    ] {
         let out = summary(version).code(0);
         let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
         assert!(stdout.contains("| GPU reserved segments |"), "{version}");
-        assert_eq!(stdout.contains("Oversize GPU segments"), oversize, "{version}");
+        assert_eq!(
+            stdout.contains("Oversize GPU segments"),
+            oversize,
+            "{version}"
+        );
     }
     for version in ["1.0", "1.3"] {
         let out = summary(version).code(2);

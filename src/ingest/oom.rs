@@ -360,7 +360,10 @@ pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
         if thc_raised_later(data, hit, c.get(1)?.as_str(), c.get(2)?.as_str()) {
             return None;
         }
-        ((OomSource::LegacyThc, Some(DeviceKind::Cuda)), c.get(0)?.start())
+        (
+            (OomSource::LegacyThc, Some(DeviceKind::Cuda)),
+            c.get(0)?.start(),
+        )
     } else {
         return None;
     };
@@ -408,7 +411,14 @@ pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> 
     }
     if let Some(m) = IPEX_LIMIT.find(&before) {
         let at = m.start();
-        return Some(allocator(data, line, at, DeviceKind::Xpu, input, &before[..at]));
+        return Some(allocator(
+            data,
+            line,
+            at,
+            DeviceKind::Xpu,
+            input,
+            &before[..at],
+        ));
     }
     // The head is lost: read what is there.
     let found = headless(data, line, before.len(), input);
@@ -441,8 +451,10 @@ pub fn fragment(data: &[u8], hit: usize, input: &str) -> Option<Found> {
 fn request_split_above(data: &[u8], hit: usize) -> Option<usize> {
     const PHRASE: &[u8] = b"Tried to allocate";
     static SPLIT: LazyLock<Regex> = LazyLock::new(|| {
-        Regex::new(r"^Tried to allocate\s*\d+(?:\.\d+)?\s*\w+\s*\(GPU\s*\d+\s*;\s*\d+(?:\.\d+)?\s*\w+\s*$")
-            .unwrap()
+        Regex::new(
+            r"^Tried to allocate\s*\d+(?:\.\d+)?\s*\w+\s*\(GPU\s*\d+\s*;\s*\d+(?:\.\d+)?\s*\w+\s*$",
+        )
+        .unwrap()
     });
     let ls = line_start(data, hit);
     let mut start = ls;
@@ -657,7 +669,11 @@ fn era(t: &str, exception: Option<&str>, device: DeviceKind) -> Option<&'static 
 pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     const HEAD: &str = "Allocation on device";
     let on_head = data[hit..].starts_with(HEAD.as_bytes());
-    let anchor_len = if on_head { HEAD.len() } else { "would exceed allowed memory".len() };
+    let anchor_len = if on_head {
+        HEAD.len()
+    } else {
+        "would exceed allowed memory".len()
+    };
     let line = hit_line(data, hit, anchor_len, HEAD.as_bytes());
     let lead = if on_head {
         line.before.len()
@@ -714,8 +730,9 @@ fn async_short_form(
     msg: Message,
     line_end: usize,
 ) -> Option<Found> {
-    static REPORT_TYPE: LazyLock<Regex> =
-        LazyLock::new(|| Regex::new(r"Exception Type:\**\s*([A-Za-z_][\w.]*OutOfMemoryError)").unwrap());
+    static REPORT_TYPE: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"Exception Type:\**\s*([A-Za-z_][\w.]*OutOfMemoryError)").unwrap()
+    });
     let lead_in = before.trim_end();
     let mut obs = oom_observation(data, input, before, &msg);
     let introduced = obs

@@ -4,8 +4,8 @@
 
 use super::scan::Found;
 use super::text::{clean, line_end, line_start, rank_in, shared_prefix};
-use std::borrow::Cow;
 use crate::evidence::{Kind, Metrics, Observation, StatValues};
+use std::borrow::Cow;
 
 /// A dump has at most a few hundred keys; stop reading after this many bytes.
 const MAX_DUMP: usize = 256 * 1024;
@@ -80,7 +80,11 @@ fn pair(d: &[u8], pos: usize) -> Option<(Cow<'_, str>, i64, usize)> {
         // One wrap inside the key: the rest follows the prefix the lines share.
         Some(at) => {
             let rest = wrap_resume(d, ks + at).checked_sub(ks)?;
-            Cow::Owned(format!("{}{}", raw[..at].trim_end_matches('\r'), raw.get(rest..)?))
+            Cow::Owned(format!(
+                "{}{}",
+                raw[..at].trim_end_matches('\r'),
+                raw.get(rest..)?
+            ))
         }
         None => Cow::Borrowed(raw),
     };
@@ -95,7 +99,11 @@ fn pair(d: &[u8], pos: usize) -> Option<(Cow<'_, str>, i64, usize)> {
     // Whitespace, and across a line break the log prefix both lines carry.
     let skip_ws = |i: &mut usize| {
         while let Some(&b) = d.get(*i).filter(|b| b.is_ascii_whitespace()) {
-            *i = if b == b'\n' { wrap_resume(d, *i) } else { *i + 1 };
+            *i = if b == b'\n' {
+                wrap_resume(d, *i)
+            } else {
+                *i + 1
+            };
         }
     };
     skip_ws(&mut i);
@@ -270,7 +278,10 @@ mod tests {
         assert_eq!(pair(b"(\"a.b\", -1)", 1), Some(("a.b".into(), -1, 10)));
         // Hard wraps inside a key and inside a number.
         let d = b"('inactive_split.all.al\nlocated', 24\r\n17), ";
-        assert_eq!(pair(d, 1), Some(("inactive_split.all.allocated".into(), 2417, 40)));
+        assert_eq!(
+            pair(d, 1),
+            Some(("inactive_split.all.allocated".into(), 2417, 40))
+        );
         // A line break then the end: the number may go on.
         assert_eq!(pair(b"'a': 12\n", 0), None);
         assert_eq!(pair(b"'a': 12\n}", 0), Some(("a".into(), 12, 7)));

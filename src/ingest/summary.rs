@@ -96,7 +96,8 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
     }
     // A printed table line is 77 characters plus a log prefix, and every piece
     // of one a hard wrap cut holds a bar (the last piece its closing one).
-    let has_bar = |s: usize, e: usize| e - s <= MAX_TABLE_LINE && memchr::memchr(b'|', &data[s..e]).is_some();
+    let has_bar =
+        |s: usize, e: usize| e - s <= MAX_TABLE_LINE && memchr::memchr(b'|', &data[s..e]).is_some();
     if !has_bar(ls, le) {
         return Vec::new();
     }
@@ -153,9 +154,9 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
         .rposition(|(l, _)| l.text.contains("memory summary"))
     {
         let h = first + h;
-        let top = h.checked_sub(1).filter(|&t| {
-            t >= first && body(&lines[t].0.text).is_some_and(|b| is_border(b, '='))
-        });
+        let top = h
+            .checked_sub(1)
+            .filter(|&t| t >= first && body(&lines[t].0.text).is_some_and(|b| is_border(b, '=')));
         first = top.unwrap_or(h);
     }
     lines.truncate(MAX_LINES + first);
@@ -377,7 +378,8 @@ pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Fou
 /// added the "Oversize" rows after "Non-releasable allocs" (1.9.0's
 /// torch/cuda/memory.py closes the table there).
 fn era(metrics: &Metrics, units_1x: bool, units_2x: bool, closed: bool) -> Option<&'static str> {
-    let oversize = metrics.contains_key("oversize_allocations") || metrics.contains_key("oversize_segments");
+    let oversize =
+        metrics.contains_key("oversize_allocations") || metrics.contains_key("oversize_segments");
     if metrics.contains_key("requested_bytes") || units_2x {
         Some("2.0+")
     } else if closed && !oversize && metrics.contains_key("inactive_split") {
