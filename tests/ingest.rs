@@ -146,20 +146,15 @@ fn render(name: &str, format: Format) -> String {
 
 #[test]
 fn snapshots_of_what_users_read() {
-    for name in [
+    // Text and JSON for the first ones; JSON for the shapes of issue 15.
+    let text = 6;
+    for (i, name) in [
         "readme_example.log",
         "real_ranks_other_process.log",
         "constructed_async_fraction_rank.log",
         "real_summary_one_line_escaped.log",
         "issue_thc_legacy.log",
         "constructed_stats_cut.log",
-    ] {
-        let stem = name.trim_end_matches(".log");
-        insta::assert_snapshot!(format!("{stem}.text"), render(name, Format::Text));
-        insta::assert_snapshot!(format!("{stem}.json"), render(name, Format::Json));
-    }
-    // The shapes of issue 15, as `parse --format json` prints them.
-    for name in [
         "issue_async_short_comfyui_5818.log",
         "constructed_async_short_log_then_traceback.log",
         "issue_thc_check_alone.log",
@@ -171,8 +166,14 @@ fn snapshots_of_what_users_read() {
         "constructed_summary_wrapped_80_1_9.log",
         "constructed_summary_cut_in_active_allocs.log",
         "issue_stats_wrapped_key.log",
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let stem = name.trim_end_matches(".log");
+        if i < text {
+            insta::assert_snapshot!(format!("{stem}.text"), render(name, Format::Text));
+        }
         insta::assert_snapshot!(format!("{stem}.json"), render(name, Format::Json));
     }
     insta::assert_snapshot!(
