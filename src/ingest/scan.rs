@@ -78,8 +78,10 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
         kinds.push(a);
     };
     add("would exceed allowed memory", Anchor::MallocAsync);
+    add("Allocation on device", Anchor::MallocAsync);
     add("out of memory", Anchor::OutOfMemory);
     add("Tried to allocate", Anchor::TriedToAllocate);
+    add("total capacity;", Anchor::TriedToAllocate);
     add(
         "CUBLAS_STATUS_ALLOC_FAILED",
         Anchor::Library(Library::Cublas),
@@ -97,8 +99,9 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
     add("memory summary, device ID", Anchor::Summary);
     for row in [
         "Allocated memory ",
-        "GPU reserved memory",
-        "Non-releasable memory",
+        "GPU reserved ",
+        "Non-releasable ",
+        "Oversize ",
         "Cur Usage",
     ] {
         add(row, Anchor::Summary);
