@@ -137,7 +137,7 @@ fn numbered_and_named_ids_are_dense_in_order_of_first_use() {
         "alloc,t01,2,0\n", // not t1: a leading zero is another spelling, hashed
         "alloc,t1,3,0\n",
         "alloc,x,4,0\n",
-        "alloc,7,5,0\n", // no prefix: another id than t7
+        "alloc,7,5,0\n",            // no prefix: another id than t7
         "alloc,t99999999999,6,0\n", // past the number table: hashed, still one id
         "free,t99999999999,,0\n",
         "free,t7,,0\n",
@@ -179,7 +179,10 @@ fn reference_records(text: &str) -> Result<Vec<RefRecord>, usize> {
     let (mut i, mut line) = (0, 1);
     while i < chars.len() {
         // A blank or comment line.
-        let end = chars[i..].iter().position(|&c| c == '\n').map_or(chars.len(), |p| i + p);
+        let end = chars[i..]
+            .iter()
+            .position(|&c| c == '\n')
+            .map_or(chars.len(), |p| i + p);
         let content: String = chars[i..end].iter().collect();
         if matches!(content.trim_ascii().chars().next(), None | Some('#')) {
             i = end + 1;
@@ -255,7 +258,12 @@ fn reference_trace(text: &str) -> Result<(Vec<Event>, u32), usize> {
     let mut rows = records.into_iter();
     let (header_line, header) = rows.next().ok_or(0usize)?;
     let names = ["action", "id", "size", "stream"];
-    if header.len() != 4 || !header.iter().zip(names).all(|(f, n)| f.eq_ignore_ascii_case(n)) {
+    if header.len() != 4
+        || !header
+            .iter()
+            .zip(names)
+            .all(|(f, n)| f.eq_ignore_ascii_case(n))
+    {
         return Err(header_line);
     }
     let mut ids: HashMap<String, u32> = HashMap::new();
@@ -338,15 +346,20 @@ struct Row {
 }
 
 fn row() -> impl Strategy<Value = Row> {
-    (0u8..20, 0..IDS.len(), 0u64..5_000_000_000, 0u8..3, any::<u16>()).prop_map(
-        |(kind, id, size, stream, style)| Row {
+    (
+        0u8..20,
+        0..IDS.len(),
+        0u64..5_000_000_000,
+        0u8..3,
+        any::<u16>(),
+    )
+        .prop_map(|(kind, id, size, stream, style)| Row {
             kind,
             id,
             size,
             stream,
             style,
-        },
-    )
+        })
 }
 
 /// Writes `field` as the style bits say: quoted (always when it must be),
