@@ -134,6 +134,7 @@ pub fn replay_with<D: Device>(
         allocator.record_history();
     }
     let mut addresses: Vec<u64> = vec![0; trace.ids() as usize];
+    crate::snapshot::grow::advise_huge(&mut addresses);
     let mut peaks = Peaks::new(options.timeline, trace.len());
     let mut oom = None;
     let limit = options.stop_after.unwrap_or(u64::MAX);

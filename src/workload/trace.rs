@@ -8,7 +8,7 @@
 
 use super::csv;
 use crate::Error;
-use crate::snapshot::grow::{Prefault, reserved};
+use crate::snapshot::grow::{Prefault, advise_huge, reserved};
 use rustc_hash::FxHashMap;
 
 /// The header line every trace CSV starts with.
@@ -353,9 +353,9 @@ impl<'a> Ids<'a> {
         Ids {
             prefix: None,
             // Zeroed pages are mapped on first touch: only the numbers in use cost memory.
-            by_number: vec![0; lines + 1024],
+            by_number: huge(vec![0; lines + 1024]),
             by_name: FxHashMap::default(),
-            live: reserved(lines),
+            live: huge(reserved(lines)),
         }
     }
 
@@ -437,6 +437,12 @@ impl<'a> Ids<'a> {
         }
         (n < self.by_number.len()).then_some(n)
     }
+}
+
+/// `v`, backed by 2 MiB pages where it is big enough.
+fn huge<T>(mut v: Vec<T>) -> Vec<T> {
+    advise_huge(&mut v);
+    v
 }
 
 /// Whether `data` is a trace CSV: its first record that is not blank or a
