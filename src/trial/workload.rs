@@ -220,7 +220,7 @@ impl Workload {
             )));
         }
         let calibration = probe::calibrate(&target, 1, |trace, cap| {
-            let run = replay(trace, current, "", cap).figures;
+            let run = replay(trace, current, "", cap, None).figures;
             ReplayFigures {
                 allocated_bytes: run.end_allocated_bytes,
                 reserved_bytes: run.end_reserved_bytes,
@@ -313,9 +313,9 @@ impl Workload {
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| replay(trace, s, conf, cap, stop))),
             Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
-                f(&|s, conf, cap| {
+                f(&|s, conf, cap, _| {
                     let device = crate::device::sim::SimDevice::new(cap)
                         .with_recorded_addresses(st.recorded_addresses(false));
                     replay_snapshot(st, s, conf, device)
