@@ -37,9 +37,13 @@ impl Run {
 /// ignored by snapshot replays, which run to the end.
 pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Option<u64>) -> Run + Sync + 'r;
 
-/// Replays `trace` on the simulated card under `settings` at `capacity`,
-/// stopping once reserved memory passes `stop_above_reserved`.
-pub fn replay(
+/// Replays `trace` on the simulated card under `settings` at `capacity`.
+pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> Run {
+    replay_bounded(trace, settings, conf, capacity, None)
+}
+
+/// [`replay`], stopping once reserved memory passes `stop_above_reserved`.
+pub fn replay_bounded(
     trace: &Trace,
     settings: &Settings,
     conf: &str,

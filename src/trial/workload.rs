@@ -3,7 +3,7 @@
 //! a probe fitted to its figures ([`crate::workload::probe`]); where the
 //! capacity of its runs comes from; and the config it is compared against.
 
-use super::run::{Replayer, replay, replay_snapshot};
+use super::run::{Replayer, replay, replay_bounded, replay_snapshot};
 use crate::Error;
 use crate::conf::Settings;
 use crate::evidence::{Kind, Observation};
@@ -220,7 +220,7 @@ impl Workload {
             )));
         }
         let calibration = probe::calibrate(&target, 1, |trace, cap| {
-            let run = replay(trace, current, "", cap, None).figures;
+            let run = replay(trace, current, "", cap).figures;
             ReplayFigures {
                 allocated_bytes: run.end_allocated_bytes,
                 reserved_bytes: run.end_reserved_bytes,
@@ -313,7 +313,9 @@ impl Workload {
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| replay(trace, s, conf, cap, stop))),
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| {
+                replay_bounded(trace, s, conf, cap, stop)
+            })),
             Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
                 f(&|s, conf, cap, _| {
                     let device = crate::device::sim::SimDevice::new(cap)
