@@ -151,6 +151,8 @@ fn replay_trace_csv(bencher: divan::Bencher) {
     bencher
         .counter(ItemsCount::new(trace.len()))
         .bench_local(|| {
-            replay(&trace, &Settings::default(), SimDevice::new(CAPACITY)).peak_reserved_bytes
+            replay(&trace, &Settings::default(), SimDevice::new(CAPACITY))
+                .figures
+                .peak_reserved_bytes
         });
 }

@@ -320,7 +320,10 @@ pub fn parse_u64(field: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn all(data: &str) -> Vec<Result<(usize, Vec<String>), (usize, &'static str)>> {
+    /// A record read back (line, fields) or a quoting error (line, what).
+    type Read = Result<(usize, Vec<String>), (usize, &'static str)>;
+
+    fn all(data: &str) -> Vec<Read> {
         let mut records = Records::new(data.as_bytes());
         let mut out = Vec::new();
         while let Some(r) = records.next_record::<4>() {
@@ -341,7 +344,7 @@ mod tests {
         out
     }
 
-    fn ok(line: usize, fields: &[&str]) -> Result<(usize, Vec<String>), (usize, &'static str)> {
+    fn ok(line: usize, fields: &[&str]) -> Read {
         Ok((line, fields.iter().map(|f| f.to_string()).collect()))
     }
 
