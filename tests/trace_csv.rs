@@ -480,3 +480,33 @@ proptest! {
         let _ = Trace::parse("t.csv", &data);
     }
 }
+
+/// Every command that replays reads a quoted, BOM-prefixed trace CSV as the
+/// plain one: `replay`, `validate` and `recommend` give the same figures.
+#[test]
+fn commands_read_a_quoted_trace_as_the_plain_one() {
+    let plain = "action,id,size,stream\nalloc,a,62914560,0\nalloc,b,4194304,0\nfree,a,,0\nalloc,c,41943040,0\n";
+    let quoted = "\u{feff}\"action\",\"id\",\"size\",\"stream\"\r\nalloc,\"a\",\"62914560\",0\r\nalloc,b,4194304,0\r\nfree,\"a\",,0\r\nalloc,\"c\",41943040,0\r\n";
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let run = |text: &str, args: &[&str]| {
+        let path = dir.path().join("t.csv");
+        std::fs::write(&path, text).expect("written");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_allocdoc"))
+            .args(args)
+            .arg(&path)
+            .args(["--capacity", "100MiB", "--format", "json"])
+            .output()
+            .expect("allocdoc runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).replace(dir.path().to_str().unwrap(), "");
+        (out.status.code(), stdout)
+    };
+    for args in [
+        &["replay"][..],
+        &["validate", "--conf", "expandable_segments:True"],
+        &["recommend"],
+    ] {
+        let (code, json) = run(plain, args);
+        assert!(json.contains("peak_reserved_bytes"), "{args:?}: {json}");
+        assert_eq!(run(quoted, args), (code, json), "{args:?}");
+    }
+}

@@ -192,7 +192,12 @@ impl Workload {
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
                 return Ok(Workload::recorded(name, trace));
             }
-            crate::ingest::InputKind::Text => {}
+            crate::ingest::InputKind::Text => {
+                // A trace CSV whose header is quoted (RFC 4180): `ingest::detect` reads only plain headers.
+                if let Some(trace) = crate::workload::detect_trace(name, &data)? {
+                    return Ok(Workload::recorded(name, trace));
+                }
+            }
         }
         let observations = crate::ingest::parse_bytes(name, &data)?;
         let target = probe_target(&observations, capacity).ok_or_else(|| {
