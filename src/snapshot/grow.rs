@@ -41,9 +41,6 @@ impl Prefault {
         const CHUNK: usize = 2 << 20;
         let base = v.as_mut_ptr() as usize;
         let capacity = v.capacity().saturating_mul(size_of::<T>());
-        if self.ready == 0 {
-            advise_huge(v);
-        }
         let start = base.saturating_add(self.ready).next_multiple_of(PAGE);
         let end = base.saturating_add(need.saturating_add(CHUNK).min(capacity)) & !(PAGE - 1);
         if end <= start {

@@ -194,7 +194,7 @@ impl<'a> Reader<'a> {
     fn new(lines: usize) -> Self {
         Reader {
             ids: Ids::new(lines),
-            events: reserved(lines),
+            events: huge(reserved(lines)),
             ahead: Prefault::default(),
         }
     }
