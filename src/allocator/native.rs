@@ -75,6 +75,9 @@ pub struct CachingAllocator<D: Device> {
     /// `Block::stream_uses` of the blocks that have any: (block, stream).
     stream_uses: Vec<(BlockId, u64)>,
     trace: Option<Vec<TraceEntry>>,
+    /// The largest size compared with `max_split_size` so far (`u64::MAX` once
+    /// a path ran whose outcome depends on it otherwise): see [`Self::max_split_reach`].
+    split_reach: u64,
 }
 
 impl<D: Device> CachingAllocator<D> {
@@ -99,6 +102,7 @@ impl<D: Device> CachingAllocator<D> {
             cuda_events: BTreeMap::new(),
             stream_uses: Vec::new(),
             trace: None,
+            split_reach: 0,
         };
         if let Some(fraction) = allocator.settings.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction);
@@ -130,6 +134,23 @@ impl<D: Device> CachingAllocator<D> {
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
     }
+    /// Every block or request size this allocator compared with
+    /// `max_split_size` so far was at most this. Each of those comparisons
+    /// (`get_free_block`, `should_split`, the oversize stats) is `size <
+    /// max_split_size` or its negation, and `release_available_cached_blocks`,
+    /// the one path that acts on the threshold otherwise, sets `u64::MAX`.
+    /// So a run under any threshold above this value takes every decision
+    /// this run took: the same run (only the `max_split_size` stat differs).
+    pub fn max_split_reach(&self) -> u64 {
+        self.split_reach
+    }
+
+    /// Counts `size` as compared with `max_split_size` ([`Self::max_split_reach`]).
+    #[inline]
+    pub(super) fn reach(&mut self, size: u64) {
+        self.split_reach = self.split_reach.max(size);
+    }
+
     /// Bytes currently obtained from the device (`total_allocated_memory`).
     pub fn total_allocated_memory(&self) -> u64 {
         self.total_allocated_memory
@@ -139,6 +160,7 @@ impl<D: Device> CachingAllocator<D> {
     /// blocks stay where they are (the `max_split_size` stat keeps its first value).
     pub fn set_settings(&mut self, settings: Settings) {
         self.settings = settings;
+        self.split_reach = u64::MAX;
         if let Some(fraction) = self.settings.per_process_memory_fraction {
             self.set_memory_fraction(fraction);
         }
@@ -250,6 +272,7 @@ impl<D: Device> CachingAllocator<D> {
         let Some(block) = found else {
             return Err(self.out_of_memory(orig_size, &p));
         };
+        self.reach(size);
         let split = self.should_split(block, size);
         Ok(self.alloc_found_block(&p, block, orig_size, split))
     }
@@ -340,6 +363,7 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         let found = arena.get(id).size;
+        self.split_reach = self.split_reach.max(found);
         // Never hand an oversize block to a normal request, and give an oversize
         // request only a near-exact fit.
         if p.size < max_split && found >= max_split {
@@ -397,6 +421,7 @@ impl<D: Device> CachingAllocator<D> {
             .insert(Block::new(addr, p.alloc_size, p.stream, p.small));
         self.stats.segment.increase(p.small, 1);
         self.stats.reserved_bytes.increase(p.small, p.alloc_size);
+        self.reach(p.alloc_size);
         if p.alloc_size >= self.settings.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
@@ -467,6 +492,7 @@ impl<D: Device> CachingAllocator<D> {
         s.active.increase(small, 1);
         s.active_bytes.increase(small, bsize);
         s.requested_bytes.increase(small, orig_size);
+        self.split_reach = self.split_reach.max(bsize);
         if bsize >= self.settings.max_split_size {
             s.oversize_allocations.increase(1);
         }
@@ -495,6 +521,7 @@ impl<D: Device> CachingAllocator<D> {
         self.stats.allocation.decrease(small, 1);
         self.stats.allocated_bytes.decrease(small, size);
         self.record(TraceAction::FreeRequested, addr, requested, stream);
+        self.reach(size);
         if size >= self.settings.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -674,6 +701,7 @@ impl<D: Device> CachingAllocator<D> {
         self.total_allocated_memory -= b.size;
         self.stats.segment.decrease(b.small, 1);
         self.stats.reserved_bytes.decrease(b.small, b.size);
+        self.reach(b.size);
         if b.size >= self.settings.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
@@ -684,6 +712,8 @@ impl<D: Device> CachingAllocator<D> {
     /// `release_available_cached_blocks`: with max_split_size set, free one
     /// cached oversize block large enough, or the largest ones until enough.
     fn release_available_cached_blocks(&mut self, p: &AllocParams) -> bool {
+        // Without a threshold this returns at once; with one it may release.
+        self.split_reach = u64::MAX;
         let max_split = self.settings.max_split_size;
         if max_split == u64::MAX {
             return false;

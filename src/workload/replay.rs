@@ -78,6 +78,11 @@ pub struct RunFigures {
     /// events up to it (the peak reserved already above the bound).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_early_at_event: Option<u64>,
+    /// Every size the run compared with `max_split_size` was at most this
+    /// ([`crate::allocator::CachingAllocator::max_split_reach`]): under any
+    /// threshold above it the run is this one. `None` when not known.
+    #[serde(skip)]
+    pub max_split_reach: Option<u64>,
 }
 
 impl RunFigures {
@@ -171,6 +176,7 @@ impl RunResult {
                 peak_event_index: end.peak_event_index,
                 allocated_at_peak_reserved: end.allocated_at_peak_reserved,
                 stopped_early_at_event: end.stopped_early_at_event,
+                max_split_reach: Some(allocator.max_split_reach()),
             },
             stats,
             counters: end.counters,
