@@ -61,7 +61,6 @@ impl<D: Device> CachingAllocator<D> {
         self.total_allocated_memory += total;
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, total);
-        self.reach(total);
         if total >= self.settings.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
@@ -226,7 +225,6 @@ impl<D: Device> CachingAllocator<D> {
             prev = id;
             if b.allocated {
                 self.allocated_blocks.insert(addr, id);
-                self.reach(b.size);
                 let s = &mut self.stats;
                 s.allocation.increase(small, 1);
                 s.allocated_bytes.increase(small, b.size);

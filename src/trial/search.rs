@@ -145,9 +145,9 @@ impl Runs<'_> {
     /// The run `k` provably gives: its own replay, or that of a simpler
     /// candidate whose run never reached what `k` changes. A collector
     /// threshold the run never reaches ([`gc_never_runs`]) or a
-    /// `max_split_size_mb` above every size the run compared with the
-    /// threshold ([`RunFigures::max_split_reach`]) leaves each decision of the
-    /// allocator as it was, up to the end, the OOM, or the stop at the same
+    /// `max_split_size_mb` (a power of two) that would have turned no decision
+    /// of the run without it ([`RunFigures::max_split_flips`]) leaves each
+    /// decision of the allocator as it was, up to the end, the OOM, or the stop at the same
     /// bound. A run stopped at an earlier wave's (higher or equal) bound still
     /// passed the best finished run's peak, so it ranks below it as `k` would.
     fn of(&self, k: &Candidate) -> Option<&RunFigures> {
@@ -163,7 +163,8 @@ impl Runs<'_> {
             return Some(o);
         }
         if let (Some(mb), Some(o)) = (k.max_split_size_mb, without_split.and_then(|p| self.of(&p)))
-            && o.max_split_reach.is_some_and(|r| r < mb * MIB)
+            && (mb * MIB).is_power_of_two()
+            && o.max_split_flips.is_some_and(|f| f & (mb * MIB) == 0)
         {
             return Some(o);
         }
@@ -367,8 +368,8 @@ mod tests {
 
     /// Thresholds above every segment of the trace, divisions that round
     /// every request alike, collector thresholds the run never reaches and
-    /// thresholds above every size a run compared share a replay; everything
-    /// is still ranked.
+    /// thresholds that would turn no decision of the run without them share a
+    /// replay; everything is still ranked.
     #[test]
     fn provably_equal_candidates_share_a_replay() {
         use std::sync::atomic::AtomicUsize;
@@ -380,7 +381,7 @@ mod tests {
         // unset without ES. Divisions 4, 8 and 16 round 4 KiB, 3 MiB and
         // 40 MiB as unset does; 2 rounds 3 MiB to 4 MiB and 40 MiB to 48 MiB.
         let sizes = [4 << 10, 3 * MIB, 40 * MIB];
-        let count = |cap: u64, reach: Option<u64>| {
+        let count = |cap: u64, flips: Option<u64>| {
             // Replays at the search's capacity (the bisection's come on top).
             let replays = AtomicUsize::new(0);
             let run = |_: &Settings, c: u64, _: Option<u64>| {
@@ -389,7 +390,7 @@ mod tests {
                 }
                 RunFigures {
                     peak_reserved_bytes: 100 * MIB,
-                    max_split_reach: reach,
+                    max_split_flips: flips,
                     ..RunFigures::default()
                 }
             };
@@ -401,14 +402,13 @@ mod tests {
         assert_eq!(count(8 << 30, None), 2 * 2 + 7 * 2);
         // allowed = 0.9 × 150 MiB = 135 MiB: 0.6 (81 MiB) is reached, 0.8 and 0.95 are not.
         assert_eq!(count(150 * MIB, None), 2 * (2 * 2 + 7 * 2));
-        // Runs that compared nothing above 100 MiB with the threshold: with ES
-        // only {unset, 32, 64} are left.
-        assert_eq!(count(8 << 30, Some(100 * MIB)), 2 * 2 + 3 * 2);
-        assert_eq!(
-            count(8 << 30, Some(MIB << 10)),
-            2 * 2 + 7 * 2,
-            "1024 MiB is not above"
-        );
+        // Runs in which only 32 and 64 MiB would turn a decision: ES keeps
+        // {unset, 32, 64}, and without ES 32 is still replayed.
+        let (mib32, mib64, gib) = (1 << 25, 1 << 26, 1 << 30);
+        assert_eq!(count(8 << 30, Some(mib32 | mib64)), 2 * 2 + 3 * 2);
+        // Only 1 GiB would: ES keeps {unset, 1024}; without ES 32 goes too.
+        assert_eq!(count(8 << 30, Some(gib)), 1 * 2 + 2 * 2);
+        assert_eq!(count(8 << 30, Some(0)), 2 + 2);
     }
 
     /// A fake workload whose need depends on the settings: the search must
@@ -459,6 +459,132 @@ mod tests {
             |_| {},
         );
         assert_eq!(r.min_capacity_bytes, None, "everything OOMs");
+    }
+
+    /// A run under a power-of-two `max_split_size` whose bit the run without
+    /// it left clear ([`RunFigures::max_split_flips`]) is that run; and the
+    /// bits are not all set: some thresholds are proven harmless, and some
+    /// that are not do change the run.
+    #[test]
+    fn a_threshold_that_turns_no_decision_gives_the_same_run() {
+        use crate::device::sim::SimDevice;
+        use crate::workload::{Event, Trace, replay};
+        let (mut proven, mut changed) = (0, 0);
+        for seed in 1..40u64 {
+            let mut x = seed * 0x9E37_79B9_7F4A_7C15 | 1;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            // Mixed sizes (small pool, 1–10 MiB, up to 300 MiB) and frees in
+            // random order, so free blocks of every size meet requests.
+            let (mut events, mut live, mut id) = (Vec::new(), Vec::new(), 0u32);
+            for _ in 0..300 {
+                if live.is_empty() || next() % 100 < 55 {
+                    let size = match next() % 10 {
+                        0..4 => 1 + next() % MIB,
+                        4..7 => MIB + next() % (9 * MIB),
+                        _ => 10 * MIB + next() % (290 * MIB),
+                    };
+                    events.push(Event::Alloc {
+                        id,
+                        size,
+                        stream: 0,
+                    });
+                    live.push(id);
+                    id += 1;
+                } else {
+                    let at = (next() % live.len() as u64) as usize;
+                    events.push(Event::Free {
+                        id: live.swap_remove(at),
+                    });
+                }
+            }
+            let trace = Trace::from_events(events).expect("ids stay live");
+            for es in [false, true] {
+                for capacity in [16 << 30, 2 << 30] {
+                    let unset = Settings {
+                        expandable_segments: es,
+                        ..Settings::default()
+                    };
+                    let base = replay(&trace, &unset, SimDevice::new(capacity)).figures;
+                    let flips = base.max_split_flips.expect("known");
+                    for mb in [32, 64, 128, 256, 512] {
+                        let t = Settings {
+                            max_split_size: mb * MIB,
+                            ..unset.clone()
+                        };
+                        let run = replay(&trace, &t, SimDevice::new(capacity)).figures;
+                        if flips & (mb * MIB) == 0 {
+                            assert_eq!(run, base, "seed {seed} es {es} at {capacity}: {mb} MiB");
+                            proven += 1;
+                        } else if run != base {
+                            changed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            proven > 20 && changed > 20,
+            "proven {proven}, changed {changed}"
+        );
+    }
+
+    /// Each place where the threshold decides sets the bit of a threshold
+    /// that changes the run there, and only there: a fresh 34 MiB segment
+    /// for a 32.25 MiB request that 32 MiB keeps whole (`should_split`); a
+    /// freed 100 MiB expandable block (not at the segment's end) that 32 MiB
+    /// refuses to a 40 MiB request (`get_free_block`: not a near-exact fit); a
+    /// full card where 32 MiB releases only the
+    /// oversize cached blocks (`release_available_cached_blocks`).
+    #[test]
+    fn each_deciding_place_sets_the_bits_it_needs() {
+        use crate::device::sim::SimDevice;
+        use crate::workload::{Event, Trace, replay};
+        let alloc = |id, mib: u64| Event::Alloc {
+            id,
+            size: mib * MIB,
+            stream: 0,
+        };
+        let free = |id| Event::Free { id };
+        let split = vec![Event::Alloc {
+            id: 0,
+            size: 32 * MIB + MIB / 4,
+            stream: 0,
+        }];
+        let oversize = vec![alloc(0, 100), alloc(1, 20), free(0), alloc(2, 40)];
+        let release = vec![
+            alloc(0, 100),
+            alloc(1, 60),
+            alloc(2, 12),
+            free(0),
+            free(1),
+            free(2),
+            alloc(3, 150),
+        ];
+        for (events, es, capacity) in [
+            (split, false, 1 << 30),
+            (oversize, true, 1 << 30),
+            (release, false, 200 * MIB),
+        ] {
+            let trace = Trace::from_events(events).expect("ids stay live");
+            let unset = Settings {
+                expandable_segments: es,
+                ..Settings::default()
+            };
+            let t = Settings {
+                max_split_size: 32 * MIB,
+                ..unset.clone()
+            };
+            let base = replay(&trace, &unset, SimDevice::new(capacity)).figures;
+            let run = replay(&trace, &t, SimDevice::new(capacity)).figures;
+            assert_ne!(run, base, "{trace:?}: 32 MiB changes nothing");
+            let flips = base.max_split_flips.expect("known");
+            assert_ne!(flips & (32 * MIB), 0, "{trace:?}: 32 MiB changes the run");
+        }
     }
 
     /// A small trace of training-like steps: activations of step-dependent
