@@ -377,7 +377,7 @@ fn frame_shown(f: &Frame) -> bool {
 }
 
 /// `_memory_viz._frame_fmt`: `basename(filename):line:name`.
-fn frame_text(f: &Frame) -> String {
+pub(super) fn frame_text(f: &Frame) -> String {
     let base = f.filename.rsplit(['/', '\\']).next().unwrap_or(f.filename);
     format!("{base}:{}:{}", f.line, f.name)
 }
