@@ -46,7 +46,7 @@ fn fixed_shape_loop_steps_and_no_churn() {
     // 6 activations (distinct by a few KiB; the first is also the gradient's
     // size) and the 8 MiB temporary, plus the weights' 64 MiB in the first step.
     assert_eq!(sizes.distinct_per_step, 57.0 / 8.0);
-    assert_eq!(sizes.spread_octaves, 0.0);
+    assert_eq!(sizes.spread, 1.0);
 }
 
 #[test]
@@ -150,8 +150,8 @@ fn variable_lengths_churn_request_sizes() {
     let sizes = m.sizes.unwrap();
     assert_eq!(m.steps, 12, "{m:#?}");
     assert_eq!(sizes.churn, 1.0, "{sizes:?}");
-    // 302 to 489 tokens: log2(489 / 302) = 0.695 octaves.
-    assert!((sizes.spread_octaves - 0.695).abs() < 0.002, "{sizes:?}");
+    // 302 to 489 tokens.
+    assert!((sizes.spread - 489.0 / 302.0).abs() < 0.002, "{sizes:?}");
 }
 
 #[test]

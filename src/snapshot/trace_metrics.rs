@@ -154,10 +154,11 @@ pub struct SizeChurn {
     /// Of the distinct sizes of each step after the first, the fraction the
     /// step before did not request.
     pub churn: f64,
-    /// How far one tensor's size moves over the steps, in octaves:
-    /// log2(largest / smallest) of the k-th large request of the steps that
-    /// make the usual number of them, median over k (0.7: a 1.6× range).
-    pub spread_octaves: f64,
+    /// How far one tensor's size moves over the steps: largest / smallest
+    /// of the k-th large request of the steps that make the usual number of
+    /// them, median over k (1.6: the largest is 1.6 times the smallest; 1
+    /// when fewer than two steps make the usual number).
+    pub spread: f64,
 }
 
 /// The moment reserved memory first reached its peak within the trace (just
@@ -831,11 +832,11 @@ fn size_churn(sizes: &[u64], chunks: &[(usize, usize)]) -> Option<SizeChurn> {
             *r = (r.0.min(s), r.1.max(s));
         }
     }
-    let mut octaves: Vec<f64> = range
+    let mut ratios: Vec<f64> = range
         .iter()
-        .map(|&(lo, hi)| (hi as f64 / lo as f64).log2())
+        .map(|&(lo, hi)| hi as f64 / lo as f64)
         .collect();
-    octaves.sort_unstable_by(f64::total_cmp);
+    ratios.sort_unstable_by(f64::total_cmp);
     Some(SizeChurn {
         distinct_per_step: distinct as f64 / chunks.len() as f64,
         churn: if later == 0 {
@@ -843,10 +844,10 @@ fn size_churn(sizes: &[u64], chunks: &[(usize, usize)]) -> Option<SizeChurn> {
         } else {
             new as f64 / later as f64
         },
-        spread_octaves: if steps >= 2 {
-            octaves.get(octaves.len() / 2).copied().unwrap_or(0.0)
+        spread: if steps >= 2 {
+            ratios.get(ratios.len() / 2).copied().unwrap_or(1.0)
         } else {
-            0.0
+            1.0
         },
     })
 }
