@@ -9,10 +9,12 @@ mod recorder;
 use allocdoc::snapshot::{self, trace_metrics::TraceMetrics};
 use recorder::{GIB, Loop, MIB, Recorder, stack, training_loop};
 
+/// The trace metrics of device 0, as the snapshot's evidence reads them.
 fn metrics(bytes: &[u8]) -> TraceMetrics {
-    let snap = snapshot::load("generated.pickle", bytes).unwrap();
-    snapshot::trace_metrics::trace_metrics(&snap, 0)
-        .unwrap()
+    let obs = snapshot::observations("generated.pickle", bytes).unwrap();
+    obs.into_iter()
+        .find(|o| o.device_index == Some(0))
+        .and_then(|o| o.detail?.trace)
         .unwrap()
 }
 
@@ -258,4 +260,336 @@ fn real_traced_snapshots() {
     // and 982.07 MiB sits in split large segments then (the cached-free-segments figure).
     assert_eq!(magma.peak.event_index, 0);
     assert_eq!(magma.peak.reserved_bytes, 14180941824);
+}
+
+/// Three activations a step whose size grows each step, so the cached ones
+/// of the step before never fit, on an 8 GiB card (capped at half of it
+/// with `capped`), then a 5 GiB request.
+fn growing_activations(capped: bool) -> Recorder {
+    let mut r = Recorder::new("", 8 * GIB);
+    if capped {
+        r.a.set_memory_fraction(0.5);
+    }
+    let at = stack(&[("/home/user/project/model.py", 31, "forward")]);
+    for step in 0..8u64 {
+        let size = (500 + 60 * step) * MIB;
+        let live: Vec<u64> = (0..3)
+            .map(|_| r.malloc_at(size, at.clone()).unwrap())
+            .collect();
+        for p in live {
+            r.free(p);
+        }
+    }
+    assert_eq!(r.malloc_at(5 * GIB, at).is_err(), capped);
+    r
+}
+
+fn stranding(small_first: bool) -> Vec<u8> {
+    let mut r = Recorder::new("", 16 * GIB);
+    split_then_large(&mut r, 4, small_first);
+    r.snapshot()
+}
+
+/// The committed generated fixtures, one per trace rule that fires on it.
+fn fixtures() -> Vec<(&'static str, Vec<u8>)> {
+    let empty_cache = Loop {
+        steps: 8,
+        empty_cache_line: Some(88),
+        ..Loop::default()
+    };
+    let side_stream = Loop {
+        steps: 6,
+        side_stream: true,
+        ..Loop::default()
+    };
+    let lengths = |seq| Loop {
+        steps: 12,
+        seq: Some(seq),
+        ..Loop::default()
+    };
+    vec![
+        (
+            "gen-trace-empty-cache.pickle",
+            training_loop("", &empty_cache).snapshot(),
+        ),
+        (
+            "gen-trace-deferred-frees.pickle",
+            training_loop("", &side_stream).snapshot(),
+        ),
+        (
+            "gen-trace-growing-lengths.pickle",
+            training_loop("", &lengths(growing)).snapshot(),
+        ),
+        (
+            "gen-trace-variable-lengths.pickle",
+            training_loop("", &lengths(varlen)).snapshot(),
+        ),
+        ("gen-trace-stranded-splits.pickle", stranding(false)),
+        (
+            "gen-trace-fraction-cap.pickle",
+            growing_activations(true).snapshot(),
+        ),
+    ]
+}
+
+#[test]
+fn committed_fixtures_are_what_the_generator_writes() {
+    for (name, bytes) in fixtures() {
+        let path = format!("fixtures/snapshots/{name}");
+        if std::env::var_os("ALLOCDOC_WRITE_FIXTURES").is_some() {
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            committed == bytes,
+            "{path} differs from the generator: rerun with ALLOCDOC_WRITE_FIXTURES=1"
+        );
+    }
+}
+
+/// `diagnose --format json` of a snapshot, and `diagnose` as text.
+fn diagnose(bytes: &[u8]) -> (serde_json::Value, String) {
+    use allocdoc::app::{Format, diagnose};
+    let file = tempfile::Builder::new()
+        .suffix(".pickle")
+        .tempfile()
+        .unwrap();
+    std::fs::write(file.path(), bytes).unwrap();
+    let run = |format| {
+        diagnose::run(&diagnose::DiagnoseOptions {
+            inputs: vec![file.path().to_string_lossy().into_owned()],
+            format,
+            verbose: true,
+            ..diagnose::DiagnoseOptions::default()
+        })
+        .unwrap()
+        .stdout
+    };
+    (
+        serde_json::from_str(&run(Format::Json)).unwrap(),
+        run(Format::Text),
+    )
+}
+
+fn rules_of(v: &serde_json::Value, key: &str) -> Vec<String> {
+    v[key]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| f["rule"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn finding<'v>(v: &'v serde_json::Value, rule: &str) -> &'v serde_json::Value {
+    v["findings"]
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["rule"] == rule))
+        .unwrap_or_else(|| panic!("{rule} did not fire: {v:#}"))
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    fixtures()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| b)
+        .unwrap()
+}
+
+#[test]
+fn empty_cache_in_the_loop_points_to_its_line() {
+    let (v, text) = diagnose(&fixture("gen-trace-empty-cache.pickle"));
+    let f = finding(&v, "trace-empty-cache");
+    assert_eq!(f["site"], "train.py:88:train_one_epoch");
+    assert_eq!(f["evidence"]["empty_cache_calls"], 8);
+    assert!(
+        f.get("replay_check").is_none(),
+        "a program finding suggests no setting"
+    );
+    assert!(text.contains("At train.py:88:train_one_epoch."), "{text}");
+    assert!(v["recommendation"].is_null());
+
+    // No call, or one at a phase change: quiet.
+    let plain = training_loop(
+        "",
+        &Loop {
+            steps: 8,
+            ..Loop::default()
+        },
+    );
+    assert!(
+        !rules_of(&diagnose(&plain.snapshot()).0, "findings").contains(&"trace-empty-cache".into())
+    );
+    let mut once = training_loop(
+        "",
+        &Loop {
+            steps: 4,
+            ..Loop::default()
+        },
+    );
+    once.empty_cache(Some(recorder::empty_cache_stack(120)));
+    let once = diagnose(&once.snapshot()).0;
+    assert!(
+        !rules_of(&once, "findings").contains(&"trace-empty-cache".into()),
+        "{once:#}"
+    );
+}
+
+#[test]
+fn frees_waiting_for_a_side_stream_point_to_the_free() {
+    let (v, _) = diagnose(&fixture("gen-trace-deferred-frees.pickle"));
+    let f = finding(&v, "trace-deferred-frees");
+    assert_eq!(f["site"], "model.py:57:backward_layer");
+    assert_eq!(f["evidence"]["deferred_frees"], 36);
+    let plain = training_loop(
+        "",
+        &Loop {
+            steps: 6,
+            ..Loop::default()
+        },
+    );
+    let quiet = diagnose(&plain.snapshot()).0;
+    assert!(
+        rules_of(&quiet, "findings")
+            .iter()
+            .all(|r| !r.starts_with("trace-")),
+        "{quiet:#}"
+    );
+}
+
+#[test]
+fn growing_lengths_miss_and_churn_and_the_replay_supports_rounding() {
+    let (v, text) = diagnose(&fixture("gen-trace-growing-lengths.pickle"));
+    finding(&v, "trace-cache-misses");
+    let f = finding(&v, "trace-size-churn");
+    let check = &f["replay_check"];
+    assert_eq!(check["supported"], true);
+    assert_eq!(check["settings"], "roundup_power2_divisions:4");
+    let (before, after) = (&check["without_figures"], &check["with_figures"]);
+    assert!(
+        after["peak_reserved_bytes"].as_u64() < before["peak_reserved_bytes"].as_u64(),
+        "{check:#}"
+    );
+    assert_eq!(v["recommendation"]["value"], "roundup_power2_divisions:4");
+    assert!(
+        text.contains("Replayed with roundup_power2_divisions:4: with it, peak reserved"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_suggestion_the_replay_does_not_support_is_not_shown() {
+    // Shuffled lengths churn the sizes, but the replay with 4 divisions has
+    // the same peak and the same cudaMalloc calls: the finding is withheld.
+    let (v, text) = diagnose(&fixture("gen-trace-variable-lengths.pickle"));
+    assert!(
+        !rules_of(&v, "findings").contains(&"trace-size-churn".into()),
+        "{v:#}"
+    );
+    assert_eq!(rules_of(&v, "withheld"), ["trace-size-churn"]);
+    let w = &v["withheld"][0];
+    assert_eq!(w["replay_check"]["supported"], false);
+    assert_eq!(
+        w["replay_check"]["finding"],
+        "with it, the replay's figures do not change"
+    );
+    assert!(v["recommendation"].is_null());
+    assert!(
+        text.contains("Not shown: trace findings whose settings the replay did not support"),
+        "{text}"
+    );
+    assert!(text.contains("roundup_power2_divisions:4"), "{text}");
+
+    let fixed = training_loop(
+        "",
+        &Loop {
+            steps: 12,
+            ..Loop::default()
+        },
+    );
+    let quiet = diagnose(&fixed.snapshot()).0;
+    assert!(
+        rules_of(&quiet, "findings")
+            .iter()
+            .all(|r| !r.starts_with("trace-")),
+        "{quiet:#}"
+    );
+    assert!(rules_of(&quiet, "withheld").is_empty());
+}
+
+#[test]
+fn stranded_splits_get_a_split_limit_the_replay_supports() {
+    let (v, _) = diagnose(&fixture("gen-trace-stranded-splits.pickle"));
+    let f = finding(&v, "trace-stranded-splits");
+    assert_eq!(f["replay_check"]["supported"], true);
+    assert_eq!(
+        f["replay_check"]["with_figures"]["peak_reserved_bytes"],
+        520 * MIB
+    );
+    assert_eq!(v["recommendation"]["value"], "max_split_size_mb:256");
+    let quiet = diagnose(&stranding(true)).0;
+    assert!(
+        !rules_of(&quiet, "findings").contains(&"trace-stranded-splits".into()),
+        "{quiet:#}"
+    );
+}
+
+#[test]
+fn flushes_at_a_fraction_cap_get_a_collection_threshold() {
+    let (v, _) = diagnose(&fixture("gen-trace-fraction-cap.pickle"));
+    let f = finding(&v, "trace-fraction-flushes");
+    let check = &f["replay_check"];
+    assert_eq!(check["supported"], true);
+    assert!(
+        check["finding"]
+            .as_str()
+            .unwrap()
+            .ends_with("(both runs capped at 3.81 GiB, where the trace's reserved memory peaked)"),
+        "{check:#}"
+    );
+    assert_eq!(
+        v["recommendation"]["value"],
+        "garbage_collection_threshold:0.8"
+    );
+    let quiet = diagnose(&growing_activations(false).snapshot()).0;
+    assert!(
+        !rules_of(&quiet, "findings").contains(&"trace-fraction-flushes".into()),
+        "{quiet:#}"
+    );
+}
+
+#[test]
+fn diagnoses_of_the_generated_fixtures() {
+    for (name, bytes) in fixtures() {
+        let (_, text) = diagnose(&bytes);
+        // The temporary file's name varies: the fixture's name stands in.
+        let text = text
+            .lines()
+            .map(|l| match l.find("Evidence: ") {
+                Some(_) => format!("Evidence: {name}: snapshot, cuda:0"),
+                None => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        insta::assert_snapshot!(format!("diagnose_{name}"), text);
+    }
+}
+
+#[test]
+fn diagnoses_of_the_real_traced_snapshots() {
+    use allocdoc::app::diagnose;
+    for name in [
+        "magma27-assignment2-systems_memory_snapshot.pickle",
+        "maphsge4-select_n_snapshot_traced.pickle",
+        "wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle",
+    ] {
+        let out = diagnose::run(&diagnose::DiagnoseOptions {
+            inputs: vec![format!("fixtures/snapshots/{name}")],
+            verbose: true,
+            ..diagnose::DiagnoseOptions::default()
+        })
+        .unwrap();
+        insta::assert_snapshot!(format!("diagnose_real_{name}"), out.stdout);
+    }
 }

@@ -6,6 +6,12 @@
 //! The recommendation is null whenever that cause rules out an allocator
 //! setting (request larger than the card, capacity, not the allocator, other
 //! processes), whatever else fired.
+//!
+//! A rule that reads a snapshot's recorded trace (`catalog::reads_trace`)
+//! and suggests settings is shown only when a caller-supplied [`Checker`]
+//! replayed that trace with and without them and the run with them ranked
+//! better; otherwise its finding is withheld ([`Withheld`], with the
+//! replay's figures). The checker lives in the layer that replays (`trial`).
 
 pub mod combine;
 pub mod conf_check;
@@ -18,7 +24,8 @@ pub use context::Context;
 
 use crate::evidence::{Evidence, Kind};
 use crate::rules::expr::Value;
-use crate::rules::{Cause, Facts, RuleSet, Severity, Verdict};
+use crate::rules::{Cause, Facts, Rule, RuleSet, Severity, Verdict};
+use crate::workload::RunFigures;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -40,6 +47,51 @@ pub struct Finding {
     pub cause: Option<Cause>,
     #[serde(skip)]
     pub priority: i32,
+    /// Where in the program the finding points (`file:line:function`), when
+    /// the rule names a site and the evidence recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// The replay that checked the settings this rule suggested.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheck>,
+}
+
+/// A snapshot's trace replayed without and with the settings a trace rule
+/// suggested, at one capacity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayCheck {
+    /// The suggested settings, as `key:value` pairs joined by commas.
+    pub settings: String,
+    /// The config replayed without them (what the snapshot recorded) and with them.
+    pub without: String,
+    pub with: String,
+    pub capacity_bytes: u64,
+    pub without_figures: RunFigures,
+    pub with_figures: RunFigures,
+    /// The run with the settings ranks better (`RunFigures::rank`: no OOM,
+    /// then lower peak reserved, then less driver work).
+    pub supported: bool,
+    /// What the replay showed, in one sentence.
+    pub finding: String,
+}
+
+/// Checks the settings a trace rule suggested by replay.
+pub type Checker<'c> =
+    dyn FnMut(&Facts, &BTreeMap<String, String>) -> Result<ReplayCheck, String> + 'c;
+
+/// A trace rule that fired but whose settings the replay did not support
+/// (or could not check): not shown, listed under `-v`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Withheld {
+    pub rule: String,
+    pub message: String,
+    pub settings: BTreeMap<String, String>,
+    /// The replay, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheck>,
+    /// Why it could not be checked, when it did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unchecked: Option<String>,
 }
 
 /// A rule that could not be evaluated, and what it needed.
@@ -65,10 +117,23 @@ pub struct Diagnosis {
     /// The current config, when known, and where it came from.
     pub current_conf: Option<(String, &'static str)>,
     pub facts: Facts,
+    /// Trace rules whose settings the replay did not support.
+    pub withheld: Vec<Withheld>,
 }
 
-/// Runs every rule over `evidence` and combines the result.
+/// Runs every rule over `evidence` and combines the result; trace rules'
+/// settings are not checked, so those rules are withheld.
 pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis {
+    diagnose_checked(evidence, ctx, rules, None)
+}
+
+/// [`diagnose`], with trace rules' settings checked by `check`.
+pub fn diagnose_checked(
+    evidence: Evidence,
+    ctx: &Context,
+    rules: &RuleSet,
+    mut check: Option<&mut Checker>,
+) -> Diagnosis {
     let facts = facts::facts(&evidence, ctx);
     let primary = facts::primary(&evidence).and_then(|p| {
         evidence
@@ -80,9 +145,23 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
     let mut fired = Vec::new();
     let mut not_evaluated = Vec::new();
     let mut failed = Vec::new();
+    let mut withheld = Vec::new();
     for rule in &rules.rules {
         match rule.evaluate(&facts) {
             Verdict::Fired(f) => {
+                let replay_check = match checked(rule, &f.settings, &facts, check.as_deref_mut()) {
+                    Checked::Shown(c) => c,
+                    Checked::Withheld(replay_check, unchecked) => {
+                        withheld.push(Withheld {
+                            rule: rule.id.clone(),
+                            message: f.message,
+                            settings: f.settings,
+                            replay_check,
+                            unchecked,
+                        });
+                        continue;
+                    }
+                };
                 findings.push(Finding {
                     rule: rule.id.clone(),
                     severity: rule.severity,
@@ -93,6 +172,8 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
                     reference: rule.reference.clone(),
                     cause: rule.cause,
                     priority: rule.priority,
+                    site: f.site,
+                    replay_check,
                 });
                 fired.push((rule, f.settings));
             }
@@ -140,6 +221,35 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         failed,
         current_conf: ctx.current_source.clone(),
         facts,
+        withheld,
+    }
+}
+
+/// What the replay check decided for a fired rule.
+enum Checked {
+    /// Shown: it needs no check (it reads no trace, or suggests nothing), or
+    /// the replay supports its settings.
+    Shown(Option<ReplayCheck>),
+    /// Not shown: the replay that did not support them, or why none ran.
+    Withheld(Option<ReplayCheck>, Option<String>),
+}
+
+fn checked(
+    rule: &Rule,
+    settings: &BTreeMap<String, String>,
+    facts: &Facts,
+    check: Option<&mut Checker>,
+) -> Checked {
+    if settings.is_empty() || !crate::rules::catalog::reads_trace(&rule.when) {
+        return Checked::Shown(None);
+    }
+    let Some(check) = check else {
+        return Checked::Withheld(None, Some("no replay was run".into()));
+    };
+    match check(facts, settings) {
+        Ok(c) if c.supported => Checked::Shown(Some(c)),
+        Ok(c) => Checked::Withheld(Some(c), None),
+        Err(why) => Checked::Withheld(None, Some(why)),
     }
 }
 

@@ -5,8 +5,10 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
+use crate::ingest::Bytes;
 use crate::report::views::ReportViews;
 use crate::rules::{RuleSet, VersionRange};
+use crate::trial::trace_check::TraceChecker;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -47,8 +49,19 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     {
         notes.push(format!("allocdoc: warning: {why}"));
     }
-    let evidence = read_inputs(&opts.inputs, &mut ctx)?;
-    let d = advise::diagnose(evidence, &ctx, &rules);
+    let (evidence, mut snapshots) = read_all(&opts.inputs, &mut ctx)?;
+    // The snapshot whose trace the trace rules read checks their settings by replay.
+    let traced = advise::facts::trace_source(&evidence).map(|o| o.input.clone());
+    let mut checker = traced.and_then(|name| {
+        let at = snapshots.iter().position(|(n, _)| *n == name)?;
+        let (name, data) = snapshots.swap_remove(at);
+        Some(TraceChecker::new(&name, data))
+    });
+    let mut check = |facts: &_, settings: &_| match &mut checker {
+        Some(c) => c.check(facts, settings),
+        None => Err("the snapshot could not be read again".to_string()),
+    };
+    let d = advise::diagnose_checked(evidence, &ctx, &rules, Some(&mut check));
     if let Some(path) = &opts.report {
         std::fs::write(
             path,
@@ -90,6 +103,14 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
 /// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
 /// surrounding text (versions, configs, platform) from the same bytes.
 pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
+    read_all(inputs, ctx).map(|(evidence, _)| evidence)
+}
+
+/// [`read_inputs`], keeping the bytes of the snapshot pickles (for replays).
+fn read_all(
+    inputs: &[String],
+    ctx: &mut Context,
+) -> Result<(Evidence, Vec<(String, Bytes)>), Error> {
     let stdin = [String::from("-")];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -97,14 +118,19 @@ pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Err
         inputs
     };
     let mut evidence = Evidence::default();
+    let mut snapshots = Vec::new();
     for name in inputs {
         let data = crate::ingest::read_input(name)?;
-        if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
+        let kind = crate::ingest::detect(&data);
+        if kind == crate::ingest::InputKind::Text {
             ctx.scan(&data);
         }
         let ev = crate::ingest::parse_input(name, &data)?;
         evidence.observations.extend(ev.observations);
         evidence.notes.extend(ev.notes);
+        if kind == crate::ingest::InputKind::Pickle {
+            snapshots.push((name.clone(), data));
+        }
     }
-    Ok(evidence)
+    Ok((evidence, snapshots))
 }

@@ -41,145 +41,13 @@ use super::evidence::frame_text;
 use super::model::{Action, Frames, Segment, Snapshot, TraceEntry};
 use crate::allocator::sizes::{SMALL_BUFFER, SMALL_SIZE, round_size};
 use crate::conf::Settings;
-use serde::Serialize;
+pub use crate::evidence::{
+    Peak, Releases, Site, SizeChurn, StepSource, StreamDeferred, TraceMetrics,
+};
 use std::collections::{BTreeMap, HashMap};
 
 /// Frames kept for a site (innermost first).
 const SITE_FRAMES: usize = 8;
-
-/// The trace metrics of one device.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TraceMetrics {
-    /// Trace entries read.
-    pub entries: u64,
-    /// `alloc` entries.
-    pub allocs: u64,
-    /// Allocations served by a segment cudaMalloc'd (or pages mapped) for them.
-    pub cache_misses: u64,
-    pub steps: u64,
-    pub step_source: StepSource,
-    /// Allocations after the first step, and how many of them missed.
-    pub steady_allocs: u64,
-    pub steady_cache_misses: u64,
-    /// `segment_alloc` + `segment_map` entries (cudaMalloc calls, expandable maps).
-    pub segment_allocs: u64,
-    pub segment_alloc_bytes: u64,
-    /// `segment_free` + `segment_unmap` entries (cudaFree calls, expandable unmaps).
-    pub segment_frees: u64,
-    pub segment_free_bytes: u64,
-    /// Runs of releases that `malloc` did not make: `empty_cache()` calls.
-    pub empty_cache: Releases,
-    /// Runs of releases `malloc` made itself before a cudaMalloc or an OOM
-    /// (its retry after a failed cudaMalloc, garbage collection, oversize blocks).
-    pub allocator_releases: Releases,
-    /// Steps with at least one `empty_cache()` call.
-    pub empty_cache_steps: u64,
-    /// Where `empty_cache()` was called, when the trace recorded its stack.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub empty_cache_site: Option<Site>,
-    /// Frees that waited for other streams, per allocation stream.
-    pub deferred: Vec<StreamDeferred>,
-    /// Where the most deferred bytes were freed (or allocated), when recorded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub deferred_site: Option<Site>,
-    /// Request sizes per step (needs two steps).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sizes: Option<SizeChurn>,
-    pub peak: Peak,
-    pub ooms: u64,
-    /// `oom` entries with at least the request free on the device: the
-    /// allocator refused memory the card had (a memory fraction cap).
-    pub ooms_with_free_device: u64,
-    /// The trace records `time_us`.
-    pub timed: bool,
-}
-
-/// How the trace was cut into steps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepSource {
-    /// `external_annotations` named like a step.
-    Annotations,
-    /// Cycles of allocated memory.
-    AllocatedCycles,
-    /// No cycle: the whole trace is one step.
-    #[default]
-    WholeTrace,
-}
-
-/// Runs of segment releases.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Releases {
-    pub calls: u64,
-    pub segments: u64,
-    pub bytes: u64,
-}
-
-/// A source location from recorded frames.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Site {
-    /// The first frame outside PyTorch (`file:line:name`, `_memory_viz` style).
-    pub site: String,
-    /// The shown stack from that frame outwards.
-    pub frames: Vec<String>,
-    /// Entries recorded with this stack.
-    pub entries: u64,
-}
-
-/// Frees of one allocation stream that waited for other streams.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct StreamDeferred {
-    pub stream: u64,
-    pub frees: u64,
-    /// Requested bytes of those frees.
-    pub bytes: u64,
-    /// The most bytes waiting at once.
-    pub peak_bytes: u64,
-    /// Σ µs between `free_requested` and `free_completed` (0 when `time_us`
-    /// is not recorded); still pending at the end: up to the last entry.
-    pub held_us: u64,
-    pub max_held_us: u64,
-    /// Σ trace entries between request and completion.
-    pub held_entries: u64,
-    /// Requests still waiting when the snapshot was taken.
-    pub pending_at_end: u64,
-}
-
-/// Request sizes step by step: only large-pool requests (> 1 MiB), where
-/// differing sizes cost fresh segments and splits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct SizeChurn {
-    /// Mean number of distinct sizes a step requests.
-    pub distinct_per_step: f64,
-    /// Of the distinct sizes of each step after the first, the fraction the
-    /// step before did not request.
-    pub churn: f64,
-    /// How far one tensor's size moves over the steps: largest / smallest
-    /// of the k-th large request of the steps that make the usual number of
-    /// them, median over k (1.6: the largest is 1.6 times the smallest; 1
-    /// when fewer than two steps make the usual number).
-    pub spread: f64,
-}
-
-/// The moment reserved memory first reached its peak within the trace (just
-/// before the segment that reached it; the trace start when it never grew).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Peak {
-    pub event_index: u64,
-    pub reserved_bytes: u64,
-    /// Allocated (requested) bytes at the highest point of the trace.
-    pub allocated_bytes: u64,
-    /// Free bytes in segments that held a live block then (split segments):
-    /// estimated from the requested sizes rounded as the recorded config rounds them.
-    pub stranded_bytes: u64,
-    /// The part of it in large-pool segments.
-    pub stranded_large_bytes: u64,
-    /// The segment size (bytes-weighted median) of the large segments that held it.
-    pub stranding_segment_bytes: u64,
-    /// Segments left out: created before the trace and released during it
-    /// (their content before the release is not in the trace).
-    pub segments_unknown: u64,
-}
 
 /// A cudaMalloc'd segment as the trace walks it.
 struct Seg {
@@ -244,7 +112,7 @@ impl Burst {
                 }
                 // Without stacks: a retry follows a failed cudaMalloc, so the
                 // card had no room for this segment on top of what was reserved.
-                self.reserved_before.saturating_add(size as i64) > reserved_max || gc
+                self.reserved_before.saturating_add(signed(size)) > reserved_max || gc
             }
             _ => false,
         }
@@ -386,7 +254,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         match e.action {
             Action::Alloc => self.alloc(i, e),
             Action::FreeRequested => {
-                self.live -= e.size as i64;
+                self.live = self.live.saturating_sub(signed(e.size));
                 self.request = Some(Request {
                     addr: e.addr,
                     size: e.size,
@@ -405,7 +273,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             Action::SegmentAlloc | Action::SegmentMap => {
                 self.m.segment_allocs += 1;
                 self.m.segment_alloc_bytes = self.m.segment_alloc_bytes.saturating_add(e.size);
-                self.reserved = self.reserved.saturating_add(e.size as i64);
+                self.reserved = self.reserved.saturating_add(signed(e.size));
                 if self.reserved > self.reserved_max {
                     self.reserved_max = self.reserved;
                     self.epoch = i;
@@ -417,7 +285,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             Action::SegmentFree | Action::SegmentUnmap => {
                 self.m.segment_frees += 1;
                 self.m.segment_free_bytes = self.m.segment_free_bytes.saturating_add(e.size);
-                self.reserved = self.reserved.saturating_sub(e.size as i64);
+                self.reserved = self.reserved.saturating_sub(signed(e.size));
                 if !self.in_burst {
                     self.in_burst = true;
                     self.bursts.push(Burst {
@@ -425,7 +293,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                         bytes: 0,
                         named: names_empty_cache(self.snap, e.frames),
                         frames: e.frames,
-                        reserved_before: self.reserved.saturating_add(e.size as i64),
+                        reserved_before: self.reserved.saturating_add(signed(e.size)),
                         at: self.alloc_index(),
                         next: None,
                     });
@@ -465,7 +333,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         }
         self.sizes.push(e.size);
         self.lives.push(self.live);
-        self.live = self.live.saturating_add(e.size as i64);
+        self.live = self.live.saturating_add(signed(e.size));
         self.live_max = self.live_max.max(self.live);
         self.seg_live(i, e.addr, e.size, 1);
     }
@@ -503,7 +371,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         if let (Some(d), Some(w)) = (self.m.deferred.get_mut(k), self.waiting_bytes.get_mut(k)) {
             *w = w.saturating_sub(r.size);
             let held = if r.time_us != 0 && time_us >= r.time_us {
-                (time_us - r.time_us) as u64
+                time_us.abs_diff(r.time_us)
             } else {
                 0
             };
@@ -563,7 +431,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         if let Some(k) = self.seg_at(addr)
             && let Some(s) = self.segs.get_mut(k)
         {
-            let delta = sign * round_size(requested, &self.settings) as i64;
+            let delta = sign.saturating_mul(signed(round_size(requested, &self.settings)));
             // Keep the value of the peak's moment the first time it changes after it.
             if s.saved_epoch != epoch && i >= epoch {
                 s.saved = s.live;
@@ -574,14 +442,14 @@ impl<'s, 'a> TraceScan<'s, 'a> {
     }
 
     fn segment_alloc(&mut self, i: usize, e: &TraceEntry) {
-        // A segment the final snapshot holds at this address was made here,
-        // unless an earlier one there was released first (then that one died).
+        // A segment of the final snapshot still standing at this address is
+        // the one made here (an earlier one there was released first): it is
+        // not also a segment of the start, so it drops out (size 0).
         if let Some(&k) = self.by_start.get(&e.addr)
             && let Some(s) = self.segs.get_mut(k)
             && s.born.is_none()
             && s.died.is_none()
         {
-            s.died = Some(0);
             s.size = 0;
         }
         self.by_start.insert(e.addr, self.segs.len());
@@ -722,7 +590,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             let base = if s.born.is_some() {
                 0
             } else {
-                s.final_live - s.live
+                s.final_live.saturating_sub(s.live)
             };
             let live = base.saturating_add(then);
             if live <= 0 {
@@ -737,6 +605,11 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         }
         peak.stranding_segment_bytes = weighted_median(&mut stranding);
     }
+}
+
+/// A byte count as a signed delta (a file's sizes can exceed `i64`).
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 fn is_small_segment(s: &Segment) -> bool {
@@ -932,20 +805,4 @@ fn top_site(snap: &Snapshot, stacks: &HashMap<Frames, (u64, u64)>) -> Option<Sit
         frames,
         entries,
     })
-}
-
-/// The metrics of `device`'s trace, read on their own (evidence feeds
-/// [`TraceScan`] from its own pass); `None` when the device has no trace.
-pub fn trace_metrics(
-    snap: &Snapshot,
-    device: u32,
-) -> Result<Option<TraceMetrics>, super::model::ModelError> {
-    if snap.trace_len(device) == 0 {
-        return Ok(None);
-    }
-    let mut scan = TraceScan::new(snap, device, super::evidence::recorded_settings(snap));
-    for (i, e) in snap.trace(device).enumerate() {
-        scan.entry(i, &e?);
-    }
-    Ok(Some(scan.finish()))
 }

@@ -146,6 +146,22 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
 }
 
 impl Workload {
+    /// A snapshot's trace, replayed from the state it started in. Decoded
+    /// once here, so that a snapshot without a trace fails with its reason.
+    pub fn snapshot(name: &str, data: crate::ingest::Bytes) -> Result<Workload, Error> {
+        let (recorded, implied_capacity) = with_snapshot_trace(name, &data, |st, recorded| {
+            (recorded.cloned(), st.recorded_capacity())
+        })?;
+        Ok(Workload {
+            input: name.to_string(),
+            implied_capacity,
+            source: Source::Snapshot(data),
+            probe: None,
+            advice: None,
+            recorded,
+        })
+    }
+
     /// A recorded trace, replayed as it is.
     fn recorded(name: &str, trace: Trace) -> Workload {
         Workload {
@@ -172,21 +188,7 @@ impl Workload {
             crate::ingest::InputKind::TraceCsv => {
                 return Ok(Workload::recorded(name, Trace::parse(name, &data)?));
             }
-            crate::ingest::InputKind::Pickle => {
-                // Decode once now so a snapshot without a trace fails here, with its reason.
-                let (recorded, implied_capacity) =
-                    with_snapshot_trace(name, &data, |st, recorded| {
-                        (recorded.cloned(), st.recorded_capacity())
-                    })?;
-                return Ok(Workload {
-                    input: name.to_string(),
-                    implied_capacity,
-                    source: Source::Snapshot(data),
-                    probe: None,
-                    advice: None,
-                    recorded,
-                });
-            }
+            crate::ingest::InputKind::Pickle => return Workload::snapshot(name, data),
             crate::ingest::InputKind::RmmLog => {
                 // RMM's own allocations, replayed through PyTorch's caching allocator.
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
