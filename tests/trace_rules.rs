@@ -389,6 +389,21 @@ fn finding<'v>(v: &'v serde_json::Value, rule: &str) -> &'v serde_json::Value {
         .unwrap_or_else(|| panic!("{rule} did not fire: {v:#}"))
 }
 
+/// A fixed-shape loop of `steps` steps: no trace rule fires, none is withheld.
+fn quiet_loop(steps: u64) {
+    let plain = training_loop(
+        "",
+        &Loop {
+            steps,
+            ..Loop::default()
+        },
+    );
+    let v = diagnose(&plain.snapshot()).0;
+    let fired = rules_of(&v, "findings");
+    assert!(fired.iter().all(|r| !r.starts_with("trace-")), "{v:#}");
+    assert!(rules_of(&v, "withheld").is_empty(), "{v:#}");
+}
+
 fn fixture(name: &str) -> Vec<u8> {
     fixtures()
         .into_iter()
@@ -411,16 +426,7 @@ fn empty_cache_in_the_loop_points_to_its_line() {
     assert!(v["recommendation"].is_null());
 
     // No call, or one at a phase change: quiet.
-    let plain = training_loop(
-        "",
-        &Loop {
-            steps: 8,
-            ..Loop::default()
-        },
-    );
-    assert!(
-        !rules_of(&diagnose(&plain.snapshot()).0, "findings").contains(&"trace-empty-cache".into())
-    );
+    quiet_loop(8);
     let mut once = training_loop(
         "",
         &Loop {
@@ -442,20 +448,7 @@ fn frees_waiting_for_a_side_stream_point_to_the_free() {
     let f = finding(&v, "trace-deferred-frees");
     assert_eq!(f["site"], "model.py:57:backward_layer");
     assert_eq!(f["evidence"]["deferred_frees"], 36);
-    let plain = training_loop(
-        "",
-        &Loop {
-            steps: 6,
-            ..Loop::default()
-        },
-    );
-    let quiet = diagnose(&plain.snapshot()).0;
-    assert!(
-        rules_of(&quiet, "findings")
-            .iter()
-            .all(|r| !r.starts_with("trace-")),
-        "{quiet:#}"
-    );
+    quiet_loop(6);
 }
 
 #[test]
@@ -501,21 +494,7 @@ fn a_suggestion_the_replay_does_not_support_is_not_shown() {
     );
     assert!(text.contains("roundup_power2_divisions:4"), "{text}");
 
-    let fixed = training_loop(
-        "",
-        &Loop {
-            steps: 12,
-            ..Loop::default()
-        },
-    );
-    let quiet = diagnose(&fixed.snapshot()).0;
-    assert!(
-        rules_of(&quiet, "findings")
-            .iter()
-            .all(|r| !r.starts_with("trace-")),
-        "{quiet:#}"
-    );
-    assert!(rules_of(&quiet, "withheld").is_empty());
+    quiet_loop(12);
 }
 
 #[test]

@@ -49,22 +49,40 @@ use std::collections::{BTreeMap, HashMap};
 /// Frames kept for a site (innermost first).
 const SITE_FRAMES: usize = 8;
 
-/// A cudaMalloc'd segment as the trace walks it.
+/// A cudaMalloc'd segment as the trace walks it: made when the trace first
+/// touches it (a snapshot may hold hundreds of thousands it never touches).
 struct Seg {
     start: u64,
     size: u64,
-    small: bool,
-    /// Entry index that created it; `None`: there before the trace.
-    born: Option<usize>,
-    /// Entry index that released it.
-    died: Option<usize>,
     /// Rounded live bytes, relative to the trace start (or to its creation).
     live: i64,
     /// `live` as it was at the peak epoch ([`TraceScan::epoch`]).
     saved: i64,
-    saved_epoch: usize,
-    /// For a segment still there at the end: its active bytes then.
+    /// For a segment of the final snapshot: its active bytes then.
     final_live: i64,
+    /// Entry index that created it; [`NONE`]: there before the trace.
+    born: u32,
+    /// Entry index that released it; [`NONE`]: still there.
+    died: u32,
+    saved_epoch: u32,
+    small: bool,
+}
+
+/// No entry index (in [`Seg`]).
+const NONE: u32 = u32::MAX;
+
+/// An entry index as stored in a [`Seg`] (a trace of 4 G entries cannot be held).
+fn index32(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(NONE - 1)
+}
+
+/// A segment of the final snapshot: its start, its index in
+/// `Snapshot::segments`, and its [`Seg`] once touched ([`NONE`] before).
+#[derive(Clone, Copy)]
+struct Initial {
+    start: u64,
+    snap: u32,
+    seg: u32,
 }
 
 /// A free request waiting for its completion.
@@ -152,8 +170,10 @@ pub struct TraceScan<'s, 'a> {
     next_step: usize,
     step_marks: Vec<u32>,
     segs: Vec<Seg>,
-    /// Start address → index in `segs` of the segments there now.
-    by_start: BTreeMap<u64, usize>,
+    /// The final snapshot's segments of this device, by address.
+    initial: Vec<Initial>,
+    /// Start address → index in `segs` of the segments made in the trace and still there.
+    born: BTreeMap<u64, usize>,
     /// Address range the segments have ever covered (a cheap miss test).
     span: (u64, u64),
     last_seg: Option<usize>,
@@ -166,31 +186,24 @@ pub struct TraceScan<'s, 'a> {
 impl<'s, 'a> TraceScan<'s, 'a> {
     /// A scan of `device`'s trace; `settings` are the recorded ones (block sizes follow them).
     pub fn new(snap: &'s Snapshot<'a>, device: u32, settings: Settings) -> Self {
-        let mut segs = Vec::new();
-        let mut by_start = BTreeMap::new();
+        let mut initial = Vec::new();
         let mut span = (u64::MAX, 0u64);
-        for s in snap
-            .segments
-            .iter()
-            .filter(|s| s.device == device && s.is_expandable != Some(true))
-        {
-            by_start.insert(s.address, segs.len());
+        for (k, s) in snap.segments.iter().enumerate() {
+            if s.device != device || s.is_expandable == Some(true) {
+                continue;
+            }
+            initial.push(Initial {
+                start: s.address,
+                snap: index32(k),
+                seg: NONE,
+            });
             span = (
                 span.0.min(s.address),
                 span.1.max(s.address.saturating_add(s.total_size)),
             );
-            segs.push(Seg {
-                start: s.address,
-                size: s.total_size,
-                small: is_small_segment(s),
-                born: None,
-                died: None,
-                live: 0,
-                saved: 0,
-                saved_epoch: usize::MAX,
-                final_live: i64::try_from(s.active_size).unwrap_or(i64::MAX),
-            });
         }
+        // Snapshots list segments by address already: the sort is one pass.
+        initial.sort_unstable_by_key(|i| i.start);
         let n = snap.trace_len(device);
         TraceScan {
             snap,
@@ -199,8 +212,10 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             prev: None,
             live: 0,
             live_max: 0,
-            sizes: Vec::with_capacity(n / 3),
-            lives: Vec::with_capacity(n / 3),
+            // Up to half the entries are allocs (the rest at least their
+            // frees); untouched capacity costs no memory.
+            sizes: Vec::with_capacity(n / 2),
+            lives: Vec::with_capacity(n / 2),
             miss_at: Vec::new(),
             bursts: Vec::new(),
             in_burst: false,
@@ -213,8 +228,9 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             step_times: step_annotations(snap, device),
             next_step: 0,
             step_marks: Vec::new(),
-            segs,
-            by_start,
+            segs: Vec::new(),
+            initial,
+            born: BTreeMap::new(),
             span,
             last_seg: None,
             reserved: 0,
@@ -265,7 +281,10 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                 });
             }
             Action::FreeCompleted => {
-                if let Some(r) = self.waiting.remove(&e.addr) {
+                // Most traces defer nothing: no hash per free then.
+                if !self.waiting.is_empty()
+                    && let Some(r) = self.waiting.remove(&e.addr)
+                {
                     self.complete(&r, i, e.time_us);
                 }
                 self.seg_live(i, e.addr, e.size, -1);
@@ -410,18 +429,64 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         if addr < self.span.0 || addr >= self.span.1 {
             return None;
         }
-        let hit = |s: &Seg| addr >= s.start && addr - s.start < s.size;
-        if let Some(k) = self.last_seg
-            && self.segs.get(k).is_some_and(|s| s.died.is_none() && hit(s))
-        {
+        if let Some(k) = self.last_seg.filter(|&k| self.holds(k, addr)) {
             return Some(k);
         }
-        let (_, &k) = self.by_start.range(..=addr).next_back()?;
-        let found = self.segs.get(k).is_some_and(hit);
-        found.then(|| {
-            self.last_seg = Some(k);
-            k
-        })
+        let made = self.born.range(..=addr).next_back().map(|(_, &k)| k);
+        let k = match made.filter(|&k| self.holds(k, addr)) {
+            Some(k) => k,
+            None => {
+                let i = self
+                    .initial
+                    .partition_point(|s| s.start <= addr)
+                    .checked_sub(1)?;
+                self.touch(i).filter(|&k| self.holds(k, addr))?
+            }
+        };
+        self.last_seg = Some(k);
+        Some(k)
+    }
+
+    /// Segment record `k` is there and holds `addr`.
+    fn holds(&self, k: usize, addr: u64) -> bool {
+        self.segs
+            .get(k)
+            .is_some_and(|s| s.died == NONE && addr >= s.start && addr - s.start < s.size)
+    }
+
+    /// The record of the final snapshot's segment `i`, made on first use.
+    fn touch(&mut self, i: usize) -> Option<usize> {
+        let init = self.initial.get(i).copied()?;
+        if init.seg != NONE {
+            return Some(init.seg as usize);
+        }
+        let s = self.snap.segments.get(init.snap as usize)?;
+        let k = self.segs.len();
+        self.segs.push(Seg {
+            start: init.start,
+            size: s.total_size,
+            live: 0,
+            saved: 0,
+            final_live: signed(s.active_size),
+            born: NONE,
+            died: NONE,
+            saved_epoch: NONE,
+            small: is_small_segment(s),
+        });
+        if let Some(slot) = self.initial.get_mut(i) {
+            slot.seg = index32(k);
+        }
+        Some(k)
+    }
+
+    /// The final snapshot's segment starting at `addr`, if still there.
+    fn initial_at(&mut self, addr: u64) -> Option<usize> {
+        let i = self.initial.binary_search_by_key(&addr, |s| s.start).ok()?;
+        let k = self.touch(i)?;
+        self.segs
+            .get(k)
+            .is_some_and(|s| s.died == NONE && s.size > 0)
+            .then_some(k)
     }
 
     /// Adds (`sign` 1) or removes (-1) the block of a `requested`-byte
@@ -433,9 +498,9 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         {
             let delta = sign.saturating_mul(signed(round_size(requested, &self.settings)));
             // Keep the value of the peak's moment the first time it changes after it.
-            if s.saved_epoch != epoch && i >= epoch {
+            if s.saved_epoch != index32(epoch) && i >= epoch {
                 s.saved = s.live;
-                s.saved_epoch = epoch;
+                s.saved_epoch = index32(epoch);
             }
             s.live = s.live.saturating_add(delta);
         }
@@ -445,14 +510,12 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         // A segment of the final snapshot still standing at this address is
         // the one made here (an earlier one there was released first): it is
         // not also a segment of the start, so it drops out (size 0).
-        if let Some(&k) = self.by_start.get(&e.addr)
+        if let Some(k) = self.initial_at(e.addr)
             && let Some(s) = self.segs.get_mut(k)
-            && s.born.is_none()
-            && s.died.is_none()
         {
             s.size = 0;
         }
-        self.by_start.insert(e.addr, self.segs.len());
+        self.born.insert(e.addr, self.segs.len());
         self.span = (
             self.span.0.min(e.addr),
             self.span.1.max(e.addr.saturating_add(e.size)),
@@ -460,21 +523,21 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         self.segs.push(Seg {
             start: e.addr,
             size: e.size,
-            small: e.size == SMALL_BUFFER,
-            born: Some(i),
-            died: None,
             live: 0,
             saved: 0,
-            saved_epoch: usize::MAX,
             final_live: 0,
+            born: index32(i),
+            died: NONE,
+            saved_epoch: NONE,
+            small: e.size == SMALL_BUFFER,
         });
     }
 
     fn segment_free(&mut self, i: usize, addr: u64) {
-        match self.by_start.remove(&addr) {
+        match self.born.remove(&addr).or_else(|| self.initial_at(addr)) {
             Some(k) => {
                 if let Some(s) = self.segs.get_mut(k) {
-                    s.died = Some(i);
+                    s.died = index32(i);
                     s.final_live = 0;
                 }
             }
@@ -580,27 +643,40 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         peak.reserved_bytes = at(final_reserved, self.reserved, self.reserved_max);
         peak.allocated_bytes = at(final_allocated, self.live, self.live_max);
         let mut stranding: Vec<(u64, u64)> = Vec::new();
+        let p32 = index32(p);
+        let mut add = |size: u64, live: i64, small: bool| {
+            if live <= 0 {
+                return;
+            }
+            let free = size.saturating_sub(live as u64);
+            peak.stranded_bytes = peak.stranded_bytes.saturating_add(free);
+            if !small && free > 0 {
+                peak.stranded_large_bytes = peak.stranded_large_bytes.saturating_add(free);
+                stranding.push((size, free));
+            }
+        };
         for s in &self.segs {
-            let there = s.born.is_none_or(|b| b < p) && s.died.is_none_or(|d| d >= p);
+            let there = (s.born == NONE || s.born < p32) && (s.died == NONE || s.died >= p32);
             if !there || s.size == 0 {
                 continue;
             }
-            let then = if s.saved_epoch == p { s.saved } else { s.live };
-            // Live bytes then: the known end (or creation) state less what changed after.
-            let base = if s.born.is_some() {
-                0
+            let then = if s.saved_epoch == p32 {
+                s.saved
             } else {
-                s.final_live.saturating_sub(s.live)
+                s.live
             };
-            let live = base.saturating_add(then);
-            if live <= 0 {
-                continue;
-            }
-            let free = s.size.saturating_sub(live as u64);
-            peak.stranded_bytes = peak.stranded_bytes.saturating_add(free);
-            if !s.small && free > 0 {
-                peak.stranded_large_bytes = peak.stranded_large_bytes.saturating_add(free);
-                stranding.push((s.size, free));
+            // Live bytes then: the known end (or creation) state less what changed after.
+            let base = if s.born == NONE {
+                s.final_live.saturating_sub(s.live)
+            } else {
+                0
+            };
+            add(s.size, base.saturating_add(then), s.small);
+        }
+        // Segments the trace never touched were as the snapshot shows them.
+        for init in self.initial.iter().filter(|i| i.seg == NONE) {
+            if let Some(s) = self.snap.segments.get(init.snap as usize) {
+                add(s.total_size, signed(s.active_size), is_small_segment(s));
             }
         }
         peak.stranding_segment_bytes = weighted_median(&mut stranding);
@@ -621,10 +697,10 @@ fn is_small_segment(s: &Segment) -> bool {
 /// bottom to above the middle, then falling back. A step starts at the last
 /// alloc made from the bottom before a rise (what comes before the first
 /// rise, such as loading the weights, joins the first step). The usual range
-/// runs from the 5th to the 95th percentile of the levels (at most 65 536 of
+/// runs from the 5th to the 95th percentile of the levels (at most 4096 of
 /// them, evenly spaced, are sorted), so a one-time ramp does not set it.
 fn step_starts(lives: &[i64], end: i64) -> Vec<u32> {
-    const SAMPLES: usize = 1 << 16;
+    const SAMPLES: usize = 4096;
     let every = (lives.len() / SAMPLES).max(1);
     let mut sample: Vec<i64> = lives
         .iter()

@@ -214,16 +214,10 @@ pub fn write<W: Write>(snapshot: &Snapshot, out: W) -> io::Result<()> {
         p.str("external_annotations")?;
         p.raw(&[EMPTY_LIST, MARK])?;
         for a in &snapshot.annotations {
-            p.raw(&[EMPTY_DICT, MARK])?;
-            p.str("name")?;
-            p.str(&a.name)?;
-            p.str("stage")?;
-            p.str(&a.stage)?;
-            p.str("device")?;
-            p.int(i128::from(a.device))?;
-            p.str("time_us")?;
-            p.int(i128::from(a.time_us))?;
-            p.raw(&[SETITEMS])?;
+            p.flat_dict(
+                &[("name", &a.name), ("stage", &a.stage)],
+                &[("device", a.device), ("time_us", a.time_us)],
+            )?;
         }
         p.raw(&[APPENDS])?;
     }
@@ -328,6 +322,20 @@ impl<W: Write> Pickler<W> {
         }
     }
 
+    /// A dict of string items, then int items.
+    fn flat_dict(&mut self, strs: &[(&str, &str)], ints: &[(&str, i64)]) -> io::Result<()> {
+        self.raw(&[EMPTY_DICT, MARK])?;
+        for (k, v) in strs {
+            self.str(k)?;
+            self.str(v)?;
+        }
+        for (k, v) in ints {
+            self.str(k)?;
+            self.int(i128::from(*v))?;
+        }
+        self.raw(&[SETITEMS])
+    }
+
     /// A trace entry's `frames` item: the list the first time, then its memo entry.
     fn frames(&mut self, frames: &[Frame], memo: &mut Option<u32>) -> io::Result<()> {
         self.str("frames")?;
@@ -342,14 +350,10 @@ impl<W: Write> Pickler<W> {
         self.raw(&[MARK])?;
         for f in frames {
             // Key order of the C++ pickler (allocator.md §9.2): name, filename, line.
-            self.raw(&[EMPTY_DICT, MARK])?;
-            self.str("name")?;
-            self.str(&f.name)?;
-            self.str("filename")?;
-            self.str(&f.filename)?;
-            self.str("line")?;
-            self.int(i128::from(f.line))?;
-            self.raw(&[SETITEMS])?;
+            self.flat_dict(
+                &[("name", &f.name), ("filename", &f.filename)],
+                &[("line", f.line)],
+            )?;
         }
         self.raw(&[APPENDS])
     }

@@ -45,6 +45,17 @@ impl TraceChecker {
         facts: &Facts,
         settings: &BTreeMap<String, String>,
     ) -> Result<ReplayCheck, String> {
+        let num = |n: &str| fact(facts, n);
+        // Without an oom entry the replay runs on the default card; a start
+        // state larger than it cannot be seeded (not worth decoding again).
+        let reserved = num("reserved").unwrap_or(0.0);
+        if num("free").is_none() && reserved > super::workload::DEFAULT_CAPACITY as f64 {
+            return Err(format!(
+                "the snapshot reserves {}, more than the {} card a replay runs on without a recorded OOM",
+                human(reserved as u64),
+                human(super::workload::DEFAULT_CAPACITY)
+            ));
+        }
         if let Some(data) = self.data.take() {
             self.workload = Some(Workload::snapshot(&self.name, data).map_err(|e| e.to_string()));
         }
@@ -103,10 +114,7 @@ impl TraceChecker {
 /// Caps `settings` at the trace's reserved peak when the trace shows a
 /// fraction cap the recorded settings do not hold.
 fn cap_at_trace_peak(settings: &mut Settings, facts: &Facts, capacity: u64) {
-    let num = |n: &str| match facts.values.get(n) {
-        Some(Fact::Num(v)) => Some(*v),
-        _ => None,
-    };
+    let num = |n: &str| fact(facts, n);
     let capped = num("ooms_with_free_device").is_some_and(|n| n >= 1.0);
     if settings.per_process_memory_fraction.is_none()
         && capped
@@ -169,5 +177,12 @@ fn difference(without: &RunFigures, with: &RunFigures) -> String {
         "with it, the replay's figures do not change".into()
     } else {
         format!("with it, {}", parts.join(", "))
+    }
+}
+
+fn fact(facts: &Facts, name: &str) -> Option<f64> {
+    match facts.values.get(name) {
+        Some(Fact::Num(v)) => Some(*v),
+        _ => None,
     }
 }
