@@ -5,7 +5,6 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
-use crate::ingest::Bytes;
 use crate::report::views::ReportViews;
 use crate::rules::{RuleSet, VersionRange};
 use crate::trial::trace_check::TraceChecker;
@@ -34,6 +33,9 @@ pub struct DiagnoseOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
@@ -49,23 +51,20 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     {
         notes.push(format!("allocdoc: warning: {why}"));
     }
-    let (evidence, mut snapshots) = read_all(&opts.inputs, &mut ctx)?;
-    // The snapshot whose trace the trace rules read checks their settings by replay.
+    let evidence = read_inputs(&opts.inputs, &opts.limits, &mut ctx)?;
+    // The snapshot whose trace the trace rules read checks their settings by
+    // replay: read again when a check is asked for, as for the report.
     let traced = advise::facts::trace_source(&evidence).map(|o| o.input.clone());
-    let mut checker = traced.and_then(|name| {
-        let at = snapshots.iter().position(|(n, _)| *n == name)?;
-        let (name, data) = snapshots.swap_remove(at);
-        Some(TraceChecker::new(&name, data))
-    });
+    let mut checker = traced.map(|name| TraceChecker::new(&name, opts.limits));
     let mut check = |facts: &_, settings: &_| match &mut checker {
         Some(c) => c.check(facts, settings),
-        None => Err("the snapshot could not be read again".to_string()),
+        None => Err("no snapshot with a trace among the inputs".to_string()),
     };
     let d = advise::diagnose_checked(evidence, &ctx, &rules, Some(&mut check));
     if let Some(path) = &opts.report {
         std::fs::write(
             path,
-            crate::report::diagnose::html(&d, pictures(&opts.inputs)),
+            crate::report::diagnose::html(&d, pictures(&opts.inputs, &opts.limits)),
         )
         .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
     }
@@ -77,14 +76,14 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String]) -> ReportViews {
+fn pictures(inputs: &[String], limits: &crate::limits::Limits) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = crate::ingest::read_input(name) else {
+        let Ok(data) = crate::ingest::read_input_with(name, limits) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
-            && let Ok(snap) = crate::snapshot::load(name, &data)
+            && let Ok(snap) = crate::snapshot::load_with(name, &data, limits)
         {
             views.add_snapshot(name, &snap);
         }
@@ -100,37 +99,15 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     }
 }
 
-/// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
-/// surrounding text (versions, configs, platform) from the same bytes.
-pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
-    read_all(inputs, ctx).map(|(evidence, _)| evidence)
-}
-
-/// [`read_inputs`], keeping the bytes of the snapshot pickles (for replays).
-fn read_all(
+/// Reads each input once: `ingest` parses it and gathers the clues the
+/// surrounding text gives (versions, configs, platform) on the same pass.
+pub fn read_inputs(
     inputs: &[String],
+    limits: &crate::limits::Limits,
     ctx: &mut Context,
-) -> Result<(Evidence, Vec<(String, Bytes)>), Error> {
-    let stdin = [String::from("-")];
-    let inputs = if inputs.is_empty() {
-        &stdin[..]
-    } else {
-        inputs
-    };
-    let mut evidence = Evidence::default();
-    let mut snapshots = Vec::new();
-    for name in inputs {
-        let data = crate::ingest::read_input(name)?;
-        let kind = crate::ingest::detect(&data);
-        if kind == crate::ingest::InputKind::Text {
-            ctx.scan(&data);
-        }
-        let ev = crate::ingest::parse_input(name, &data)?;
-        evidence.observations.extend(ev.observations);
-        evidence.notes.extend(ev.notes);
-        if kind == crate::ingest::InputKind::Pickle {
-            snapshots.push((name.clone(), data));
-        }
-    }
-    Ok((evidence, snapshots))
+) -> Result<Evidence, Error> {
+    let mut clues = crate::evidence::TextClues::default();
+    let evidence = crate::ingest::load_with(inputs, limits, &mut clues)?;
+    ctx.absorb(&clues);
+    Ok(evidence)
 }

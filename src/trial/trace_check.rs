@@ -18,22 +18,22 @@ use crate::units::human;
 use crate::workload::RunFigures;
 use std::collections::BTreeMap;
 
-/// Replays a traced snapshot for [`crate::advise::diagnose_checked`]: decoded
-/// again only when a check is asked for; the run without the suggestions is
-/// made once and reused.
+/// Replays a traced snapshot for [`crate::advise::diagnose_checked`]: read
+/// and decoded again only when a check is asked for; the run without the
+/// suggestions is made once and reused.
 pub struct TraceChecker {
     name: String,
-    data: Option<crate::ingest::Bytes>,
+    limits: crate::limits::Limits,
     workload: Option<Result<Workload, String>>,
     baseline: Option<(String, Settings, super::Run, u64)>,
 }
 
 impl TraceChecker {
-    /// The checker of the snapshot `name` (its bytes as read).
-    pub fn new(name: &str, data: crate::ingest::Bytes) -> TraceChecker {
+    /// The checker of the snapshot input `name`.
+    pub fn new(name: &str, limits: crate::limits::Limits) -> TraceChecker {
         TraceChecker {
             name: name.to_string(),
-            data: Some(data),
+            limits,
             workload: None,
             baseline: None,
         }
@@ -56,19 +56,24 @@ impl TraceChecker {
                 human(super::workload::DEFAULT_CAPACITY)
             ));
         }
-        if let Some(data) = self.data.take() {
-            self.workload = Some(Workload::snapshot(&self.name, data).map_err(|e| e.to_string()));
-        }
-        let workload = match &self.workload {
-            Some(w) => w.as_ref().map_err(Clone::clone)?,
-            None => return Err("the snapshot could not be read again".into()),
-        };
+        let (name, limits) = (&self.name, &self.limits);
+        let workload = self
+            .workload
+            .get_or_insert_with(|| {
+                if name == "-" {
+                    return Err("standard input is read once: save the snapshot to a file to have it replayed".into());
+                }
+                let data = crate::ingest::read_input_with(name, limits).map_err(|e| e.to_string())?;
+                Workload::snapshot(name, data, limits).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)?;
         let (capacity, _) = workload.capacity(None);
         if self.baseline.is_none() {
             let (conf, mut current, _) = workload.current(None, Settings::default());
             cap_at_trace_peak(&mut current, facts, capacity);
             let run = workload
-                .with_replayer(|replay| replay(&current, &conf, capacity))
+                .with_replayer(|replay| replay(&current, &conf, capacity, None))
                 .map_err(|e| e.to_string())?;
             self.baseline = Some((conf, current, run, capacity));
         }
@@ -88,7 +93,7 @@ impl TraceChecker {
             .settings;
         with_settings.per_process_memory_fraction = current.per_process_memory_fraction;
         let with = workload
-            .with_replayer(|replay| replay(&with_settings, &with_conf, *capacity))
+            .with_replayer(|replay| replay(&with_settings, &with_conf, *capacity, None))
             .map_err(|e| e.to_string())?;
         let supported = with.figures.rank(&without.figures) == std::cmp::Ordering::Less;
         let mut sentence = difference(&without.figures, &with.figures);

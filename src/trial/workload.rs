@@ -3,7 +3,7 @@
 //! a probe fitted to its figures ([`crate::workload::probe`]); where the
 //! capacity of its runs comes from; and the config it is compared against.
 
-use super::run::{Replayer, replay, replay_snapshot};
+use super::run::{Replayer, replay, replay_bounded, replay_snapshot};
 use crate::Error;
 use crate::conf::Settings;
 use crate::evidence::{Kind, Observation};
@@ -20,8 +20,9 @@ pub enum Source {
     /// A trace CSV, or a probe's generated trace.
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
-    /// borrows them); replayed from the state the trace started in.
-    Snapshot(crate::ingest::Bytes),
+    /// borrows them) with the limits it is decoded within; replayed from the
+    /// state the trace started in.
+    Snapshot(crate::ingest::Bytes, crate::limits::Limits),
 }
 
 /// What gets replayed for an input.
@@ -148,14 +149,19 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
 impl Workload {
     /// A snapshot's trace, replayed from the state it started in. Decoded
     /// once here, so that a snapshot without a trace fails with its reason.
-    pub fn snapshot(name: &str, data: crate::ingest::Bytes) -> Result<Workload, Error> {
-        let (recorded, implied_capacity) = with_snapshot_trace(name, &data, |st, recorded| {
-            (recorded.cloned(), st.recorded_capacity())
-        })?;
+    pub fn snapshot(
+        name: &str,
+        data: crate::ingest::Bytes,
+        limits: &crate::limits::Limits,
+    ) -> Result<Workload, Error> {
+        let (recorded, implied_capacity) =
+            with_snapshot_trace(name, &data, limits, |st, recorded| {
+                (recorded.cloned(), st.recorded_capacity())
+            })?;
         Ok(Workload {
             input: name.to_string(),
             implied_capacity,
-            source: Source::Snapshot(data),
+            source: Source::Snapshot(data, *limits),
             probe: None,
             advice: None,
             recorded,
@@ -181,20 +187,27 @@ impl Workload {
         capacity: Option<u64>,
         current_conf: &str,
         current: &Settings,
+        limits: &crate::limits::Limits,
     ) -> Result<Workload, Error> {
-        let data = crate::ingest::read_input(if input.is_empty() { "-" } else { input })?;
+        let data =
+            crate::ingest::read_input_with(if input.is_empty() { "-" } else { input }, limits)?;
         let name = if input.is_empty() { "-" } else { input };
         match crate::ingest::detect(&data) {
             crate::ingest::InputKind::TraceCsv => {
                 return Ok(Workload::recorded(name, Trace::parse(name, &data)?));
             }
-            crate::ingest::InputKind::Pickle => return Workload::snapshot(name, data),
+            crate::ingest::InputKind::Pickle => return Workload::snapshot(name, data, limits),
             crate::ingest::InputKind::RmmLog => {
                 // RMM's own allocations, replayed through PyTorch's caching allocator.
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
                 return Ok(Workload::recorded(name, trace));
             }
-            crate::ingest::InputKind::Text => {}
+            crate::ingest::InputKind::Text => {
+                // A trace CSV whose header is quoted (RFC 4180): `ingest::detect` reads only plain headers.
+                if let Some(trace) = crate::workload::detect_trace(name, &data)? {
+                    return Ok(Workload::recorded(name, trace));
+                }
+            }
         }
         let observations = crate::ingest::parse_bytes(name, &data)?;
         let target = probe_target(&observations, capacity).ok_or_else(|| {
@@ -270,9 +283,10 @@ fn rule_advice(
 pub(crate) fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
+    limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
-    let snap = crate::snapshot::load(name, data)?;
+    let snap = crate::snapshot::load_with(name, data, limits)?;
     let device = traced_device(&snap).ok_or_else(|| {
         Error::Input(format!(
             "{name}: the snapshot has no trace to replay: record it with \
@@ -308,21 +322,25 @@ impl Workload {
     pub fn request_sizes(&self) -> Option<Vec<u64>> {
         match &self.source {
             Source::Trace(trace) => Some(distinct_request_sizes(trace)),
-            Source::Snapshot(_) => None,
+            Source::Snapshot(..) => None,
         }
     }
 
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
-            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
-                f(&|s, conf, cap| {
-                    let device = crate::device::sim::SimDevice::new(cap)
-                        .with_recorded_addresses(st.recorded_addresses(false));
-                    replay_snapshot(st, s, conf, device)
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| {
+                replay_bounded(trace, s, conf, cap, stop)
+            })),
+            Source::Snapshot(data, limits) => {
+                with_snapshot_trace(&self.input, data, limits, |st, _| {
+                    f(&|s, conf, cap, _| {
+                        let device = crate::device::sim::SimDevice::new(cap)
+                            .with_recorded_addresses(st.recorded_addresses(false));
+                        replay_snapshot(st, s, conf, device)
+                    })
                 })
-            }),
+            }
         }
     }
 }
