@@ -6,7 +6,7 @@ use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
 use crate::report::views::ReportViews;
-use crate::rules::{RuleSet, VersionRange};
+use crate::rules::RuleSet;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -23,6 +23,9 @@ pub struct DiagnoseOptions {
     /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
     #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
+    /// The platform PyTorch runs on (default: what the evidence shows, else linux).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub platform: Option<crate::conf::Platform>,
     /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
@@ -36,11 +39,7 @@ pub struct DiagnoseOptions {
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
-    let mut ctx = Context::default();
-    if let Some(v) = &opts.torch_version {
-        let v = crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
-        ctx.torch = Some(VersionRange::exact(v));
-    }
+    let mut ctx = context(opts.torch_version.as_deref(), opts.platform)?;
     let mut notes = Vec::new();
     if let Some(c) = &opts.conf
         && let Err(why) = ctx.set_current(c, "--conf")
@@ -87,6 +86,36 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     }
 }
 
+/// The context of a command's flags: `--torch-version` and `--platform`
+/// (which win over every clue the text holds).
+pub fn context(
+    torch_version: Option<&str>,
+    platform: Option<crate::conf::Platform>,
+) -> Result<Context, Error> {
+    let mut ctx = Context::default();
+    if let Some(v) = torch_version {
+        let v = crate::conf::TorchVersion::parse(v)
+            .map_err(|e| Error::Usage(format!("--torch-version: {e}")))?;
+        ctx.torch = Some(crate::rules::VersionRange::exact(v));
+        ctx.flags.torch = Some(v);
+    }
+    ctx.flags.platform = platform;
+    Ok(ctx)
+}
+
+/// Reads one input, scans its text for context clues and parses its evidence.
+pub fn read_one(
+    name: &str,
+    ctx: &mut Context,
+) -> Result<(crate::ingest::Bytes, Evidence), Error> {
+    let data = crate::ingest::read_input(name)?;
+    if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
+        ctx.scan(&data);
+    }
+    let ev = crate::ingest::parse_input(name, &data)?;
+    Ok((data, ev))
+}
+
 /// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
 /// surrounding text (versions, configs, platform) from the same bytes.
 pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
@@ -98,11 +127,7 @@ pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Err
     };
     let mut evidence = Evidence::default();
     for name in inputs {
-        let data = crate::ingest::read_input(name)?;
-        if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
-            ctx.scan(&data);
-        }
-        let ev = crate::ingest::parse_input(name, &data)?;
+        let (_, ev) = read_one(name, ctx)?;
         evidence.observations.extend(ev.observations);
         evidence.notes.extend(ev.notes);
     }

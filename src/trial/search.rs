@@ -205,7 +205,7 @@ pub fn min_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::advise::space::space;
+    use crate::advise::space::all as space;
     use crate::workload::OomEvent;
 
     /// Thresholds above every segment of the trace, and collector thresholds
