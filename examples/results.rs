@@ -13,7 +13,7 @@ use allocdoc::conf::Settings;
 use allocdoc::trial::recommend::recommend;
 use allocdoc::trial::run::Run;
 use allocdoc::trial::search;
-use allocdoc::trial::workload::{Source, Workload};
+use allocdoc::trial::workload::{Loaded, Source, Workload};
 use allocdoc::units::human;
 use allocdoc::workload::Event;
 use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
@@ -108,11 +108,19 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                 for c in COMPARED {
                     let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity)));
                 }
+                // A recorded trace: the space of PyTorch 2.6 on Linux, no rules.
+                let setup = allocdoc::advise::Setup::of_flags(&Default::default());
+                let space = allocdoc::advise::Space::for_setup(&setup, false);
+                let search = allocdoc::trial::recommend::Search {
+                    space: &space,
+                    current_conf: "",
+                    current: &defaults,
+                    diagnosis: None,
+                };
                 let r = recommend(
                     workload,
                     workload.capacity(Some(capacity)),
-                    "",
-                    &defaults,
+                    &search,
                     &|_| {},
                 )
                 .expect("the workload replays");
@@ -180,7 +188,8 @@ fn main() {
         for path in names {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
-            if let Ok(mut w) = Workload::load(&name, None, "", &Settings::default()) {
+            if let Ok(Loaded::Ready(mut w)) = Workload::load(&name, None, &Settings::default(), None)
+            {
                 w.input = path
                     .file_name()
                     .map_or(name.clone(), |f| f.to_string_lossy().into_owned());

@@ -183,35 +183,34 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
         (None, _, Some(b)) => {
             let current_oom = r.current.figures.oom.is_some();
             let gives = match r.strength {
-                Strength::Proven => {
-                    current_oom
-                        || b.figures.peak_reserved_bytes < r.current.figures.peak_reserved_bytes
-                }
+                // The contract: a replayed trace's best config that runs.
+                Strength::Proven => true,
                 Strength::Likely => current_oom && !ruled_out,
                 Strength::Uncertain => false,
             };
+            let news = current_oom || !same_config(&b.conf, &r.current.conf);
             let what = if current_oom {
                 format!("{} avoids the OOM the current config hits", shown(&b.conf))
             } else {
                 format!("{} does better than the current config", shown(&b.conf))
             };
-            let rules_said = match (cause, d) {
-                (Some(c), Some(_)) if ruled_out => {
+            let rules_said = match cause {
+                Some(c) if ruled_out => {
                     format!("the rules find {}: no allocator setting can help", c.as_str())
                 }
-                (Some(_), Some(_)) => "the rules suggest no setting".to_string(),
-                _ => String::new(),
+                Some(_) => "the rules suggest no setting".to_string(),
+                None => String::new(),
             };
             if gives {
                 answer.recommendation = Some(line(&b.conf));
-                if !rules_said.is_empty() {
+                if !rules_said.is_empty() && news {
                     answer.overrides = Some(format!("{rules_said}; {how}, {what}"));
                 }
-            } else if !rules_said.is_empty() && (current_oom || !ruled_out) {
+            } else if !rules_said.is_empty() && news {
                 let why = if ruled_out {
                     "that gets past this one allocation, not the next ones"
                 } else {
-                    "the probe is not enough to recommend it"
+                    "the probe did not reproduce your OOM, so it cannot show that a setting helps"
                 };
                 answer.overrides = Some(format!("{rules_said}; {how}, {what}, but {why}"));
             }
