@@ -116,6 +116,7 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                     current_conf: "",
                     current: &defaults,
                     diagnosis: None,
+                    bisect: true,
                 };
                 let r = recommend(
                     workload,

@@ -86,6 +86,7 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                 current_conf: "",
                 current: &defaults,
                 diagnosis: None,
+                bisect: true,
             };
             let r = recommend(&w, w.capacity(Some(capacity)), &search, &|_| {}).expect("search");
             assert_eq!(r.candidates.len(), brute.len());

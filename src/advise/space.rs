@@ -205,40 +205,12 @@ impl Space {
     /// Why nothing but PyTorch's defaults can be recommended, when that holds
     /// for every key (the device or backend is not governed by the variable).
     fn blanket(&self) -> Option<String> {
-        if !self.setup.conf_applies() {
-            return Some(format!(
-                "PYTORCH_CUDA_ALLOC_CONF governs CUDA and HIP devices only; this OOM is on {}",
-                self.setup.describe()
-            ));
-        }
-        if self.setup.backend.value == Backend::CudaMallocAsync {
-            return Some(
-                "the cudaMallocAsync backend ignores max_split_size_mb, roundup_power2_divisions, \
-                 garbage_collection_threshold and expandable_segments"
-                    .to_string(),
-            );
-        }
-        None
+        blanket(&self.setup)
     }
 
     /// `Ok` when `c` belongs to this space; otherwise why not, in one sentence.
     pub fn admits(&self, c: &Candidate) -> Result<(), String> {
-        if c.keys() == 0 {
-            return Ok(());
-        }
-        if let Some(why) = self.blanket() {
-            return Err(why);
-        }
-        let platform = self.setup.platform.value;
-        for &v in &self.versions {
-            let value = c.value(v);
-            let parsed = crate::conf::parse(&value, v)
-                .map_err(|e| format!("PyTorch {v} rejects {value}: {e}"))?;
-            if let Some(w) = platform.ignored(&parsed.settings).into_iter().next() {
-                return Err(w.text);
-            }
-        }
-        Ok(())
+        admit(&self.setup, &self.versions, c)
     }
 
     /// The value of `c` as the user should write it (for the replay version).
@@ -250,6 +222,56 @@ impl Space {
     pub fn setup(&self) -> &Setup {
         &self.setup
     }
+}
+
+/// Why nothing but PyTorch's defaults fits `setup`, when that holds for every key.
+fn blanket(setup: &Setup) -> Option<String> {
+    if !setup.conf_applies() {
+        return Some(format!(
+            "PYTORCH_CUDA_ALLOC_CONF governs CUDA and HIP devices only; this OOM is on {}",
+            setup.describe()
+        ));
+    }
+    if setup.backend.value == Backend::CudaMallocAsync {
+        return Some(
+            "the cudaMallocAsync backend ignores max_split_size_mb, roundup_power2_divisions, \
+             garbage_collection_threshold and expandable_segments"
+                .to_string(),
+        );
+    }
+    None
+}
+
+/// `Ok` when `setup` admits `c`: PyTorch accepts its value in every one of
+/// `versions` and acts on all of it on the setup's platform.
+fn admit(setup: &Setup, versions: &[TorchVersion], c: &Candidate) -> Result<(), String> {
+    if c.keys() == 0 {
+        return Ok(());
+    }
+    if let Some(why) = blanket(setup) {
+        return Err(why);
+    }
+    let platform = setup.platform.value;
+    for &v in versions {
+        let value = c.value(v);
+        let parsed = crate::conf::parse(&value, v)
+            .map_err(|e| format!("PyTorch {v} rejects {value}: {e}"))?;
+        if let Some(w) = platform.ignored(&parsed.settings).into_iter().next() {
+            return Err(w.text);
+        }
+    }
+    Ok(())
+}
+
+/// `Ok` when `setup` admits the config `value` (as written for its replay
+/// version): what a command may print as the line to set.
+pub fn admits_value(setup: &Setup, value: &str) -> Result<(), String> {
+    let version = setup.replay_version();
+    let parsed = crate::conf::parse(value, version)
+        .map_err(|e| format!("PyTorch {version} rejects {value}: {e}"))?;
+    // Keys outside the space (a fraction, pinned-memory options) are the
+    // user's own; the space's keys are judged.
+    admit(setup, &setup.versions(), &Candidate::of_settings(&parsed.settings))
 }
 
 /// The key a one-key candidate sets.

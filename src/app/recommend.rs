@@ -75,6 +75,7 @@ pub fn run_with_progress(
         current_conf: &p.current_conf,
         current: &p.current,
         diagnosis: p.diagnosis.as_ref(),
+        bisect: true,
     };
     let mut result = recommend(&workload, capacity, &search, progress)?;
     result.notes.extend(p.notes);

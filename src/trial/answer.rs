@@ -115,10 +115,17 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
     let Some(r) = replays else {
         return answer;
     };
-    let best = r.ranked.first().filter(|b| b.figures.oom.is_none());
+    // Only what the setup admits can become the line (a candidate `validate`
+    // was given may be one PyTorch ignores on the user's platform).
+    let ranked: Vec<&Run> = r
+        .ranked
+        .iter()
+        .filter(|run| crate::advise::space::admits_value(setup, &run.conf).is_ok())
+        .collect();
+    let best = ranked.first().copied().filter(|b| b.figures.oom.is_none());
     let rules_run = rules
         .as_ref()
-        .and_then(|x| r.ranked.iter().find(|run| same_config(&run.conf, &x.value)));
+        .and_then(|x| ranked.iter().copied().find(|run| same_config(&run.conf, &x.value)));
     let line = |conf: &str| {
         Recommendation::new(conf.to_string(), setup.platform.value, setup.torch.value)
     };
@@ -148,7 +155,7 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
                 answer.overrides = Some(format!(
                     "the rules suggest {}; {how}, it still runs out of memory{}",
                     x.value,
-                    if r.ranked.len() > 1 {
+                    if ranked.len() > 1 {
                         ", like every other config tried"
                     } else {
                         ""
@@ -188,9 +195,11 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
                 Strength::Likely => current_oom && !ruled_out,
                 Strength::Uncertain => false,
             };
-            let news = current_oom || !same_config(&b.conf, &r.current.conf);
+            let kept = !current_oom && same_config(&b.conf, &r.current.conf);
             let what = if current_oom {
                 format!("{} avoids the OOM the current config hits", shown(&b.conf))
+            } else if kept {
+                format!("{}, the config in use, does best", shown(&b.conf))
             } else {
                 format!("{} does better than the current config", shown(&b.conf))
             };
@@ -203,10 +212,10 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
             };
             if gives {
                 answer.recommendation = Some(line(&b.conf));
-                if !rules_said.is_empty() && news {
+                if !rules_said.is_empty() {
                     answer.overrides = Some(format!("{rules_said}; {how}, {what}"));
                 }
-            } else if !rules_said.is_empty() && news {
+            } else if !rules_said.is_empty() && !kept {
                 let why = if ruled_out {
                     "that gets past this one allocation, not the next ones"
                 } else {

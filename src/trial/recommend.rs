@@ -72,6 +72,9 @@ pub struct Search<'a> {
     pub current_conf: &'a str,
     pub current: &'a Settings,
     pub diagnosis: Option<&'a Diagnosis>,
+    /// Bisect the recommended config's smallest capacity (`min_capacity_bytes`);
+    /// off only for a quick search (tests), which leaves it `None`.
+    pub bisect: bool,
 }
 
 /// Searches, ranks and bisects for an already loaded workload, and settles
@@ -108,7 +111,7 @@ fn search_with(
         current,
         cap,
         sizes.as_deref(),
-        |settings, cap| replay(settings, "", cap).figures,
+        (|settings: &Settings, cap| replay(settings, "", cap).figures, s.bisect),
         progress,
     );
     let mut current_run = None;
@@ -162,6 +165,7 @@ fn search_with(
     // The contract's smallest capacity is the recommended config's: bisect
     // again when the answer kept a line other than the search's best.
     let min_capacity_bytes = match (&answer.recommendation, ranked.first()) {
+        _ if !s.bisect => None,
         (Some(r), Some(best)) if best.conf == r.value => result.min_capacity_bytes,
         (Some(r), _) => ranked
             .iter()

@@ -71,9 +71,9 @@ fn gc_never_runs(peak_reserved: u64, threshold: f64, base: &Settings, capacity: 
     peak_reserved <= (threshold * allowed as f64) as u64
 }
 
-/// Replays every candidate at `capacity` in parallel, ranks them, and bisects
-/// the winner's smallest capacity. `run(settings, capacity)` must be
-/// deterministic; `progress` is called from worker threads.
+/// Replays every candidate at `capacity` in parallel, ranks them, and (when
+/// `bisect`) bisects the winner's smallest capacity. `run(settings, capacity)`
+/// must be deterministic; `progress` is called from worker threads.
 ///
 /// Candidates that provably behave alike share one replay: a
 /// `max_split_size_mb` above every segment of the trace ([`equivalent`]), and a
@@ -83,7 +83,7 @@ pub fn search<R, P>(
     base: &Settings,
     capacity: u64,
     request_sizes: Option<&[u64]>,
-    run: R,
+    (run, bisect): (R, bool),
     progress: P,
 ) -> SearchResult
 where
@@ -160,7 +160,7 @@ where
     // Stable on ties: the candidate with fewer keys set wins (less to explain).
     ranked.sort_by(|a, b| a.1.rank(&b.1).then(a.0.keys().cmp(&b.0.keys())));
     let min_capacity_bytes = match ranked.first() {
-        Some((best, out)) if out.oom.is_none() => {
+        Some((best, out)) if bisect && out.oom.is_none() => {
             let settings = best.settings(base);
             let at = |cap| run(&settings, cap);
             Some(min_capacity(out, capacity, at, &progress))
@@ -231,7 +231,7 @@ mod tests {
                     ..RunFigures::default()
                 }
             };
-            let r = search(space(true), &base, cap, Some(&sizes), run, |_| {});
+            let r = search(space(true), &base, cap, Some(&sizes), (run, true), |_| {});
             assert_eq!(r.ranked.len(), 280, "every candidate is ranked");
             replays.load(AtomicOrdering::Relaxed)
         };
@@ -269,7 +269,7 @@ mod tests {
             &Settings::default(),
             900 * MIB,
             None,
-            run,
+            (run, true),
             |_| {},
         );
         let (best, score) = &r.ranked[0];
@@ -285,7 +285,7 @@ mod tests {
             &Settings::default(),
             600 * MIB,
             None,
-            run,
+            (run, true),
             |_| {},
         );
         assert_eq!(r.min_capacity_bytes, None, "everything OOMs");
