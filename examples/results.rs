@@ -189,7 +189,8 @@ fn main() {
         for path in names {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
-            if let Ok(Loaded::Ready(mut w)) = Workload::load(&name, None, &Settings::default(), None)
+            if let Ok(Loaded::Ready(mut w)) =
+                Workload::load(&name, None, &Settings::default(), None)
             {
                 w.input = path
                     .file_name()

@@ -17,6 +17,20 @@ use allocdoc::trial::workload::Loaded;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+#[path = "support/comparisons.rs"]
+mod comparisons;
+use comparisons::contradictions;
+
+/// Fails with every contradiction found in `texts`.
+fn assert_true(what: &str, texts: &[&str]) {
+    let bad: Vec<String> = texts.iter().flat_map(|t| contradictions(t)).collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: a comparison word disagrees with its figures:\n{}",
+        bad.join("\n")
+    );
+}
+
 /// Every fixture that holds text or a snapshot (trace CSVs and RMM logs hold
 /// no evidence the rules read), the eval corpus included.
 fn fixtures() -> Vec<PathBuf> {
@@ -40,7 +54,10 @@ fn fixtures() -> Vec<PathBuf> {
         }
     }
     let mut v = Vec::new();
-    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"), &mut v);
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
+        &mut v,
+    );
     v.sort();
     assert!(v.len() > 150, "only {} fixtures", v.len());
     v
@@ -52,7 +69,8 @@ fn json(out: &str) -> Value {
 
 /// A recommendation's value, `None` when there is none.
 fn line(v: &Value) -> Option<String> {
-    v.as_object().map(|_| v["value"].as_str().unwrap_or("").to_string())
+    v.as_object()
+        .map(|_| v["value"].as_str().unwrap_or("").to_string())
 }
 
 /// What `diagnose --format json` says: (cause, line).
@@ -99,7 +117,11 @@ fn agrees(what: &str, path: &str, diagnose: &(String, Option<String>), answer: &
         ),
     }
     if let Some(g) = &given {
-        let shown = if g.is_empty() { "PyTorch's defaults" } else { g };
+        let shown = if g.is_empty() {
+            "PyTorch's defaults"
+        } else {
+            g
+        };
         assert!(sentence.contains(shown), "{what} {path}: {sentence}");
     }
 }
@@ -140,7 +162,10 @@ fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value
         let only =
             allocdoc::trial::recommend::RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why.clone());
         return (
-            json(&allocdoc::report::recommend::rules_only(&only, Format::Json)),
+            json(&allocdoc::report::recommend::rules_only(
+                &only,
+                Format::Json,
+            )),
             None,
         );
     };
@@ -153,7 +178,10 @@ fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value
         bisect: true,
     };
     let r = recommend(w, w.capacity(None), &search, &|_| {}).unwrap();
-    let r = json(&allocdoc::report::recommend::recommendation(&r, Format::Json));
+    let r = json(&allocdoc::report::recommend::recommendation(
+        &r,
+        Format::Json,
+    ));
     let settings = allocdoc::app::input::conf_at("--conf", candidate, &p.setup).unwrap();
     let v = allocdoc::trial::validate::validate(
         w,
@@ -166,7 +194,10 @@ fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value
     .unwrap();
     (
         r,
-        Some(json(&allocdoc::report::recommend::validation(&v, Format::Json))),
+        Some(json(&allocdoc::report::recommend::validation(
+            &v,
+            Format::Json,
+        ))),
     )
 }
 
@@ -183,6 +214,13 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
             let (r, v) = recommend_and_validate(f, &candidate);
             let answer = &r["answer"];
             agrees("recommend", path, &d, answer);
+            assert_true(
+                path,
+                &[
+                    answer["diagnosis"].as_str().unwrap_or(""),
+                    answer["overrides"].as_str().unwrap_or(""),
+                ],
+            );
             // The contract's recommendation is the answer's line.
             assert_eq!(
                 line(&r["recommendation"]),
@@ -190,7 +228,16 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
                 "{path}"
             );
             match v {
-                Some(v) => agrees("validate", path, &d, &v["answer"]),
+                Some(v) => {
+                    agrees("validate", path, &d, &v["answer"]);
+                    assert_true(
+                        path,
+                        &[
+                            v["verdict"].as_str().unwrap_or(""),
+                            v["answer"]["overrides"].as_str().unwrap_or(""),
+                        ],
+                    );
+                }
                 None => {
                     // Nothing to replay: `validate` says so, with diagnose's answer.
                     let e = allocdoc::app::validate::run(&ValidateOptions {
@@ -207,7 +254,10 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
                             || (d.0 == "unknown" && e.contains("diagnose's answer:")),
                         "validate {path}: {e}"
                     );
-                    assert!(r["candidates"].as_array().is_some_and(|c| c.is_empty()), "{path}");
+                    assert!(
+                        r["candidates"].as_array().is_some_and(|c| c.is_empty()),
+                        "{path}"
+                    );
                 }
             }
             answer["overrides"].is_string().then(|| path.clone())
@@ -324,4 +374,86 @@ fn no_command_recommends_what_pytorch_rejects_or_ignores() {
         })
         .sum();
     assert!(checked > 1500, "only {checked} contexts checked");
+}
+
+/// Every verdict and finding `diagnose` renders on every fixture, for each
+/// incident: its comparison words agree with the figures they relate.
+#[test]
+fn comparison_words_agree_with_the_figures_on_every_fixture() {
+    let rules = RuleSet::embedded().unwrap();
+    let mut findings = 0;
+    for f in fixtures() {
+        let path = f.to_string_lossy().into_owned();
+        let mut ctx = allocdoc::advise::Context::default();
+        let (_, ev) = read_one(&path, &mut ctx).unwrap();
+        let d = advise::diagnose(ev, &ctx, &rules);
+        let mut texts: Vec<&str> = vec![&d.verdict];
+        texts.extend(d.findings.iter().map(|f| f.message.as_str()));
+        texts.extend(d.findings.iter().filter_map(|f| f.next.as_deref()));
+        texts.extend(d.incidents.iter().map(|i| i.verdict.as_str()));
+        findings += d.findings.len();
+        assert_true(&path, &texts);
+    }
+    assert!(findings > 150, "only {findings} findings rendered");
+}
+
+/// Every rule's own test cases: the message of each case that fires.
+#[test]
+fn comparison_words_agree_with_the_figures_in_the_rules_own_cases() {
+    let rules = RuleSet::embedded().unwrap();
+    let mut fired = 0;
+    for rule in &rules.rules {
+        for case in &rule.tests {
+            if let allocdoc::rules::Verdict::Fired(f) = rule.evaluate(&case.facts) {
+                fired += 1;
+                assert_true(
+                    &format!("{} :: {}", rule.id, case.name),
+                    &[&f.message, f.next.as_deref().unwrap_or("")],
+                );
+            }
+        }
+    }
+    assert!(fired > 30, "only {fired} firing cases");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// Any figures at all: whatever a rule renders when it fires, its
+    /// comparison words agree with the figures beside them.
+    #[test]
+    fn comparison_words_agree_with_any_figures(
+        sizes in proptest::collection::vec(0u64..(96u64 << 30), 12),
+        flags in proptest::collection::vec(proptest::bool::ANY, 12),
+        series in proptest::collection::vec(0u64..(8u64 << 30), 3..6),
+    ) {
+        use allocdoc::rules::catalog::{METRICS, MetricKind};
+        use allocdoc::rules::{Fact, Facts};
+        let rules = RuleSet::embedded().unwrap();
+        for rule in &rules.rules {
+            let mut facts = Facts {
+                kinds: rule.applies_to.kinds.clone(),
+                backend: rule.applies_to.backend,
+                torch: allocdoc::rules::VersionRange::exact(TorchVersion::new(2, 6)),
+                ..Facts::default()
+            };
+            if facts.kinds.is_empty() {
+                facts.kinds.push(allocdoc::evidence::Kind::Oom);
+            }
+            for (i, m) in METRICS.iter().enumerate() {
+                let fact = match m.kind {
+                    MetricKind::Bytes => Fact::Num(sizes[i % sizes.len()] as f64),
+                    MetricKind::Number => Fact::Num((sizes[i % sizes.len()] % 50) as f64),
+                    MetricKind::Bool => Fact::Bool(flags[i % flags.len()]),
+                    MetricKind::Series => Fact::Series(series.iter().map(|&v| v as f64).collect()),
+                };
+                facts.set(m.name, fact);
+            }
+            facts.set("cuda_context", Fact::Num((1u64 << 30) as f64));
+            if let allocdoc::rules::Verdict::Fired(f) = rule.evaluate(&facts) {
+                let bad = contradictions(&f.message);
+                proptest::prop_assert!(bad.is_empty(), "{}: {:?}", rule.id, bad);
+            }
+        }
+    }
 }

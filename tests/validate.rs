@@ -611,7 +611,10 @@ fn json_follows_the_contract() {
         text.contains("capacity 80.00 GiB (the default card: set --capacity)"),
         "{text}"
     );
-    assert!(text.contains("\n  unset PYTORCH_CUDA_ALLOC_CONF\n"), "{text}");
+    assert!(
+        text.contains("\n  unset PYTORCH_CUDA_ALLOC_CONF\n"),
+        "{text}"
+    );
 
     // validate: the capacity as given, both runs with the contract's oom object.
     let v = json_of(

@@ -68,7 +68,9 @@ impl Recommendation {
             })
             .collect();
         let python = if value.is_empty() {
-            format!("import os\nos.environ.pop(\"{ENV}\", None)  # before the first `import torch`\nimport torch")
+            format!(
+                "import os\nos.environ.pop(\"{ENV}\", None)  # before the first `import torch`\nimport torch"
+            )
         } else {
             format!(
                 "import os\nos.environ[\"{ENV}\"] = \"{value}\"  # before the first `import torch`\nimport torch"
@@ -186,15 +188,24 @@ mod tests {
     fn lines_follow_the_platform() {
         let any = VersionRange::default();
         let r = Recommendation::new("expandable_segments:True".into(), Platform::Linux, any);
-        assert_eq!(r.line, "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
-        assert_eq!(r.settings.get("expandable_segments").map(String::as_str), Some("True"));
+        assert_eq!(
+            r.line,
+            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        );
+        assert_eq!(
+            r.settings.get("expandable_segments").map(String::as_str),
+            Some("True")
+        );
         let w = Recommendation::new("max_split_size_mb:512".into(), Platform::Windows, any);
         assert_eq!(w.line, "set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512");
         assert_eq!(
             w.lines[1].line,
             "$env:PYTORCH_CUDA_ALLOC_CONF = \"max_split_size_mb:512\""
         );
-        assert!(w.python.contains("os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"max_split_size_mb:512\""));
+        assert!(
+            w.python
+                .contains("os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"max_split_size_mb:512\"")
+        );
         let d = Recommendation::new(String::new(), Platform::Linux, any);
         assert_eq!(d.line, "unset PYTORCH_CUDA_ALLOC_CONF");
         assert!(d.settings.is_empty());

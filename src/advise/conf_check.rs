@@ -113,10 +113,7 @@ pub fn check(value: &str, version: TorchVersion, platform: Platform) -> ConfChec
             let canonical = parsed.render();
             warnings.extend(parsed.warnings);
             let ignored = platform.ignored(&parsed.settings);
-            let ignored_keys = ignored
-                .iter()
-                .map(|w| w.text.clone())
-                .collect::<Vec<_>>();
+            let ignored_keys = ignored.iter().map(|w| w.text.clone()).collect::<Vec<_>>();
             warnings.extend(ignored);
             let s = platform.effective(&parsed.settings);
             let rounding = if s.backend == Backend::CudaMallocAsync {

@@ -385,8 +385,7 @@ fn context_facts(f: &mut Facts, ctx: &Context, setup: &Setup, recorded: Option<(
         (_, Some(hi)) if hi < min => Some(false),
         _ => None,
     };
-    let blocked =
-        platform == Platform::Windows || ctx.ipc_user || ctx.expandable_unsupported;
+    let blocked = platform == Platform::Windows || ctx.ipc_user || ctx.expandable_unsupported;
     let supported = if blocked {
         Some(false)
     } else if platform == Platform::Rocm {

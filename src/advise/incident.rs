@@ -110,7 +110,13 @@ pub struct Weight {
 pub fn headline_key(
     o: &Observation,
     weight: Weight,
-) -> (usize, Weight, u64, std::cmp::Reverse<u32>, std::cmp::Reverse<(String, u64)>) {
+) -> (
+    usize,
+    Weight,
+    u64,
+    std::cmp::Reverse<u32>,
+    std::cmp::Reverse<(String, u64)>,
+) {
     (
         completeness(o),
         weight,
@@ -156,7 +162,10 @@ mod tests {
         let a = oom(0, 1 << 30, Some(1 << 20));
         let b = oom(1, 1 << 30, Some(1 << 20));
         let w = Weight::default();
-        assert!(headline_key(&a, w) > headline_key(&b, w), "lower rank wins a tie");
+        assert!(
+            headline_key(&a, w) > headline_key(&b, w),
+            "lower rank wins a tie"
+        );
         let heavy = Weight {
             severity: 3,
             priority: 50,
@@ -164,6 +173,9 @@ mod tests {
         assert!(headline_key(&b, heavy) > headline_key(&a, w));
         let mut fuller = oom(1, 1 << 20, Some(1 << 20));
         fuller.total_capacity_bytes = Some(8 << 30);
-        assert!(headline_key(&fuller, w) > headline_key(&a, heavy), "completeness first");
+        assert!(
+            headline_key(&fuller, w) > headline_key(&a, heavy),
+            "completeness first"
+        );
     }
 }

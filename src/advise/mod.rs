@@ -92,7 +92,10 @@ pub struct Diagnosis {
 impl Diagnosis {
     /// The incidents whose cause differs from the headline's.
     pub fn differing_incidents(&self) -> impl Iterator<Item = &IncidentCause> {
-        self.incidents.iter().skip(1).filter(|i| i.cause != self.cause)
+        self.incidents
+            .iter()
+            .skip(1)
+            .filter(|i| i.cause != self.cause)
     }
 }
 
@@ -112,14 +115,15 @@ impl Outcome<'_> {
     }
 
     fn weight(&self) -> incident::Weight {
-        self.deciding().map_or_else(incident::Weight::default, |f| incident::Weight {
-            severity: match f.severity {
-                Severity::Info => 1,
-                Severity::Warning => 2,
-                Severity::Error => 3,
-            },
-            priority: f.priority,
-        })
+        self.deciding()
+            .map_or_else(incident::Weight::default, |f| incident::Weight {
+                severity: match f.severity {
+                    Severity::Info => 1,
+                    Severity::Warning => 2,
+                    Severity::Error => 3,
+                },
+                priority: f.priority,
+            })
     }
 }
 
@@ -171,7 +175,10 @@ fn verdict_of(outcome: &Outcome, evidence: &Evidence) -> (Cause, String) {
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
         }
-        None if !facts.kinds.iter().any(|k| matches!(k, Kind::Oom | Kind::NonAllocatorOom))
+        None if !facts
+            .kinds
+            .iter()
+            .any(|k| matches!(k, Kind::Oom | Kind::NonAllocatorOom))
             && !facts.values.contains_key("requested") =>
         {
             let counted = match facts.values.get("ooms") {
@@ -210,7 +217,11 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         .filter_map(|inc| {
             let i = inc.report();
             let o = evidence.observations.get(i)?;
-            Some((i, inc.observations.len(), evaluate(rules, facts_of(Some(o)))))
+            Some((
+                i,
+                inc.observations.len(),
+                evaluate(rules, facts_of(Some(o))),
+            ))
         })
         .collect();
     // The headline first (incident::headline_key), the others after it by the same order.

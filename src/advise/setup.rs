@@ -134,7 +134,11 @@ impl Setup {
             .any(|o| o.device_kind == Some(DeviceKind::Hip));
         let platform = match flags.platform {
             Some(p) => Known::new(p, Certainty::Given, "--platform"),
-            None if hip => Known::new(Platform::Rocm, Certainty::Inferred, "a HIP device in the OOM"),
+            None if hip => Known::new(
+                Platform::Rocm,
+                Certainty::Inferred,
+                "a HIP device in the OOM",
+            ),
             None if ctx.windows => Known::new(
                 Platform::Windows,
                 Certainty::Inferred,
@@ -421,10 +425,7 @@ mod tests {
     fn agreeing_ranges_intersect_and_contradicting_ones_keep_the_narrowest() {
         let mut stats = Observation::new(Kind::MemoryStats, "s.log");
         stats.counters.insert("num_sync_all_streams".into(), 0);
-        let s = Setup::resolve(
-            &evidence(vec![oom("2.2+"), stats]),
-            &Context::default(),
-        );
+        let s = Setup::resolve(&evidence(vec![oom("2.2+"), stats]), &Context::default());
         assert_eq!(range_text(s.torch.value), "2.3+");
         let s = Setup::resolve(
             &evidence(vec![oom("1.10-2.0"), oom("2.2-2.3")]),
@@ -433,10 +434,7 @@ mod tests {
         assert_eq!(range_text(s.torch.value), "2.2-2.3");
         assert!(s.torch.source.contains("disagree"), "{}", s.torch.source);
         // 1.10-2.0 replays as 2.0, and values must hold in 1.10 and 2.0.
-        let s = Setup::resolve(
-            &evidence(vec![oom("1.10-2.0")]),
-            &Context::default(),
-        );
+        let s = Setup::resolve(&evidence(vec![oom("1.10-2.0")]), &Context::default());
         assert_eq!(s.replay_version(), TorchVersion::new(2, 0));
         assert_eq!(
             s.versions(),

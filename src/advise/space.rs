@@ -74,7 +74,8 @@ impl Candidate {
         let d = Settings::default();
         Candidate {
             expandable_segments: s.expandable_segments,
-            max_split_size_mb: (s.max_split_size != d.max_split_size).then(|| s.max_split_size / MIB),
+            max_split_size_mb: (s.max_split_size != d.max_split_size)
+                .then(|| s.max_split_size / MIB),
             roundup_power2_divisions: (s.roundup_power2_divisions != d.roundup_power2_divisions)
                 .then(|| s.roundup_power2_divisions[0]),
             garbage_collection_threshold: (s.garbage_collection_threshold
@@ -194,7 +195,8 @@ impl Space {
                 }
             }
         }
-        if space.candidates.len() == 1 && space.excluded.is_empty()
+        if space.candidates.len() == 1
+            && space.excluded.is_empty()
             && let Some(why) = space.blanket()
         {
             space.excluded.push(why);
@@ -271,7 +273,11 @@ pub fn admits_value(setup: &Setup, value: &str) -> Result<(), String> {
         .map_err(|e| format!("PyTorch {version} rejects {value}: {e}"))?;
     // Keys outside the space (a fraction, pinned-memory options) are the
     // user's own; the space's keys are judged.
-    admit(setup, &setup.versions(), &Candidate::of_settings(&parsed.settings))
+    admit(
+        setup,
+        &setup.versions(),
+        &Candidate::of_settings(&parsed.settings),
+    )
 }
 
 /// The key a one-key candidate sets.
@@ -336,7 +342,11 @@ mod tests {
         let old = Space::for_setup(&setup(2, 0, Platform::Linux), false);
         assert!(old.candidates.iter().all(|c| !c.expandable_segments));
         assert_eq!(old.candidates.len(), 7 * 5);
-        assert!(old.excluded[0].contains("Unrecognized CachingAllocator option"), "{:?}", old.excluded);
+        assert!(
+            old.excluded[0].contains("Unrecognized CachingAllocator option"),
+            "{:?}",
+            old.excluded
+        );
         // 1.10: only max_split_size_mb exists.
         let v110 = Space::for_setup(&setup(1, 10, Platform::Linux), true);
         assert_eq!(v110.candidates.len(), 7);
@@ -357,8 +367,15 @@ mod tests {
         pairs.insert("max_split_size_mb".to_string(), "64".to_string());
         pairs.insert("expandable_segments".to_string(), "True".to_string());
         let c = Candidate::from_pairs(&pairs).unwrap();
-        assert_eq!(c.value(TorchVersion::DEFAULT), "max_split_size_mb:64,expandable_segments:True");
+        assert_eq!(
+            c.value(TorchVersion::DEFAULT),
+            "max_split_size_mb:64,expandable_segments:True"
+        );
         pairs.insert("backend".to_string(), "cudaMallocAsync".to_string());
-        assert!(Candidate::from_pairs(&pairs).unwrap_err().contains("outside"));
+        assert!(
+            Candidate::from_pairs(&pairs)
+                .unwrap_err()
+                .contains("outside")
+        );
     }
 }

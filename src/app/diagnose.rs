@@ -104,10 +104,7 @@ pub fn context(
 }
 
 /// Reads one input, scans its text for context clues and parses its evidence.
-pub fn read_one(
-    name: &str,
-    ctx: &mut Context,
-) -> Result<(crate::ingest::Bytes, Evidence), Error> {
+pub fn read_one(name: &str, ctx: &mut Context) -> Result<(crate::ingest::Bytes, Evidence), Error> {
     let data = crate::ingest::read_input(name)?;
     if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
         ctx.scan(&data);

@@ -87,7 +87,8 @@ pub fn run_with_progress(
             .as_ref()
             .map(|r| r.value.clone())
             .or_else(|| result.candidates.first().map(|c| c.conf.clone()));
-        let best = shown.and_then(|conf| Some((conf.clone(), conf_at("--conf", &conf, &p.setup).ok()?)));
+        let best =
+            shown.and_then(|conf| Some((conf.clone(), conf_at("--conf", &conf, &p.setup).ok()?)));
         let mut runs = vec![(conf_name(&p.current_conf), &p.current)];
         if let Some((conf, settings)) = &best {
             runs.push((conf_name(conf), settings));

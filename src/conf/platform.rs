@@ -57,7 +57,9 @@ impl Platform {
                 Platform::Rocm => format!(
                     "PyTorch's ROCm allocator honours it from {ROCM_EXPANDABLE_SINCE} (with ROCm 7.0 or later)"
                 ),
-                _ => "the CUDA driver's virtual-memory API is used only by Linux builds".to_string(),
+                _ => {
+                    "the CUDA driver's virtual-memory API is used only by Linux builds".to_string()
+                }
             };
             out.push(ConfWarning {
                 text: format!(

@@ -224,7 +224,11 @@ fn recommendation_headline(r: &RecommendResult) -> String {
         .find(|c| same_config(&c.conf, &rec.value));
     let mut s = if rec.value.is_empty() {
         "PyTorch's defaults do best here (unset PYTORCH_CUDA_ALLOC_CONF)".to_string()
-    } else if r.candidates.first().is_some_and(|b| same_config(&b.conf, &rec.value)) {
+    } else if r
+        .candidates
+        .first()
+        .is_some_and(|b| same_config(&b.conf, &rec.value))
+    {
         format!("{} does best", rec.value)
     } else {
         format!("{} is the answer", rec.value)

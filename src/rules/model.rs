@@ -433,7 +433,8 @@ fn message(file: &str, raw: &RawMessage) -> Result<Message, RuleError> {
             for (i, c) in cases.iter().enumerate() {
                 let when = match &c.when {
                     Some(w) => Some((
-                        expr::parse(&w.value).map_err(|e| expr_error(file, w, "because.when", &e))?,
+                        expr::parse(&w.value)
+                            .map_err(|e| expr_error(file, w, "because.when", &e))?,
                         w.value.clone(),
                     )),
                     None if i + 1 < cases.len() => {

@@ -308,7 +308,10 @@ mod tests {
         let mut f = facts();
         f.set("reserved_unallocated", Fact::Num(0.0));
         assert_eq!(m.render(&f), "nothing covers it");
-        assert!(m.source.starts_with("when free >= requested: free covers it\n"));
+        assert!(
+            m.source
+                .starts_with("when free >= requested: free covers it\n")
+        );
     }
 
     #[test]

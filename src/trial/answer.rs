@@ -123,12 +123,14 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
         .filter(|run| crate::advise::space::admits_value(setup, &run.conf).is_ok())
         .collect();
     let best = ranked.first().copied().filter(|b| b.figures.oom.is_none());
-    let rules_run = rules
-        .as_ref()
-        .and_then(|x| ranked.iter().copied().find(|run| same_config(&run.conf, &x.value)));
-    let line = |conf: &str| {
-        Recommendation::new(conf.to_string(), setup.platform.value, setup.torch.value)
-    };
+    let rules_run = rules.as_ref().and_then(|x| {
+        ranked
+            .iter()
+            .copied()
+            .find(|run| same_config(&run.conf, &x.value))
+    });
+    let line =
+        |conf: &str| Recommendation::new(conf.to_string(), setup.platform.value, setup.torch.value);
     let how = r.strength.replaying();
     let ruled_out = cause.is_some_and(Cause::rules_out_settings);
     match (&rules, rules_run, best) {
@@ -205,7 +207,10 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
             };
             let rules_said = match cause {
                 Some(c) if ruled_out => {
-                    format!("the rules find {}: no allocator setting can help", c.as_str())
+                    format!(
+                        "the rules find {}: no allocator setting can help",
+                        c.as_str()
+                    )
                 }
                 Some(_) => "the rules suggest no setting".to_string(),
                 None => String::new(),
@@ -257,16 +262,19 @@ mod tests {
             &crate::rules::RuleSet::default(),
         );
         d.cause = cause;
-        d.recommendation = line.map(|l| {
-            Recommendation::new(l.into(), setup.platform.value, setup.torch.value)
-        });
+        d.recommendation =
+            line.map(|l| Recommendation::new(l.into(), setup.platform.value, setup.torch.value));
         d
     }
 
     #[test]
     fn a_trace_overrules_the_rules_a_probe_does_not() {
         let setup = Setup::of_flags(&SetupFlags::default());
-        let d = diagnosis(Cause::Fragmentation, Some("expandable_segments:True"), &setup);
+        let d = diagnosis(
+            Cause::Fragmentation,
+            Some("expandable_segments:True"),
+            &setup,
+        );
         let current = run("", true, 10);
         let ranked = [
             run("max_split_size_mb:64,expandable_segments:True", false, 8),
@@ -286,7 +294,12 @@ mod tests {
             Some("max_split_size_mb:64,expandable_segments:True")
         );
         let sentence = proven.overrides.unwrap();
-        assert!(sentence.starts_with("the rules suggest expandable_segments:True; replaying your trace shows"), "{sentence}");
+        assert!(
+            sentence.starts_with(
+                "the rules suggest expandable_segments:True; replaying your trace shows"
+            ),
+            "{sentence}"
+        );
         let likely = decide(
             Some(&d),
             &setup,
@@ -321,7 +334,12 @@ mod tests {
         );
         assert_eq!(probe.recommendation, None);
         let s = probe.overrides.unwrap();
-        assert!(s.starts_with("the rules find capacity: no allocator setting can help; on a synthetic probe"), "{s}");
+        assert!(
+            s.starts_with(
+                "the rules find capacity: no allocator setting can help; on a synthetic probe"
+            ),
+            "{s}"
+        );
         assert!(s.ends_with("not the next ones"), "{s}");
         let trace = decide(
             Some(&d),
@@ -336,13 +354,22 @@ mod tests {
             trace.recommendation.map(|r| r.value).as_deref(),
             Some("expandable_segments:True")
         );
-        assert!(trace.overrides.unwrap().contains("replaying your trace, expandable_segments:True avoids the OOM"));
+        assert!(
+            trace
+                .overrides
+                .unwrap()
+                .contains("replaying your trace, expandable_segments:True avoids the OOM")
+        );
     }
 
     #[test]
     fn the_rules_line_failing_everywhere_leaves_no_line() {
         let setup = Setup::of_flags(&SetupFlags::default());
-        let d = diagnosis(Cause::Fragmentation, Some("expandable_segments:True"), &setup);
+        let d = diagnosis(
+            Cause::Fragmentation,
+            Some("expandable_segments:True"),
+            &setup,
+        );
         let current = run("", true, 10);
         let ranked = [run("expandable_segments:True", true, 9)];
         let a = decide(
@@ -357,7 +384,9 @@ mod tests {
         assert_eq!(a.recommendation, None);
         assert_eq!(
             a.overrides.as_deref(),
-            Some("the rules suggest expandable_segments:True; replaying your trace, it still runs out of memory")
+            Some(
+                "the rules suggest expandable_segments:True; replaying your trace, it still runs out of memory"
+            )
         );
     }
 }

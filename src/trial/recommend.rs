@@ -111,7 +111,10 @@ fn search_with(
         current,
         cap,
         sizes.as_deref(),
-        (|settings: &Settings, cap| replay(settings, "", cap).figures, s.bisect),
+        (
+            |settings: &Settings, cap| replay(settings, "", cap).figures,
+            s.bisect,
+        ),
         progress,
     );
     let mut current_run = None;

@@ -75,7 +75,10 @@ impl Plan {
     fn settings(&self, conf: &str, notes: &mut Vec<String>) -> Result<Settings, Error> {
         let s = parse_native_conf(conf, self.torch_version)?;
         for w in self.platform.ignored(&s) {
-            notes.push(format!("note: --conf {conf:?}: {}; replayed without it", w.text));
+            notes.push(format!(
+                "note: --conf {conf:?}: {}; replayed without it",
+                w.text
+            ));
         }
         Ok(self.platform.effective(&s))
     }
