@@ -142,8 +142,13 @@ fn prepared() -> &'static [Prepared] {
             .par_iter()
             .map(|f| {
                 let path = f.to_string_lossy().into_owned();
-                let p = allocdoc::app::input::prepare(&path, (None, None), None, None)
-                    .unwrap_or_else(|e| panic!("{path}: {e}"));
+                let p = allocdoc::app::input::prepare(
+                    &path,
+                    (None, None),
+                    None,
+                    (None, &allocdoc::Limits::default()),
+                )
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
                 Prepared { path, p }
             })
             .collect()
@@ -309,7 +314,7 @@ fn no_command_recommends_what_pytorch_rejects_or_ignores() {
                 let version = TorchVersion::new(major, minor);
                 for platform in PLATFORMS {
                     let mut ctx = context(Some(&version.to_string()), Some(platform)).unwrap();
-                    let (_, ev) = read_one(path, &mut ctx).unwrap();
+                    let (_, ev) = read_one(path, &allocdoc::Limits::default(), &mut ctx).unwrap();
                     let d = advise::diagnose(ev, &ctx, &rules);
                     let at = format!("{path} at PyTorch {version} on {platform:?}");
                     if let Some(r) = &d.recommendation {
@@ -385,7 +390,7 @@ fn comparison_words_agree_with_the_figures_on_every_fixture() {
     for f in fixtures() {
         let path = f.to_string_lossy().into_owned();
         let mut ctx = allocdoc::advise::Context::default();
-        let (_, ev) = read_one(&path, &mut ctx).unwrap();
+        let (_, ev) = read_one(&path, &allocdoc::Limits::default(), &mut ctx).unwrap();
         let d = advise::diagnose(ev, &ctx, &rules);
         let mut texts: Vec<&str> = vec![&d.verdict];
         texts.extend(d.findings.iter().map(|f| f.message.as_str()));

@@ -75,7 +75,7 @@ impl Candidate {
         Candidate {
             expandable_segments: s.expandable_segments,
             max_split_size_mb: (s.max_split_size != d.max_split_size)
-                .then(|| s.max_split_size / MIB),
+                .then_some(s.max_split_size / MIB),
             roundup_power2_divisions: (s.roundup_power2_divisions != d.roundup_power2_divisions)
                 .then(|| s.roundup_power2_divisions[0]),
             garbage_collection_threshold: (s.garbage_collection_threshold

@@ -31,7 +31,7 @@ pub fn prepare(
     input: &str,
     (torch_version, platform): (Option<&str>, Option<Platform>),
     current: Option<&str>,
-    capacity: Option<u64>,
+    (capacity, limits): (Option<u64>, &crate::limits::Limits),
 ) -> Result<Prepared, Error> {
     let name = if input.is_empty() { "-" } else { input };
     let mut ctx = context(torch_version, platform)?;
@@ -39,7 +39,7 @@ pub fn prepare(
         ctx.set_current(c, "--current")
             .map_err(|why| Error::Usage(format!("--current {c:?}: {why}")))?;
     }
-    let (data, evidence) = read_one(name, &mut ctx)?;
+    let (data, evidence) = read_one(name, limits, &mut ctx)?;
     let diagnosis = match crate::ingest::detect(&data) {
         InputKind::TraceCsv | InputKind::RmmLog => None,
         InputKind::Pickle | InputKind::Text => {
@@ -54,7 +54,13 @@ pub fn prepare(
     let version = setup.replay_version();
     let current_conf = current.unwrap_or_default().to_string();
     let settings = conf_at("--current", &current_conf, &setup)?;
-    let loaded = Workload::from_bytes(name, data, capacity, &settings, diagnosis.as_ref())?;
+    let loaded = Workload::from_bytes(
+        name,
+        data,
+        capacity,
+        &settings,
+        (diagnosis.as_ref(), limits),
+    )?;
     let mut notes = Vec::new();
     let (current_conf, mut current) = match &loaded {
         Loaded::Ready(w) => {

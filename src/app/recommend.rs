@@ -19,7 +19,7 @@ pub struct RecommendOptions {
     /// A trace CSV, an RMM replay log, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
     pub input: String,
     /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an 80 GiB card).
-    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_size))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_device_size))]
     pub capacity: Option<u64>,
     /// The config in use today (default: PyTorch's defaults).
     #[cfg_attr(feature = "cli", arg(long))]
@@ -39,6 +39,9 @@ pub struct RecommendOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &RecommendOptions) -> Result<Outcome, Error> {
@@ -54,7 +57,7 @@ pub fn run_with_progress(
         &opts.input,
         (opts.torch_version.as_deref(), opts.platform),
         opts.current.as_deref(),
-        opts.capacity,
+        (opts.capacity, &opts.limits),
     )?;
     let workload = match p.loaded {
         Loaded::Ready(w) => w,

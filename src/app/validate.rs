@@ -26,7 +26,7 @@ pub struct ValidateOptions {
     pub current: Option<String>,
     /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an
     /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
-    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_size))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_device_size))]
     pub capacity: Option<u64>,
     /// `sim` (default) or `cuda[:N]`.
     #[cfg_attr(feature = "cli", arg(long, default_value = "sim"))]
@@ -46,6 +46,9 @@ pub struct ValidateOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
@@ -54,7 +57,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         &opts.input,
         (opts.torch_version.as_deref(), opts.platform),
         opts.current.as_deref(),
-        opts.capacity,
+        (opts.capacity, &opts.limits),
     )?;
     let candidate = conf_at("--conf", &opts.conf, &p.setup)?;
     let workload = match p.loaded {

@@ -53,6 +53,9 @@ pub struct Replays<'a> {
     pub current: &'a Run,
     /// The configs replayed, best first (the search; or validate's candidate).
     pub ranked: &'a [Run],
+    /// The rules' line replayed in full, when it was (a bounded search may
+    /// have stopped its run early).
+    pub rules: Option<&'a Run>,
 }
 
 /// The one answer of a command.
@@ -203,7 +206,29 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
             } else if kept {
                 format!("{}, the config in use, does best", shown(&b.conf))
             } else {
-                format!("{} does better than the current config", shown(&b.conf))
+                let (new, old) = (
+                    b.figures.peak_reserved_bytes,
+                    r.current.figures.peak_reserved_bytes,
+                );
+                let how_much = format!(
+                    "peak reserved {} against {}",
+                    crate::units::human(new),
+                    crate::units::human(old)
+                );
+                match new.cmp(&old) {
+                    std::cmp::Ordering::Less => format!(
+                        "{} does better than the current config ({how_much})",
+                        shown(&b.conf)
+                    ),
+                    std::cmp::Ordering::Equal => format!(
+                        "{} runs as well as the current config ({how_much})",
+                        shown(&b.conf)
+                    ),
+                    std::cmp::Ordering::Greater => format!(
+                        "{} ranks first, above the current config ({how_much})",
+                        shown(&b.conf)
+                    ),
+                }
             };
             let rules_said = match cause {
                 Some(c) if ruled_out => {
@@ -287,6 +312,7 @@ mod tests {
                 strength: Strength::Proven,
                 current: &current,
                 ranked: &ranked,
+                rules: None,
             }),
         );
         assert_eq!(
@@ -307,6 +333,7 @@ mod tests {
                 strength: Strength::Likely,
                 current: &current,
                 ranked: &ranked,
+                rules: None,
             }),
         );
         assert_eq!(
@@ -330,6 +357,7 @@ mod tests {
                 strength: Strength::Likely,
                 current: &current,
                 ranked: &ranked,
+                rules: None,
             }),
         );
         assert_eq!(probe.recommendation, None);
@@ -348,6 +376,7 @@ mod tests {
                 strength: Strength::Proven,
                 current: &current,
                 ranked: &ranked,
+                rules: None,
             }),
         );
         assert_eq!(
@@ -379,6 +408,7 @@ mod tests {
                 strength: Strength::Proven,
                 current: &current,
                 ranked: &ranked,
+                rules: None,
             }),
         );
         assert_eq!(a.recommendation, None);

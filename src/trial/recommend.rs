@@ -2,9 +2,9 @@
 //! ([`super::search`]), rank, bisect the winner's smallest capacity, and set
 //! the rule engine's advice beside it.
 
-use super::answer::{Answer, Replays, decide};
+use super::answer::{Answer, Replays, decide, same_config};
 use super::run::{Replayer, Run};
-use super::search::{self, Progress};
+use super::search::{self, Progress, Pruning};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
 use crate::advise::{Diagnosis, Recommendation, Space};
@@ -61,6 +61,8 @@ pub struct RecommendResult {
     pub advice: Option<Run>,
     /// Why parts are missing (no rule advice, no GC thresholds, …).
     pub notes: Vec<String>,
+    /// What the search replayed and what its bounds spared.
+    pub search: Pruning,
     #[serde(skip)]
     pub probe: Option<crate::workload::probe::Calibration>,
 }
@@ -112,7 +114,7 @@ fn search_with(
         cap,
         sizes.as_deref(),
         (
-            |settings: &Settings, cap| replay(settings, "", cap).figures,
+            |settings: &Settings, cap, stop_above| replay(settings, "", cap, stop_above).figures,
             s.bisect,
         ),
         progress,
@@ -133,13 +135,14 @@ fn search_with(
             run
         })
         .collect();
-    // The current config is in the space unless it sets keys the search does not vary.
-    let mut current_run = current_run.unwrap_or_else(|| replay(current, current_conf, cap));
+    // The current config is in the space (and never stopped early) unless it
+    // sets keys the search does not vary.
+    let mut current_run = current_run.unwrap_or_else(|| replay(current, current_conf, cap, None));
     current_run.conf = current_conf.to_string();
     let advice = match &workload.advice {
         Some(value) => crate::conf::parse(value, current.version)
             .ok()
-            .map(|p| replay(&p.settings, value, cap)),
+            .map(|p| replay(&p.settings, value, cap, None)),
         None => {
             notes.push(if s.diagnosis.is_some() {
                 "the rule engine recommends no allocator setting for this evidence".to_string()
@@ -150,39 +153,47 @@ fn search_with(
             None
         }
     };
-    let mut ranked = candidates.clone();
-    if let Some(a) = &advice
-        && !ranked.iter().any(|r| r.conf == a.conf)
-    {
-        ranked.push(a.clone());
-    }
     let answer = decide(
         s.diagnosis,
         s.space.setup(),
         Some(Replays {
             strength: workload.strength(),
             current: &current_run,
-            ranked: &ranked,
+            ranked: &candidates,
+            rules: advice.as_ref(),
         }),
     );
     // The contract's smallest capacity is the recommended config's: bisect
-    // again when the answer kept a line other than the search's best.
-    let min_capacity_bytes = match (&answer.recommendation, ranked.first()) {
+    // again when the answer kept a line other than the search's best (from a
+    // run that finished: a bounded one stopped short of its peak).
+    let min_capacity_bytes = match &answer.recommendation {
         _ if !s.bisect => None,
-        (Some(r), Some(best)) if best.conf == r.value => result.min_capacity_bytes,
-        (Some(r), _) => ranked
+        Some(r)
+            if candidates
+                .first()
+                .is_some_and(|b| same_config(&b.conf, &r.value)) =>
+        {
+            result.min_capacity_bytes
+        }
+        Some(r) => advice
             .iter()
-            .find(|run| run.conf == r.value && run.figures.oom.is_none())
+            .chain(candidates.iter())
+            .find(|run| {
+                same_config(&run.conf, &r.value)
+                    && run.figures.oom.is_none()
+                    && run.figures.stopped_early_at_event.is_none()
+            })
             .and_then(|run| {
                 let settings = crate::conf::parse(&r.value, current.version).ok()?.settings;
                 Some(search::min_capacity(
                     &run.figures,
                     cap,
-                    |c| replay(&settings, "", c).figures,
+                    current.per_process_memory_fraction.is_none(),
+                    |c| replay(&settings, "", c, None).figures,
                     &progress,
                 ))
             }),
-        (None, _) => None,
+        None => None,
     };
     RecommendResult {
         recommendation: answer.recommendation.clone(),
@@ -196,6 +207,7 @@ fn search_with(
         input: workload.input.clone(),
         current: current_run,
         notes,
+        search: result.pruning,
         probe: workload.probe.clone(),
     }
 }

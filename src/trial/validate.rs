@@ -118,6 +118,7 @@ pub fn validate(
             strength: workload.strength(),
             current: &before,
             ranked: std::slice::from_ref(&after),
+            rules: None,
         }),
     );
     Ok(Validation {

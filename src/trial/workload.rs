@@ -3,7 +3,7 @@
 //! a probe fitted to its figures ([`crate::workload::probe`]); where the
 //! capacity of its runs comes from; and the config it is compared against.
 
-use super::run::{Replayer, replay, replay_snapshot};
+use super::run::{Replayer, replay, replay_bounded, replay_snapshot};
 use crate::Error;
 use crate::advise::Diagnosis;
 use crate::conf::Settings;
@@ -21,14 +21,15 @@ pub enum Source {
     /// A trace CSV, or a probe's generated trace.
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
-    /// borrows them); replayed from the state the trace started in.
-    Snapshot(crate::ingest::Bytes),
+    /// borrows them) with the limits it is decoded within; replayed from the
+    /// state the trace started in.
+    Snapshot(crate::ingest::Bytes, crate::limits::Limits),
 }
 
 /// What loading an input gave: a workload, or why there is nothing to
 /// replay (no trace, and no figures a probe could be fitted to).
 pub enum Loaded {
-    Ready(Workload),
+    Ready(Box<Workload>),
     Nothing(String),
 }
 
@@ -181,10 +182,11 @@ impl Workload {
         capacity: Option<u64>,
         current: &Settings,
         diagnosis: Option<&Diagnosis>,
+        limits: &crate::limits::Limits,
     ) -> Result<Loaded, Error> {
         let name = if input.is_empty() { "-" } else { input };
-        let data = crate::ingest::read_input(name)?;
-        Workload::from_bytes(name, data, capacity, current, diagnosis)
+        let data = crate::ingest::read_input_with(name, limits)?;
+        Workload::from_bytes(name, data, capacity, current, (diagnosis, limits))
     }
 
     /// [`Workload::load`] for an input already read (standard input is read once).
@@ -193,42 +195,47 @@ impl Workload {
         data: crate::ingest::Bytes,
         capacity: Option<u64>,
         current: &Settings,
-        diagnosis: Option<&Diagnosis>,
+        (diagnosis, limits): (Option<&Diagnosis>, &crate::limits::Limits),
     ) -> Result<Loaded, Error> {
         let advice = diagnosis
             .and_then(|d| d.recommendation.as_ref())
             .map(|r| r.value.clone());
         match crate::ingest::detect(&data) {
             crate::ingest::InputKind::TraceCsv => {
-                return Ok(Loaded::Ready(Workload::recorded(
+                return Ok(Loaded::Ready(Box::new(Workload::recorded(
                     name,
                     Trace::parse(name, &data)?,
-                )));
+                ))));
             }
             crate::ingest::InputKind::Pickle => {
                 // Decode once now so a snapshot without a trace says so here.
                 let Some((recorded, implied_capacity)) =
-                    try_snapshot_trace(name, &data, |st, recorded| {
+                    try_snapshot_trace(name, &data, limits, |st, recorded| {
                         (recorded.cloned(), st.recorded_capacity())
                     })?
                 else {
                     return Ok(Loaded::Nothing(no_trace(name)));
                 };
-                return Ok(Loaded::Ready(Workload {
+                return Ok(Loaded::Ready(Box::new(Workload {
                     input: name.to_string(),
                     implied_capacity,
-                    source: Source::Snapshot(data),
+                    source: Source::Snapshot(data, *limits),
                     probe: None,
                     advice,
                     recorded,
-                }));
+                })));
             }
             crate::ingest::InputKind::RmmLog => {
                 // RMM's own allocations, replayed through PyTorch's caching allocator.
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
-                return Ok(Loaded::Ready(Workload::recorded(name, trace)));
+                return Ok(Loaded::Ready(Box::new(Workload::recorded(name, trace))));
             }
-            crate::ingest::InputKind::Text => {}
+            crate::ingest::InputKind::Text => {
+                // A trace CSV whose header is quoted (RFC 4180): `ingest::detect` reads only plain headers.
+                if let Some(trace) = crate::workload::detect_trace(name, &data)? {
+                    return Ok(Loaded::Ready(Box::new(Workload::recorded(name, trace))));
+                }
+            }
         }
         let parsed;
         let (observations, primary) = match diagnosis {
@@ -274,7 +281,7 @@ impl Workload {
                 "{name}: the evidence shows nothing allocated to fit a probe to"
             )));
         };
-        Ok(Loaded::Ready(Workload {
+        Ok(Loaded::Ready(Box::new(Workload {
             input: name.to_string(),
             source: Source::Trace(calibration.trace.clone()),
             implied_capacity: (target.capacity != crate::device::NO_LIMIT)
@@ -282,7 +289,7 @@ impl Workload {
             probe: Some(calibration),
             advice,
             recorded: None,
-        }))
+        })))
     }
 
     /// How strongly this workload's replays bear on the answer: a recording
@@ -311,9 +318,10 @@ fn no_trace(name: &str) -> String {
 fn try_snapshot_trace<T>(
     name: &str,
     data: &[u8],
+    limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<Option<T>, Error> {
-    let snap = crate::snapshot::load(name, data)?;
+    let snap = crate::snapshot::load_with(name, data, limits)?;
     let Some(device) = traced_device(&snap) else {
         return Ok(None);
     };
@@ -329,9 +337,10 @@ fn try_snapshot_trace<T>(
 pub(crate) fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
+    limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
-    try_snapshot_trace(name, data, f)?.ok_or_else(|| Error::Input(no_trace(name)))
+    try_snapshot_trace(name, data, limits, f)?.ok_or_else(|| Error::Input(no_trace(name)))
 }
 
 /// The distinct request sizes of a trace, ascending.
@@ -355,21 +364,25 @@ impl Workload {
     pub fn request_sizes(&self) -> Option<Vec<u64>> {
         match &self.source {
             Source::Trace(trace) => Some(distinct_request_sizes(trace)),
-            Source::Snapshot(_) => None,
+            Source::Snapshot(..) => None,
         }
     }
 
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
-            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
-                f(&|s, conf, cap| {
-                    let device = crate::device::sim::SimDevice::new(cap)
-                        .with_recorded_addresses(st.recorded_addresses(false));
-                    replay_snapshot(st, s, conf, device)
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| {
+                replay_bounded(trace, s, conf, cap, stop)
+            })),
+            Source::Snapshot(data, limits) => {
+                with_snapshot_trace(&self.input, data, limits, |st, _| {
+                    f(&|s, conf, cap, _| {
+                        let device = crate::device::sim::SimDevice::new(cap)
+                            .with_recorded_addresses(st.recorded_addresses(false));
+                        replay_snapshot(st, s, conf, device)
+                    })
                 })
-            }),
+            }
         }
     }
 }
