@@ -59,6 +59,9 @@ pub enum Func {
     FloorPow2,
     Mib,
     Log2,
+    /// `cmp(a, b)`: -1, 0 or 1 as a is less than, equal to or more than b
+    /// (for templates' comparison words: `{cmp(free, requested)|than}`).
+    Cmp,
 }
 
 impl Func {
@@ -79,6 +82,7 @@ impl Func {
             "floor_pow2" => Func::FloorPow2,
             "mib" => Func::Mib,
             "log2" => Func::Log2,
+            "cmp" => Func::Cmp,
             _ => return None,
         })
     }
@@ -87,7 +91,7 @@ impl Func {
     fn arity(self) -> (usize, usize) {
         match self {
             Func::Min | Func::Max => (2, usize::MAX),
-            Func::Ratio => (2, 2),
+            Func::Ratio | Func::Cmp => (2, 2),
             _ => (1, 1),
         }
     }
@@ -798,6 +802,11 @@ fn call(func: Func, args: &[Expr], env: &dyn Env) -> Result<Value, EvalError> {
         Func::Mib => first / 1048576.0,
         Func::Log2 if first > 0.0 => first.log2(),
         Func::Log2 => f64::NEG_INFINITY,
+        Func::Cmp => match first.partial_cmp(&vals.get(1).copied().unwrap_or(0.0)) {
+            Some(std::cmp::Ordering::Less) => -1.0,
+            Some(std::cmp::Ordering::Greater) => 1.0,
+            _ => 0.0,
+        },
         _ => 0.0,
     }))
 }

@@ -64,7 +64,9 @@ impl TraceChecker {
                     return Err("standard input is read once: save the snapshot to a file to have it replayed".into());
                 }
                 let data = crate::ingest::read_input_with(name, limits).map_err(|e| e.to_string())?;
-                Workload::snapshot(name, data, limits).map_err(|e| e.to_string())
+                Workload::snapshot(name, data, limits)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| super::workload::no_trace(name))
             })
             .as_ref()
             .map_err(Clone::clone)?;
