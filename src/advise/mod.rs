@@ -339,7 +339,7 @@ pub fn diagnose_checked(
                     .iter()
                     .position(|o| std::ptr::eq(o, p))
             });
-            (i, evaluate(rules, facts_of(p), check.as_deref_mut()))
+            (i, evaluate(rules, facts_of(p), check))
         }
     };
     let (cause, verdict) = verdict_of(&outcome, &evidence);
