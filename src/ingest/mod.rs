@@ -135,7 +135,7 @@ fn parse_whole(
         InputKind::Text => {
             binary_note(input_name, data, ev);
             ev.observations
-                .extend(scan::scan_with_clues(data, input_name, clues));
+                .extend(scan::scan_with_clues(data, input_name, clues, limits)?);
         }
     }
     Ok(())
@@ -225,7 +225,7 @@ pub fn read_opened(
         Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, ev),
         Body::Stream(mut stream) => {
             binary_note(name, stream.head(), ev);
-            let found = scan::scan_stream(&mut stream, name, clues)?;
+            let found = scan::scan_stream(&mut stream, name, clues, limits)?;
             ev.observations.extend(found);
             Ok(())
         }
