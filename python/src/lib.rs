@@ -10,9 +10,24 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
 create_exception!(allocdoc, Error, PyException, "An allocdoc error.");
-create_exception!(allocdoc, InputError, Error, "An unreadable or invalid input (exit code 2).");
-create_exception!(allocdoc, UsageError, Error, "A bad option value (exit code 2).");
-create_exception!(allocdoc, NoDeviceError, Error, "No usable CUDA driver or GPU (exit code 3).");
+create_exception!(
+    allocdoc,
+    InputError,
+    Error,
+    "An unreadable or invalid input (exit code 2)."
+);
+create_exception!(
+    allocdoc,
+    UsageError,
+    Error,
+    "A bad option value (exit code 2)."
+);
+create_exception!(
+    allocdoc,
+    NoDeviceError,
+    Error,
+    "No usable CUDA driver or GPU (exit code 3)."
+);
 
 fn py_err(e: allocdoc::Error) -> PyErr {
     match e {
