@@ -73,7 +73,7 @@ fn replay_10m_events(bencher: divan::Bencher, conf: &str) {
         .counter(ItemsCount::new(trace.len()))
         .bench_local(|| {
             let run = replay(&trace, &settings, SimDevice::new(CAPACITY));
-            assert!(run.oom.is_none());
-            run.peak_reserved_bytes
+            assert!(run.figures.oom.is_none());
+            run.figures.peak_reserved_bytes
         });
 }

@@ -7,9 +7,11 @@
 //! One sample each: a single search is seconds long, which is the figure
 //! BENCHMARKS.md ("## Config search") reports.
 
-use allocdoc::advise::search::{self, space};
-use allocdoc::app::validate::{distinct_request_sizes, replay};
+use allocdoc::advise::space::space;
 use allocdoc::conf::{MIB, Settings};
+use allocdoc::trial::run::replay;
+use allocdoc::trial::search;
+use allocdoc::trial::workload::distinct_request_sizes;
 use allocdoc::workload::Trace;
 use allocdoc::workload::probe::{self, Family, Params, epochs, generate};
 use std::sync::OnceLock;
@@ -52,7 +54,7 @@ fn run_search(configs: usize, capacity: u64) -> usize {
         &base,
         capacity,
         Some(&sizes),
-        |s, cap| replay(trace, s, "", cap),
+        |s, cap| replay(trace, s, "", cap).figures,
         |_| {},
     );
     r.ranked.len()

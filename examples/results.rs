@@ -9,10 +9,11 @@
 //!
 //! Deterministic: the same build prints the same table.
 
-use allocdoc::advise::search::{self, Scored};
-use allocdoc::app::recommend::recommend;
-use allocdoc::app::validate::{RunSummary, Source, Workload, load_workload};
 use allocdoc::conf::Settings;
+use allocdoc::trial::recommend::recommend;
+use allocdoc::trial::run::Run;
+use allocdoc::trial::search;
+use allocdoc::trial::workload::{Source, Workload};
 use allocdoc::units::human;
 use allocdoc::workload::Event;
 use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
@@ -42,10 +43,10 @@ const COMPARED: [&str; 5] = [
     "max_split_size_mb:512",
 ];
 
-fn cell(r: &RunSummary) -> String {
-    match &r.oom {
+fn cell(r: &Run) -> String {
+    match &r.figures.oom {
         Some(o) => format!("OOM @ {}", o.event_index),
-        None => format!("ok, {}", human(r.peak_reserved_bytes)),
+        None => format!("ok, {}", human(r.figures.peak_reserved_bytes)),
     }
 }
 
@@ -79,12 +80,12 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
         .with_replayer(|replay| {
             let free = replay(&defaults, "", allocdoc::device::NO_LIMIT);
             let default_min = search::min_capacity(
-                &free.score(),
+                &free.figures,
                 allocdoc::device::NO_LIMIT,
-                |cap| replay(&defaults, "", cap).score(),
+                |cap| replay(&defaults, "", cap).figures,
                 &|_| {},
             );
-            let lo = free.peak_allocated_bytes.min(default_min);
+            let lo = free.figures.peak_allocated_bytes.min(default_min);
             let under = default_min.saturating_sub(search::CAPACITY_RESOLUTION);
             let mut caps = if where_default_fails {
                 vec![under, lo + (default_min - lo) / 2]
@@ -93,8 +94,10 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
             };
             caps.dedup();
             // Only capacities where the default really fails make a row of this kind.
-            caps.retain(|&c| !where_default_fails || replay(&defaults, "", c).oom.is_some());
-            let events = free.events;
+            caps.retain(|&c| {
+                !where_default_fails || replay(&defaults, "", c).figures.oom.is_some()
+            });
+            let events = free.figures.events;
             for &capacity in &caps {
                 let shown = if capacity == allocdoc::device::NO_LIMIT {
                     "no limit".to_string()
@@ -177,7 +180,7 @@ fn main() {
         for path in names {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
-            if let Ok(mut w) = load_workload(&name, None, "", &Settings::default()) {
+            if let Ok(mut w) = Workload::load(&name, None, "", &Settings::default()) {
                 w.input = path
                     .file_name()
                     .map_or(name.clone(), |f| f.to_string_lossy().into_owned());

@@ -157,7 +157,103 @@ pub struct Observation {
     pub allocator_settings: Option<serde_json::Value>,
     /// Snapshot-only analysis (per pool/stream breakdown, free extents, sites).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<serde_json::Value>,
+    pub detail: Option<SnapshotDetail>,
+}
+
+/// What a snapshot states beyond the contract's figures (`detail` in
+/// `parse --format json`), as `snapshot::evidence` reads it. Fields of every
+/// struct here are in alphabetical order: the order of the JSON keys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotDetail {
+    /// Set when the recorded `PYTORCH_CUDA_ALLOC_CONF` did not take effect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_settings_note: Option<String>,
+    /// How many segments are expandable.
+    pub expandable_segments: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_annotations: Option<usize>,
+    /// The snapshot's layout: `dict` (`_snapshot()`) or `segment_list` (`memory_snapshot()`).
+    pub form: &'static str,
+    /// The trace's `oom` entries.
+    pub oom_events: Vec<SnapshotOom>,
+    /// Per (pool, segment type, stream).
+    pub pools: Vec<PoolDetail>,
+    /// The pickle protocol.
+    pub protocol: u8,
+    pub segments_by_size: Vec<SizeClass>,
+    /// `_memory_viz.segsum`'s free-memory split over every segment.
+    pub segsum: SegSumDetail,
+    /// Segments whose blocks do not add up to their size (segsum's assertion).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub segsum_mismatch_segments: Vec<u64>,
+    /// The largest allocation sites of live blocks, by bytes.
+    pub top_sites: Vec<AllocationSite>,
+    /// Trace entries per action.
+    pub trace_actions: BTreeMap<&'static str, u64>,
+}
+
+/// One `oom` entry of a snapshot's trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SnapshotOom {
+    pub device_free: u64,
+    pub event_index: u64,
+    pub size: u64,
+    pub stream: u64,
+}
+
+/// A snapshot's segments of one (pool, segment type, stream).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PoolDetail {
+    pub active_bytes: u64,
+    pub allocated_bytes: u64,
+    pub blocks: u64,
+    pub inactive_bytes: u64,
+    /// Inactive bytes in segments split into several blocks (PyTorch's
+    /// `inactive_split_bytes`: what fragmentation holds).
+    pub inactive_split_bytes: u64,
+    /// `default` or `private(a,b)`.
+    pub pool: String,
+    pub requested_bytes: u64,
+    pub reserved_bytes: u64,
+    /// `small` or `large`.
+    pub segment_type: &'static str,
+    pub segments: u64,
+    pub segsum: SegSumDetail,
+    pub stream: u64,
+}
+
+/// Free memory as `_memory_viz.segsum` splits it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SegSumDetail {
+    pub allocated_bytes: u64,
+    pub balanced: bool,
+    pub external_free_bytes: u64,
+    pub free_bytes: u64,
+    pub internal_free_bytes: u64,
+    /// Internal free bytes as a percentage of the free bytes, to 0.1.
+    pub internal_free_pct: f64,
+    /// The largest single inactive block.
+    pub largest_free_block_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+/// Segments of one size class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SizeClass {
+    pub bytes: u64,
+    pub class: &'static str,
+    pub segments: u64,
+}
+
+/// Where live blocks were allocated: the shown frames of their stack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllocationSite {
+    pub blocks: u64,
+    pub bytes: u64,
+    /// `file:line:name`, innermost first.
+    pub frames: Vec<String>,
+    /// The first frame, or `<non-python>`.
+    pub site: String,
 }
 
 impl Observation {

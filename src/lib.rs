@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod report;
 pub mod rules;
 pub mod snapshot;
+pub mod trial;
 pub mod units;
 pub mod workload;
 

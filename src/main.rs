@@ -1,11 +1,9 @@
 //! The `allocdoc` binary: parses the command line, calls the library, prints
 //! what it returns and exits with the contract's code. Nothing else lives here.
 
-use allocdoc::app::{self, Format, Outcome};
-use allocdoc::units::parse_size;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use allocdoc::app::{self, Outcome};
+use clap::{Parser, Subcommand};
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -20,71 +18,20 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum FormatArg {
-    Text,
-    Json,
-    Markdown,
-}
-
-impl From<FormatArg> for Format {
-    fn from(f: FormatArg) -> Self {
-        match f {
-            FormatArg::Text => Format::Text,
-            FormatArg::Json => Format::Json,
-            FormatArg::Markdown => Format::Markdown,
-        }
-    }
-}
-
-#[derive(Args, Clone, Copy)]
-struct FormatOpt {
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text", global = true)]
-    format: FormatArg,
-}
-
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s)
-}
-
+/// The command tree: names, descriptions and examples. Each command's
+/// arguments are its options struct in `allocdoc::app` (clap derive there).
 #[derive(Subcommand)]
 enum Command {
     /// The main job: parse every input, run the rules, print the cause and one environment line.
     #[command(
         after_help = "Examples:\n  allocdoc diagnose train.log\n  allocdoc diagnose rank*.log --format markdown\n  python train.py 2>&1 | allocdoc diagnose -"
     )]
-    Diagnose {
-        /// Logs, memory_summary()/memory_stats() dumps, snapshot pickles or traces; `-` or nothing reads standard input.
-        inputs: Vec<String>,
-        /// Also list rules that could not be evaluated and what they need.
-        #[arg(short, long)]
-        verbose: bool,
-        /// A directory of extra YAML rules that add to or override the built-in ones.
-        #[arg(long)]
-        rules: Option<PathBuf>,
-        /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
-        #[arg(long)]
-        torch_version: Option<String>,
-        /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
-        #[arg(long)]
-        conf: Option<String>,
-        /// Also write a self-contained HTML report.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
+    Diagnose(app::diagnose::DiagnoseOptions),
     /// The evidence alone: what was found in the inputs, nothing inferred.
     #[command(
         after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle"
     )]
-    Parse {
-        /// Inputs; `-` or nothing reads standard input.
-        inputs: Vec<String>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
+    Parse(app::parse::ParseOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
     #[command(
         after_help = "Examples:\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc conf check \"$PYTORCH_CUDA_ALLOC_CONF\" --format json"
@@ -97,102 +44,22 @@ enum Command {
     #[command(
         after_help = "Examples:\n  allocdoc replay trace.csv --capacity 24GiB\n  allocdoc replay trace.csv --conf '' --conf expandable_segments:True --capacity 24GiB\n  allocdoc replay snapshot.pickle --fidelity\n  allocdoc replay trace.csv --device cuda:0 --capacity 8GiB"
     )]
-    Replay {
-        /// A trace CSV (action,id,size,stream), an RMM replay log or a snapshot pickle with a trace.
-        trace: String,
-        /// A config to run under (repeatable; '' is PyTorch's default).
-        #[arg(long = "conf")]
-        confs: Vec<String>,
-        /// Device capacity, e.g. 24GiB (default: a snapshot's recorded OOM, else an
-        /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
-        #[arg(long, value_parser = size_arg)]
-        capacity: Option<u64>,
-        /// `sim` (default) or `cuda[:N]`: run the allocator on GPU N, which must have
-        /// --capacity free (exit 3 when no CUDA driver or GPU is usable).
-        #[arg(long, default_value = "sim")]
-        device: String,
-        /// Compare every allocation with the addresses recorded in the snapshot.
-        #[arg(long)]
-        fidelity: bool,
-        /// Print PyTorch's memory_summary() for each run at its peak and at the end.
-        #[arg(long)]
-        summary: bool,
-        /// Follow this PyTorch version's allocator behaviour (default 2.6).
-        #[arg(long)]
-        torch_version: Option<String>,
-        /// memory_stats() JSON written by scripts/torch_crosscheck.py, to compare against.
-        #[arg(long)]
-        compare_with: Option<PathBuf>,
-        /// Write the last config's simulated run as a torch memory snapshot pickle
-        /// (protocol 4: opens in pytorch.org/memory_viz and torch.cuda._memory_viz).
-        #[arg(long)]
-        emit_snapshot: Option<PathBuf>,
-        /// Also write a self-contained HTML report.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
+    Replay(app::replay::ReplayOptions),
     /// Search the config space by replay and rank the results.
     #[command(
         after_help = "When PyTorch's defaults rank first, the recommendation is to unset the variable: its line is `unset PYTORCH_CUDA_ALLOC_CONF` (value \"\").\n\nExamples:\n  allocdoc recommend trace.csv --capacity 16GiB\n  allocdoc recommend snapshot.pickle --format json\n  allocdoc recommend rmm_log.csv --capacity 24GiB\n  allocdoc recommend oom.log --current max_split_size_mb:128"
     )]
-    Recommend {
-        /// A trace CSV, an RMM replay log, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
-        input: String,
-        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an 80 GiB card).
-        #[arg(long, value_parser = size_arg)]
-        capacity: Option<u64>,
-        /// The config in use today (default: PyTorch's defaults).
-        #[arg(long)]
-        current: Option<String>,
-        /// Also write a self-contained HTML report: the current and the recommended
-        /// config's memory over the trace, the segment map, the ranked table.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
+    Recommend(app::recommend::RecommendOptions),
     /// Replay (or probe, for text-only evidence) under the current and a candidate config.
     #[command(
         after_help = "Examples:\n  allocdoc validate trace.csv --conf expandable_segments:True --capacity 24GiB\n  allocdoc validate oom.log --conf expandable_segments:True\n  allocdoc validate oom.log --conf expandable_segments:True --device cuda"
     )]
-    Validate {
-        /// A trace CSV, an RMM replay log, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
-        input: String,
-        /// The candidate config.
-        #[arg(long)]
-        conf: String,
-        /// The config in use today (default: PyTorch's defaults).
-        #[arg(long)]
-        current: Option<String>,
-        /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an
-        /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
-        #[arg(long, value_parser = size_arg)]
-        capacity: Option<u64>,
-        /// `sim` (default) or `cuda[:N]`.
-        #[arg(long, default_value = "sim")]
-        device: String,
-        /// Also write a self-contained HTML report: both configs' memory over the
-        /// trace overlaid, the segment map at the OOM or the peak, the verdict.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
+    Validate(app::validate::ValidateOptions),
     /// Inspect and unit-test the YAML rules.
     #[command(
         after_help = "Examples:\n  allocdoc rules list\n  allocdoc rules show reserved-gap\n  allocdoc rules test my-rules/"
     )]
-    Rules {
-        #[command(subcommand)]
-        action: RulesAction,
-        /// A directory of extra YAML rules.
-        #[arg(long, global = true)]
-        rules: Option<PathBuf>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
+    Rules(app::rules_cmd::RulesOptions),
 }
 
 #[derive(Subcommand)]
@@ -201,38 +68,7 @@ enum ConfAction {
     #[command(
         after_help = "Examples:\n  allocdoc conf check 'max_split_size_mb:128,expandable_segments:True'\n  allocdoc conf check 'roundup_power2_divisions:[256:1,512:2,>:8]' --torch-version 2.10"
     )]
-    Check {
-        /// The value, as it would be set in the environment ('' is PyTorch's defaults).
-        conf: String,
-        /// PyTorch version whose grammar and keys apply (default 2.6).
-        #[arg(long)]
-        torch_version: Option<String>,
-        #[command(flatten)]
-        format: FormatOpt,
-    },
-}
-
-#[derive(Subcommand)]
-enum RulesAction {
-    /// List every rule: id, severity and what it detects.
-    #[command(
-        after_help = "Examples:\n  allocdoc rules list\n  allocdoc rules list --rules my-rules/ --format markdown"
-    )]
-    List,
-    /// Show one rule in full: its condition, message and test cases.
-    #[command(
-        after_help = "Examples:\n  allocdoc rules show reserved-gap\n  allocdoc rules show capacity --format json"
-    )]
-    Show {
-        /// The rule's id, as `rules list` prints it.
-        id: String,
-    },
-    /// Run every rule's own test cases (exit 1 when one fails).
-    #[command(after_help = "Examples:\n  allocdoc rules test\n  allocdoc rules test my-rules/")]
-    Test {
-        /// A directory of extra YAML rules to load and test with the built-in ones.
-        dir: Option<PathBuf>,
-    },
+    Check(app::conf_check::ConfCheckOptions),
 }
 
 /// On a real GPU, Ctrl-C stops the replay at its next driver call so the device
@@ -271,8 +107,8 @@ impl SearchBar {
         }
     }
 
-    fn update(&self, p: allocdoc::advise::search::Progress) {
-        use allocdoc::advise::search::Progress;
+    fn update(&self, p: allocdoc::trial::search::Progress) {
+        use allocdoc::trial::search::Progress;
         if self.bar.is_hidden() && self.start.elapsed().as_secs_f64() > 1.0 {
             self.bar
                 .set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -298,124 +134,26 @@ impl SearchBar {
 
 fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
     match cli.command {
-        Command::Diagnose {
-            inputs,
-            verbose,
-            rules,
-            torch_version,
-            conf,
-            report,
-            format,
-        } => app::diagnose::run(&app::diagnose::DiagnoseOptions {
-            inputs,
-            format: format.format.into(),
-            verbose,
-            rules_dir: rules,
-            torch_version,
-            conf,
-            report,
-        }),
-        Command::Parse { inputs, format } => app::parse::run(&app::parse::ParseOptions {
-            inputs,
-            format: format.format.into(),
-        }),
+        Command::Diagnose(opts) => app::diagnose::run(&opts),
+        Command::Parse(opts) => app::parse::run(&opts),
         Command::Conf {
-            action:
-                ConfAction::Check {
-                    conf,
-                    torch_version,
-                    format,
-                },
-        } => app::conf_check::run(&app::conf_check::ConfCheckOptions {
-            conf,
-            torch_version,
-            format: format.format.into(),
-        }),
-        Command::Replay {
-            trace,
-            confs,
-            capacity,
-            device,
-            fidelity,
-            summary,
-            torch_version,
-            compare_with,
-            emit_snapshot,
-            report,
-            format,
-        } => {
-            stop_cuda_on_ctrl_c(&device);
-            app::replay::run(&app::replay::ReplayOptions {
-                trace,
-                confs,
-                capacity,
-                device,
-                fidelity,
-                summary,
-                torch_version,
-                compare_with,
-                emit_snapshot,
-                report,
-                format: format.format.into(),
-            })
+            action: ConfAction::Check(opts),
+        } => app::conf_check::run(&opts),
+        Command::Replay(opts) => {
+            stop_cuda_on_ctrl_c(&opts.device);
+            app::replay::run(&opts)
         }
-        Command::Recommend {
-            input,
-            capacity,
-            current,
-            report,
-            format,
-        } => {
+        Command::Recommend(opts) => {
             let bar = SearchBar::new();
-            let out = app::recommend::run_with_progress(
-                &app::recommend::RecommendOptions {
-                    input,
-                    capacity,
-                    current,
-                    report,
-                    format: format.format.into(),
-                },
-                &|p| bar.update(p),
-            );
+            let out = app::recommend::run_with_progress(&opts, &|p| bar.update(p));
             bar.finish();
             out
         }
-        Command::Validate {
-            input,
-            conf,
-            current,
-            capacity,
-            device,
-            report,
-            format,
-        } => {
-            stop_cuda_on_ctrl_c(&device);
-            app::validate::run(&app::validate::ValidateOptions {
-                input,
-                conf,
-                current,
-                capacity,
-                device,
-                report,
-                format: format.format.into(),
-            })
+        Command::Validate(opts) => {
+            stop_cuda_on_ctrl_c(&opts.device);
+            app::validate::run(&opts)
         }
-        Command::Rules {
-            action,
-            rules,
-            format,
-        } => {
-            let action = match action {
-                RulesAction::List => app::rules_cmd::RulesAction::List,
-                RulesAction::Show { id } => app::rules_cmd::RulesAction::Show(id),
-                RulesAction::Test { dir } => app::rules_cmd::RulesAction::Test(dir),
-            };
-            app::rules_cmd::run(&app::rules_cmd::RulesOptions {
-                action,
-                rules_dir: rules,
-                format: format.format.into(),
-            })
-        }
+        Command::Rules(opts) => app::rules_cmd::run(&opts),
     }
 }
 

@@ -545,8 +545,11 @@ fn report_of_real_replays_overlays_both_configs() {
     };
     let current = replay_with(&trace, &default, SimDevice::new(100 * MIB), options);
     let fixed = replay_with(&trace, &expandable, SimDevice::new(100 * MIB), options);
-    assert_eq!(current.oom.as_ref().map(|o| o.event_index), Some(15));
-    assert!(fixed.oom.is_none());
+    assert_eq!(
+        current.figures.oom.as_ref().map(|o| o.event_index),
+        Some(15)
+    );
+    assert!(fixed.figures.oom.is_none());
 
     let map = SegmentMap::from_allocator("at the OOM (event 15)", &current.segments);
     let sites = map.live_by_size(5);

@@ -73,8 +73,8 @@ fn every_real_snapshot_loads_with_the_readme_figures() {
             "{name}"
         );
         let d = o.detail.as_ref().unwrap();
-        assert_eq!(d["segsum"]["balanced"], true, "{name}");
-        assert_eq!(d["segsum"]["reserved_bytes"], reserved, "{name}");
+        assert!(d.segsum.balanced, "{name}");
+        assert_eq!(d.segsum.reserved_bytes, reserved, "{name}");
     }
 }
 
@@ -84,7 +84,7 @@ fn generated_snapshots_read_the_same_under_every_protocol() {
     let read = |name: &str| {
         let mut obs = snapshot::observations("p", &fixture(name)).unwrap();
         for o in &mut obs {
-            o.detail.as_mut().unwrap()["protocol"] = serde_json::Value::Null;
+            o.detail.as_mut().unwrap().protocol = 0;
         }
         obs
     };
@@ -145,8 +145,8 @@ fn old_schema_takes_sizes_and_frames_from_history() {
     assert_eq!(f[0].line, 190);
     let obs = snapshot::observations("yiyi", &data).unwrap();
     let d = obs[0].detail.as_ref().unwrap();
-    assert_eq!(d["trace_actions"]["snapshot"], 1);
-    assert_eq!(d["top_sites"][0]["site"], "pytorch_backend.py:190:allocate");
+    assert_eq!(d.trace_actions["snapshot"], 1);
+    assert_eq!(d.top_sites[0].site, "pytorch_backend.py:190:allocate");
 }
 
 #[test]
@@ -163,7 +163,7 @@ fn recorded_allocator_settings_are_reported() {
             .detail
             .as_ref()
             .unwrap()
-            .get("allocator_settings_note")
+            .allocator_settings_note
             .is_none()
     );
 }
@@ -512,7 +512,7 @@ fn replay_accepts_a_snapshot_and_reports_fidelity() {
     let r = execute(&opts).unwrap();
     assert_eq!(r.events, 3840);
     assert_eq!(r.runs.len(), 2);
-    assert!(r.runs.iter().all(|run| run.result.oom.is_none()));
+    assert!(r.runs.iter().all(|run| run.result.figures.oom.is_none()));
     let f = r.fidelity.as_ref().unwrap();
     assert_eq!((f.alloc_events, f.address_matches), (1280, 1280));
     let json: serde_json::Value =
@@ -528,10 +528,13 @@ fn replay_accepts_a_snapshot_and_reports_fidelity() {
 #[test]
 fn a_recorded_conf_that_did_not_take_effect_is_noted() {
     let obs = snapshot::observations("g", &fixture("gen-ignored-conf.pickle")).unwrap();
-    let note = obs[0].detail.as_ref().unwrap()["allocator_settings_note"]
-        .as_str()
+    let note = obs[0]
+        .detail
+        .as_ref()
         .unwrap()
-        .to_string();
+        .allocator_settings_note
+        .clone()
+        .unwrap();
     assert_eq!(
         note,
         "PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True,max_split_size_mb:256\" asks for \

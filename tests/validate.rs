@@ -3,10 +3,11 @@
 //! were fitted to, and `--device cuda` without a driver exits 3. The `gpu_*`
 //! tests run on a GPU machine (bench/gpu/run.sh) and skip, saying why, elsewhere.
 
-use allocdoc::advise::search::space;
-use allocdoc::app::recommend::recommend;
-use allocdoc::app::validate::{Source, Workload, replay};
+use allocdoc::advise::space::space;
 use allocdoc::conf::{MIB, Settings};
+use allocdoc::trial::recommend::recommend;
+use allocdoc::trial::run::replay;
+use allocdoc::trial::workload::{Source, Workload};
 use allocdoc::workload::probe::{
     self, Family, Figures, Params, ReplayFigures, Target, epochs, generate,
 };
@@ -57,12 +58,15 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
     for (family, steps, unit) in cases {
         let (trace, w) = workload(family, steps, unit);
         let free = replay(&trace, &defaults, "", allocdoc::device::NO_LIMIT);
-        assert!(free.oom.is_none());
-        let (lo, hi) = (free.peak_allocated_bytes, free.peak_reserved_bytes);
+        assert!(free.figures.oom.is_none());
+        let (lo, hi) = (
+            free.figures.peak_allocated_bytes,
+            free.figures.peak_reserved_bytes,
+        );
         for frac in [0.6, 0.2] {
             let capacity = lo + ((hi - lo) as f64 * frac) as u64;
             let default_run = replay(&trace, &defaults, "", capacity);
-            if default_run.oom.is_none() {
+            if default_run.figures.oom.is_none() {
                 continue; // the default still fits here: not a case for this test
             }
             let brute: Vec<_> = space(false)
@@ -71,8 +75,8 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                 .collect();
             let best_ok = brute
                 .iter()
-                .filter(|r| r.oom.is_none())
-                .map(|r| r.peak_reserved_bytes)
+                .filter(|r| r.figures.oom.is_none())
+                .map(|r| r.figures.peak_reserved_bytes)
                 .min();
             let r =
                 recommend(&w, w.capacity(Some(capacity)), "", &defaults, &|_| {}).expect("search");
@@ -85,16 +89,16 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                     });
                     let winner = &r.candidates[0];
                     assert_eq!(winner.conf, rec.value);
-                    assert!(winner.oom.is_none());
+                    assert!(winner.figures.oom.is_none());
                     assert_eq!(
-                        winner.peak_reserved_bytes, best,
+                        winner.figures.peak_reserved_bytes, best,
                         "{family:?}: not the lowest peak reserved"
                     );
                     let min = r
                         .min_capacity_bytes
                         .expect("a winner has a smallest capacity");
                     assert!(
-                        min <= capacity && min >= winner.peak_allocated_bytes,
+                        min <= capacity && min >= winner.figures.peak_allocated_bytes,
                         "{min}"
                     );
                     let settings =
@@ -102,7 +106,7 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                             .expect("the recommendation parses")
                             .settings;
                     assert!(
-                        replay(&trace, &settings, "", min).oom.is_none(),
+                        replay(&trace, &settings, "", min).figures.oom.is_none(),
                         "runs at its smallest capacity"
                     );
                 }
@@ -132,9 +136,9 @@ fn probe_calibration_reproduces_given_figures() {
     let run = |trace: &Trace, cap: u64| {
         let r = replay(trace, &defaults, "", cap);
         ReplayFigures {
-            allocated_bytes: r.end_allocated_bytes,
-            reserved_bytes: r.end_reserved_bytes,
-            oom: r.oom.is_some(),
+            allocated_bytes: r.figures.end_allocated_bytes,
+            reserved_bytes: r.figures.end_reserved_bytes,
+            oom: r.figures.oom.is_some(),
         }
     };
     // The "real job": variable-length sequences (another seed than the probe's).
@@ -350,8 +354,8 @@ fn recommend_json_and_exit_code() {
 #[cfg(feature = "cuda")]
 #[test]
 fn gpu_cuda_replay_matches_the_simulated_card() {
-    use allocdoc::app::validate::replay_on;
     use allocdoc::device::DeviceSpec;
+    use allocdoc::trial::run::replay_on;
     if !allocdoc::device::cuda::driver_present() {
         eprintln!(
             "skipped gpu_cuda_replay_matches_the_simulated_card: no CUDA driver (libcuda) on this machine"
@@ -372,14 +376,21 @@ fn gpu_cuda_replay_matches_the_simulated_card() {
             }
         };
         let sim = replay(&trace, &s, conf, cap);
-        assert_eq!(cuda.oom.is_some(), sim.oom.is_some(), "{conf}");
-        assert_eq!(cuda.peak_reserved_bytes, sim.peak_reserved_bytes, "{conf}");
         assert_eq!(
-            (cuda.device_allocs, cuda.device_frees),
-            (sim.device_allocs, sim.device_frees),
+            cuda.figures.oom.is_some(),
+            sim.figures.oom.is_some(),
             "{conf}"
         );
-        assert!(cuda.driver_time_us > 0.0, "driver calls are timed");
+        assert_eq!(
+            cuda.figures.peak_reserved_bytes, sim.figures.peak_reserved_bytes,
+            "{conf}"
+        );
+        assert_eq!(
+            (cuda.figures.device_allocs, cuda.figures.device_frees),
+            (sim.figures.device_allocs, sim.figures.device_frees),
+            "{conf}"
+        );
+        assert!(cuda.figures.driver_time_us > 0.0, "driver calls are timed");
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::context::Context;
 use crate::conf::TorchVersion;
-use crate::evidence::{Backend, DeviceKind, Evidence, Kind, Observation, OomSource};
+use crate::evidence::{Backend, DeviceKind, Evidence, Kind, Observation, OomSource, PoolDetail};
 use crate::rules::{Fact, Facts, VersionRange};
 
 /// The observation a diagnosis is about: the last OOM of any kind, else the
@@ -202,45 +202,28 @@ fn snapshot_facts(f: &mut Facts, p: &Observation) {
     let Some(detail) = &p.detail else {
         return;
     };
-    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_u64);
-    let pools = detail.get("pools").and_then(|v| v.as_array());
-    let sum = |key: &str, kind: Option<&str>| -> Option<u64> {
-        let pools = pools?;
+    let sum = |figure: fn(&PoolDetail) -> u64, kind: Option<&str>| -> Option<u64> {
         Some(
-            pools
+            detail
+                .pools
                 .iter()
-                .filter(|pool| {
-                    kind.is_none_or(|k| {
-                        pool.get("segment_type").and_then(|t| t.as_str()) == Some(k)
-                    })
-                })
-                .filter_map(|pool| num(pool, key))
+                .filter(|pool| kind.is_none_or(|k| pool.segment_type == k))
+                .map(figure)
                 .sum(),
         )
     };
-    bytes(f, "inactive_split", sum("inactive_split_bytes", None));
-    bytes(
-        f,
-        "inactive_split_small",
-        sum("inactive_split_bytes", Some("small")),
-    );
-    bytes(
-        f,
-        "inactive_split_large",
-        sum("inactive_split_bytes", Some("large")),
-    );
+    let split = |p: &PoolDetail| p.inactive_split_bytes;
+    bytes(f, "inactive_split", sum(split, None));
+    bytes(f, "inactive_split_small", sum(split, Some("small")));
+    bytes(f, "inactive_split_large", sum(split, Some("large")));
     bytes(
         f,
         "small_pool_reserved",
-        sum("reserved_bytes", Some("small")),
+        sum(|p| p.reserved_bytes, Some("small")),
     );
-    if let Some(oom) = detail
-        .get("oom_events")
-        .and_then(|v| v.as_array())
-        .and_then(|v| v.last())
-    {
-        bytes(f, "requested", num(oom, "size"));
-        bytes(f, "free", num(oom, "device_free"));
+    if let Some(oom) = detail.oom_events.last() {
+        bytes(f, "requested", Some(oom.size));
+        bytes(f, "free", Some(oom.device_free));
     }
 }
 

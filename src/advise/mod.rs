@@ -8,9 +8,10 @@
 //! processes), whatever else fired.
 
 pub mod combine;
+pub mod conf_check;
 pub mod context;
 pub mod facts;
-pub mod search;
+pub mod space;
 
 pub use combine::Recommendation;
 pub use context::Context;

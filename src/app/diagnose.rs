@@ -5,23 +5,33 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
+use crate::report::views::ReportViews;
 use crate::rules::{RuleSet, VersionRange};
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DiagnoseOptions {
+    /// Logs, memory_summary()/memory_stats() dumps, snapshot pickles or traces; `-` or nothing reads standard input.
     pub inputs: Vec<String>,
-    pub format: Format,
-    /// List rules that were not evaluated and why.
+    /// Also list rules that could not be evaluated and what they need.
+    #[cfg_attr(feature = "cli", arg(short, long))]
     pub verbose: bool,
-    /// Extra rule files that add to or override the embedded ones.
+    /// A directory of extra YAML rules that add to or override the built-in ones.
+    #[cfg_attr(feature = "cli", arg(long = "rules", value_name = "RULES"))]
     pub rules_dir: Option<PathBuf>,
-    /// The user's PyTorch version when the evidence does not say.
+    /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
-    /// The PYTORCH_CUDA_ALLOC_CONF in effect when the evidence was taken.
+    /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
+    #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
-    /// Write a self-contained HTML report here.
+    /// Also write a self-contained HTML report.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Output format.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
+    pub format: Format,
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
@@ -54,8 +64,8 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String]) -> crate::report::diagnose::Pictures {
-    let mut pictures = crate::report::diagnose::Pictures::default();
+fn pictures(inputs: &[String]) -> ReportViews {
+    let mut views = ReportViews::of_snapshots();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
         let Ok(data) = crate::ingest::read_input(name) else {
             continue;
@@ -63,10 +73,10 @@ fn pictures(inputs: &[String]) -> crate::report::diagnose::Pictures {
         if crate::snapshot::is_pickle(&data)
             && let Ok(snap) = crate::snapshot::load(name, &data)
         {
-            pictures.add_snapshot(name, &snap);
+            views.add_snapshot(name, &snap);
         }
     }
-    pictures
+    views
 }
 
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {

@@ -1,7 +1,8 @@
-//! One function per command. Each takes plain option structs (filled by the
-//! binary from the command line), does the work through the other modules and
-//! returns an [`Outcome`]: the rendered output and the exit code. Nothing here
-//! prints.
+//! One function per command. Each takes its options struct, which is also
+//! the command line's definition (clap derive, with the `cli` feature: the
+//! binary parses straight into it), runs the pipeline below (`advise`,
+//! `trial`), hands the result to `report` and returns an [`Outcome`]: the
+//! rendered output and the exit code. Nothing here prints.
 
 pub mod conf_check;
 pub mod diagnose;
@@ -11,14 +12,7 @@ pub mod replay;
 pub mod rules_cmd;
 pub mod validate;
 
-/// Output format of every command (`--format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
-    #[default]
-    Text,
-    Json,
-    Markdown,
-}
+pub use crate::report::Format;
 
 /// What a command produced: text for standard output, notes for standard
 /// error, and the exit code the contract assigns.

@@ -5,9 +5,12 @@ use crate::Error;
 use crate::{ingest, report};
 
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ParseOptions {
-    /// Paths (or `-` for standard input); empty means standard input.
+    /// Inputs; `-` or nothing reads standard input.
     pub inputs: Vec<String>,
+    /// Output format.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
 }
 

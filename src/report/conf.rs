@@ -1,6 +1,6 @@
 //! Rendering: `conf check` (text, JSON, Markdown).
 
-use crate::app::conf_check::{ConfCheck, RoundingRow};
+use crate::advise::conf_check::{ConfCheck, RoundingRow};
 use crate::conf::{ConfError, ErrorOrigin};
 use crate::units::human;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table, presets};

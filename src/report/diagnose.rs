@@ -337,7 +337,7 @@ pub fn markdown(d: &Diagnosis) -> String {
 /// `diagnose --report`: the verdict, the export line, the primary
 /// observation's figures, the findings with the values they read, the
 /// per-rank table and every observation.
-pub fn html(d: &Diagnosis, pictures: Pictures) -> String {
+pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
     use super::html::{self, Figure, ReportData, TableRow, Tone, Verdict};
     use crate::units::human;
     let tone = if d.recommendation.is_some() {
@@ -445,47 +445,6 @@ pub fn html(d: &Diagnosis, pictures: Pictures) -> String {
         figures,
         findings,
         tables,
-        top_sites: pictures
-            .map
-            .as_ref()
-            .map(|m| m.live_by_size(10))
-            .unwrap_or_default(),
-        sites_title: Some("Live blocks in the segment map, by size".into()),
-        timelines: pictures.timelines,
-        x_label: "trace entry".into(),
-        segment_map: pictures.map,
-        ..ReportData::default()
+        ..views.into_data()
     })
-}
-
-/// What a snapshot input adds to the diagnose report: its recorded trace as
-/// a timeline and its segments as a map (the first snapshot with segments).
-#[derive(Default)]
-pub struct Pictures {
-    pub timelines: Vec<super::html::Timeline>,
-    pub map: Option<super::html::SegmentMap>,
-}
-
-impl Pictures {
-    /// Adds one decoded snapshot: a timeline per traced device, the map of
-    /// its first device when no map was taken yet.
-    pub fn add_snapshot(&mut self, input: &str, snap: &crate::snapshot::Snapshot<'_>) {
-        use super::html::{SegmentMap, Timeline};
-        for device in snap.devices() {
-            if snap.trace_len(device) > 0 {
-                self.timelines.push(Timeline::from_snapshot_trace(
-                    format!("{input}, device {device} (requested)"),
-                    snap,
-                    device,
-                ));
-            }
-            if self.map.is_none() && snap.segments.iter().any(|s| s.device == device) {
-                self.map = Some(SegmentMap::from_snapshot(
-                    format!("in {input}, device {device}, when it was taken"),
-                    snap,
-                    device,
-                ));
-            }
-        }
-    }
 }

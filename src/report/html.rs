@@ -87,7 +87,7 @@ impl Timeline {
         for (x, p) in (0u64..).zip(&run.timeline) {
             t.push(x, p.allocated, p.reserved);
         }
-        t.oom_at = run.oom.as_ref().map(|o| o.event_index);
+        t.oom_at = run.figures.oom.as_ref().map(|o| o.event_index);
         t
     }
 }

@@ -1,5 +1,6 @@
 //! Renders what the commands return: text (comfy-table), JSON, Markdown, HTML.
-//! One file per command's output; shared helpers in `common`.
+//! One file per command's output; shared helpers in `common`; the pictures of
+//! an HTML report in `views`. Nothing here imports `app`.
 
 pub mod common;
 pub mod conf;
@@ -12,3 +13,14 @@ pub mod recommend;
 pub mod replay;
 pub mod rules;
 pub mod svg;
+pub mod views;
+
+/// Output format of every command (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+    Markdown,
+}

@@ -3,8 +3,8 @@
 //! `memory_summary()` / `memory_stats()` and one for snapshots; JSON is
 //! exactly `{"observations": [...]}` (cli-contract.md).
 
+use super::Format;
 use super::common::{ABSENT, Grid, json, opt, signed_size, size};
-use crate::app::Format;
 use crate::evidence::{DeviceKind, Evidence, Kind, Observation, StatValues};
 use crate::ingest::SUMMARY_ROWS;
 use serde::Serialize;

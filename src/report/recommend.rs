@@ -1,10 +1,15 @@
 //! Rendering: `recommend` and `validate` (text, JSON, Markdown, HTML).
 
+use super::Format;
 use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
 use super::markdown;
-use crate::app::Format;
-use crate::app::recommend::RecommendResult;
-use crate::app::validate::{CapacitySource, RunSummary, Validation};
+use super::views::ReportViews;
+use crate::trial::compare::TorchComparison;
+use crate::trial::recommend::{RecommendResult, Recommendation};
+use crate::trial::run::Run;
+use crate::trial::validate::Validation;
+use crate::trial::views::RunViews;
+use crate::trial::workload::CapacitySource;
 use crate::units::human;
 use crate::workload::probe::Calibration;
 use std::fmt::Write;
@@ -20,8 +25,8 @@ fn conf_label(conf: &str) -> &str {
     }
 }
 
-fn oom_cell(r: &RunSummary) -> String {
-    match &r.oom {
+fn oom_cell(r: &Run) -> String {
+    match &r.figures.oom {
         Some(o) => format!("event {} ({})", o.event_index, human(o.requested_bytes)),
         None => "none".to_string(),
     }
@@ -43,11 +48,12 @@ const RUN_HEADERS: [&str; 8] = [
     "syncs",
 ];
 
-fn run_row(label: String, r: &RunSummary, flag: Option<String>) -> TableRow {
+fn run_row(label: String, run: &Run, flag: Option<String>) -> TableRow {
+    let r = &run.figures;
     TableRow {
         cells: vec![
             label,
-            oom_cell(r),
+            oom_cell(run),
             human(r.peak_reserved_bytes),
             human(r.peak_allocated_bytes),
             r.device_allocs.to_string(),
@@ -188,10 +194,11 @@ fn recommendation_headline(r: &RecommendResult) -> String {
                 format!("{} does best", rec.value)
             };
             match (
-                &r.current.oom,
+                &r.current.figures.oom,
                 r.current
+                    .figures
                     .peak_reserved_bytes
-                    .checked_sub(best.peak_reserved_bytes),
+                    .checked_sub(best.figures.peak_reserved_bytes),
             ) {
                 (Some(_), _) => s.push_str(": it avoids the OOM the current config hits"),
                 (None, Some(saved)) if saved > 0 => {
@@ -259,7 +266,7 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
 }
 
 /// `recommend --report`: the self-contained HTML page.
-pub fn recommendation_html(r: &RecommendResult, views: crate::app::replay::ReportViews) -> String {
+pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
     super::html::render(&ReportData {
         title: "allocdoc recommend".into(),
         subtitle: Some(format!("{} ({} events)", r.input, r.events)),
@@ -288,7 +295,7 @@ pub fn recommendation_html(r: &RecommendResult, views: crate::app::replay::Repor
         ],
         capacity: Some(r.capacity_bytes),
         tables: recommendation_tables(r),
-        ..views_data(views)
+        ..ReportViews::of_run_views(views).into_data()
     })
 }
 
@@ -297,7 +304,7 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
     if let Some(p) = &v.probe {
         tables.push(fit_table(p));
     }
-    let flag = |r: &RunSummary| r.oom.as_ref().map(|_| "OOM".to_string());
+    let flag = |r: &Run| r.figures.oom.as_ref().map(|_| "OOM".to_string());
     tables.push(runs_table(
         "Current vs candidate",
         vec![
@@ -315,7 +322,7 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
         v.device.starts_with("cuda").then(|| {
             format!(
                 "Measured on {}: driver time {:.0} µs (current) vs {:.0} µs (candidate).",
-                v.device, v.current.driver_time_us, v.candidate.driver_time_us
+                v.device, v.current.figures.driver_time_us, v.candidate.figures.driver_time_us
             )
         }),
     ));
@@ -332,7 +339,7 @@ pub fn validation(v: &Validation, format: Format) -> String {
                 v.input,
                 v.device,
                 capacity_text(v.capacity_bytes, v.capacity_source),
-                v.verdict
+                v.verdict.sentence()
             );
             for t in validation_tables(v) {
                 s.push_str(&t.to_text());
@@ -341,7 +348,7 @@ pub fn validation(v: &Validation, format: Format) -> String {
             s
         }
         Format::Markdown => {
-            let mut s = markdown::summary_line("allocdoc validate", &v.verdict);
+            let mut s = markdown::summary_line("allocdoc validate", &v.verdict.sentence());
             s.push('\n');
             for t in validation_tables(v) {
                 s.push_str(&markdown::titled_table(&t));
@@ -383,13 +390,13 @@ fn probe_json(p: &Calibration) -> serde_json::Value {
 }
 
 /// `validate --report`: the self-contained HTML page.
-pub fn validation_html(v: &Validation, views: crate::app::replay::ReportViews) -> String {
+pub fn validation_html(v: &Validation, views: &RunViews) -> String {
     super::html::render(&ReportData {
         title: "allocdoc validate".into(),
         subtitle: Some(format!("{} on {}", v.input, v.device)),
         verdict: Verdict {
-            headline: v.verdict.clone(),
-            tone: if v.candidate.oom.is_none() {
+            headline: v.verdict.sentence(),
+            tone: if v.candidate.figures.oom.is_none() {
                 Tone::Good
             } else {
                 Tone::Bad
@@ -397,33 +404,18 @@ pub fn validation_html(v: &Validation, views: crate::app::replay::ReportViews) -
         },
         export_line: v
             .candidate
+            .figures
             .oom
             .is_none()
-            .then(|| crate::app::recommend::Recommendation::new(v.candidate.conf.clone()).line),
+            .then(|| Recommendation::new(v.candidate.conf.clone()).line),
         capacity: Some(v.capacity_bytes),
         tables: validation_tables(v),
-        ..views_data(views)
+        ..ReportViews::of_run_views(views).into_data()
     })
 }
 
-/// The timelines, the segment map and what is live there, for `..` in a [`ReportData`].
-fn views_data(views: crate::app::replay::ReportViews) -> ReportData {
-    ReportData {
-        top_sites: views
-            .map
-            .as_ref()
-            .map(|m| m.live_by_size(10))
-            .unwrap_or_default(),
-        sites_title: Some("Live blocks in the segment map, by size".into()),
-        timelines: views.timelines,
-        x_label: "event".into(),
-        segment_map: views.map,
-        ..ReportData::default()
-    }
-}
-
 /// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.
-pub fn torch_comparison(c: &crate::app::validate::TorchComparison, format: Format) -> String {
+pub fn torch_comparison(c: &TorchComparison, format: Format) -> String {
     if format == Format::Json {
         let mut s = serde_json::to_string_pretty(c).unwrap_or_default();
         s.push('\n');

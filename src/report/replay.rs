@@ -1,25 +1,18 @@
 //! Rendering: replay. Runs side by side (one column per config), the OOM
 //! messages, and PyTorch's memory_summary() per run when asked.
 
+use super::Format;
 use crate::allocator::oom::exception_name;
-use crate::app::replay::{Replay, Run};
+use crate::trial::compare::TorchComparison;
+use crate::trial::replay::{Replay, ReplayRun as Run};
+use crate::trial::run::conf_name;
 use crate::units::human;
 use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
 use serde_json::{Value, json};
 use std::fmt::Write;
 
-/// 1 − allocated/reserved when reserved memory peaked.
-fn fragmentation_at_peak(run: &Run) -> f64 {
-    let r = &run.result;
-    if r.peak_reserved_bytes == 0 {
-        0.0
-    } else {
-        1.0 - r.allocated_at_peak_reserved as f64 / r.peak_reserved_bytes as f64
-    }
-}
-
 fn conf_label(conf: &str) -> String {
-    crate::app::replay::conf_name(conf).to_string()
+    conf_name(conf).to_string()
 }
 
 /// The comparison rows: a label and one cell per run.
@@ -28,34 +21,34 @@ fn rows(replay: &Replay) -> Vec<(&'static str, Vec<String>)> {
     vec![
         (
             "result",
-            cells(&|r| match &r.result.oom {
+            cells(&|r| match &r.result.figures.oom {
                 None => "ok".to_string(),
                 Some(oom) => format!("OOM at event {}", oom.event_index),
             }),
         ),
         (
             "peak reserved",
-            cells(&|r| human(r.result.peak_reserved_bytes)),
+            cells(&|r| human(r.result.figures.peak_reserved_bytes)),
         ),
         (
             "peak allocated",
-            cells(&|r| human(r.result.peak_allocated_bytes)),
+            cells(&|r| human(r.result.figures.peak_allocated_bytes)),
         ),
         (
             "fragmentation at peak",
-            cells(&|r| format!("{:.1}%", 100.0 * fragmentation_at_peak(r))),
+            cells(&|r| format!("{:.1}%", 100.0 * r.result.figures.fragmentation_at_peak())),
         ),
         (
             "device allocs",
-            cells(&|r| r.result.device_allocs.to_string()),
+            cells(&|r| r.result.figures.device_allocs.to_string()),
         ),
         (
             "device frees",
-            cells(&|r| r.result.device_frees.to_string()),
+            cells(&|r| r.result.figures.device_frees.to_string()),
         ),
         (
             "alloc retries",
-            cells(&|r| r.result.alloc_retries.to_string()),
+            cells(&|r| r.result.figures.alloc_retries.to_string()),
         ),
         (
             "num_sync_all_streams",
@@ -116,7 +109,7 @@ pub fn text(replay: &Replay) -> String {
         out.push_str(&fidelity_text(f));
     }
     for run in &replay.runs {
-        if let Some(oom) = &run.result.oom {
+        if let Some(oom) = &run.result.figures.oom {
             let _ = write!(
                 out,
                 "\n{}: event {} (alloc of {} bytes) raises\n  {}: {}\n",
@@ -163,7 +156,7 @@ pub fn markdown(replay: &Replay) -> String {
         let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
     }
     for run in &replay.runs {
-        if let Some(oom) = &run.result.oom {
+        if let Some(oom) = &run.result.figures.oom {
             out.push('\n');
             out.push_str(&details(
                 &format!(
@@ -203,18 +196,18 @@ pub fn json(replay: &Replay) -> String {
             let r = &run.result;
             let mut v = json!({
                 "conf": run.conf,
-                "capacity_bytes": r.capacity_bytes,
-                "events": r.events,
-                "oom": r.oom,
-                "peak_reserved_bytes": r.peak_reserved_bytes,
-                "peak_allocated_bytes": r.peak_allocated_bytes,
-                "device_allocs": r.device_allocs,
-                "device_frees": r.device_frees,
-                "alloc_retries": r.alloc_retries,
+                "capacity_bytes": r.figures.capacity_bytes,
+                "events": r.figures.events,
+                "oom": r.figures.oom,
+                "peak_reserved_bytes": r.figures.peak_reserved_bytes,
+                "peak_allocated_bytes": r.figures.peak_allocated_bytes,
+                "device_allocs": r.figures.device_allocs,
+                "device_frees": r.figures.device_frees,
+                "alloc_retries": r.figures.alloc_retries,
                 "stats": r.stats,
                 "synchronizations": r.counters.synchronizations,
                 "driver_time_us": r.counters.driver_time_us,
-                "fragmentation_at_peak": fragmentation_at_peak(run),
+                "fragmentation_at_peak": r.figures.fragmentation_at_peak(),
             });
             if let Some(map) = v.as_object_mut() {
                 if let Some(s) = &run.summary_at_peak {
@@ -241,15 +234,24 @@ pub fn json(replay: &Replay) -> String {
 fn verdict(replay: &Replay) -> (String, super::html::Tone) {
     use super::html::Tone;
     match replay.runs.last() {
-        Some(run) => match &run.result.oom {
+        Some(run) => match &run.result.figures.oom {
             None => {
                 let mut headline = format!(
                     "{} runs the whole trace: peak reserved {}",
                     conf_label(&run.conf),
-                    human(run.result.peak_reserved_bytes)
+                    human(run.result.figures.peak_reserved_bytes)
                 );
-                for other in replay.runs.iter().filter(|r| r.result.oom.is_some()) {
-                    let at = other.result.oom.as_ref().map_or(0, |o| o.event_index);
+                for other in replay
+                    .runs
+                    .iter()
+                    .filter(|r| r.result.figures.oom.is_some())
+                {
+                    let at = other
+                        .result
+                        .figures
+                        .oom
+                        .as_ref()
+                        .map_or(0, |o| o.event_index);
                     let _ = write!(
                         headline,
                         "; {} runs out of memory at event {at}",
@@ -272,15 +274,15 @@ fn verdict(replay: &Replay) -> (String, super::html::Tone) {
     }
 }
 
-/// `replay --report`: every run's timeline overlaid, the segment map the app
-/// picked (first OOM, else the last run at its peak), what is live there by
+/// `replay --report`: every run's timeline overlaid, the segment map the
+/// decision layer picked (first OOM, else the last run at its peak), what is live there by
 /// block size, and the comparison table.
-pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
+pub fn html(replay: &Replay) -> String {
     use super::html::{Figure, ReportData, Table, TableRow, Verdict};
     let last = replay.runs.last();
     let (headline, tone) = verdict(replay);
     let export_line = last
-        .filter(|r| r.result.oom.is_none() && !r.conf.is_empty())
+        .filter(|r| r.result.figures.oom.is_none() && !r.conf.is_empty())
         .map(|r| format!("export PYTORCH_CUDA_ALLOC_CONF={}", r.conf));
     let mut figures = vec![
         Figure {
@@ -295,7 +297,7 @@ pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
     for run in &replay.runs {
         figures.push(Figure {
             label: format!("peak reserved, {}", conf_label(&run.conf)),
-            value: human(run.result.peak_reserved_bytes),
+            value: human(run.result.figures.peak_reserved_bytes),
         });
     }
     let names: Vec<String> = replay.runs.iter().map(|r| conf_label(&r.conf)).collect();
@@ -317,25 +319,19 @@ pub fn html(replay: &Replay, views: crate::app::replay::ReportViews) -> String {
             .collect(),
         note: None,
     };
-    let top_sites = views
-        .map
-        .as_ref()
-        .map(|m| m.live_by_size(10))
-        .unwrap_or_default();
+    let views = super::views::ReportViews::of_runs(
+        replay.runs.iter().map(|r| (conf_name(&r.conf), &r.result)),
+        replay.map.as_ref(),
+    );
     super::html::render(&ReportData {
         title: format!("allocdoc replay: {}", replay.input),
         subtitle: Some(heading(replay)),
         verdict: Verdict { headline, tone },
         export_line,
         figures,
-        timelines: views.timelines,
-        x_label: "event".into(),
         capacity: Some(replay.capacity_bytes),
-        segment_map: views.map,
-        findings: Vec::new(),
-        top_sites,
-        sites_title: Some("Live blocks in the segment map, by size".into()),
         tables: vec![table],
+        ..views.into_data()
     })
 }
 
@@ -379,4 +375,29 @@ fn fidelity_text(f: &crate::workload::snapshot_trace::Fidelity) -> String {
         let _ = writeln!(out, "  final state: {diff}");
     }
     out
+}
+
+/// `replay --compare-with`: adds the comparison of the last run with PyTorch's
+/// figures to `stdout` (inside the JSON object for `--format json`).
+pub fn append_torch_comparison(
+    stdout: &mut String,
+    comparison: &TorchComparison,
+    format: Format,
+) -> Result<(), crate::Error> {
+    if format == Format::Json {
+        let mut value: serde_json::Value = serde_json::from_str(stdout)
+            .map_err(|e| crate::Error::Input(format!("replay JSON: {e}")))?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "compare_with".into(),
+                serde_json::to_value(comparison).unwrap_or_default(),
+            );
+        }
+        *stdout = serde_json::to_string_pretty(&value).unwrap_or_default();
+        stdout.push('\n');
+    } else {
+        stdout.push('\n');
+        stdout.push_str(&super::recommend::torch_comparison(comparison, format));
+    }
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! Rendering: `rules list`, `rules show`, `rules test`.
 
-use crate::app::Format;
+use super::Format;
 use crate::rules::catalog::METRICS;
 use crate::rules::{CaseResult, Rule};
 use comfy_table::{ContentArrangement, Table, presets};

@@ -1,18 +1,21 @@
 //! Evidence drawn from a snapshot: one `snapshot` observation per device, with
 //! the per-pool/stream breakdown, `segsum`'s free-memory split, segment size
 //! classes, top allocation sites, `oom` trace entries and the allocator
-//! settings in `detail`.
+//! settings in its typed `detail` ([`SnapshotDetail`]).
 
 use super::model::{
     Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
 use crate::conf::{Settings, TorchVersion};
-use crate::evidence::{DeviceKind, Kind, Observation};
-use serde_json::{Value as J, json};
+use crate::evidence::{
+    AllocationSite, DeviceKind, Kind, Observation, PoolDetail, SegSumDetail, SizeClass,
+    SnapshotDetail, SnapshotOom,
+};
+use serde_json::Value as J;
 use std::collections::{BTreeMap, HashMap};
 
 const MIB: u64 = 1 << 20;
-/// How many allocation sites `detail.top_sites` lists.
+/// How many allocation sites [`SnapshotDetail::top_sites`] lists.
 const TOP_SITES: usize = 10;
 /// Frames kept per listed site (innermost first; C++ stacks run to 60+).
 const SITE_FRAMES: usize = 12;
@@ -121,20 +124,22 @@ impl SegSum {
             == Some(self.reserved)
     }
 
-    fn json(&self) -> J {
+    fn detail(&self) -> SegSumDetail {
         let free = self.internal_free.saturating_add(self.external_free);
-        json!({
-            "reserved_bytes": self.reserved,
-            "allocated_bytes": self.allocated,
-            "internal_free_bytes": self.internal_free,
-            "external_free_bytes": self.external_free,
-            "free_bytes": free,
-            "internal_free_pct": if free == 0 { 0.0 } else {
+        SegSumDetail {
+            reserved_bytes: self.reserved,
+            allocated_bytes: self.allocated,
+            internal_free_bytes: self.internal_free,
+            external_free_bytes: self.external_free,
+            free_bytes: free,
+            internal_free_pct: if free == 0 {
+                0.0
+            } else {
                 (self.internal_free as f64 * 1000.0 / free as f64).round() / 10.0
             },
-            "largest_free_block_bytes": self.largest_free_block,
-            "balanced": self.balanced(),
-        })
+            largest_free_block_bytes: self.largest_free_block,
+            balanced: self.balanced(),
+        }
     }
 }
 
@@ -178,7 +183,7 @@ fn detail(
     device: u32,
     segs: &[&Segment],
     settings_note: Option<&str>,
-) -> Result<(J, PoolTotals), ModelError> {
+) -> Result<(SnapshotDetail, PoolTotals), ModelError> {
     // A handful of pools, and runs of segments in the same one: a list
     // searched from the last hit beats a map.
     let mut pools: Vec<(PoolKey, PoolTotals)> = Vec::new();
@@ -247,29 +252,35 @@ fn detail(
     for (_, t) in &pools {
         sum.add(t);
     }
-    let pools_json: Vec<J> = pools
+    let pools_detail: Vec<PoolDetail> = pools
         .iter()
-        .map(|((pool, kind, stream), t)| {
-            let kind = kind.as_str();
-            let pool = match pool {
+        .map(|((pool, kind, stream), t)| PoolDetail {
+            pool: match pool {
                 Some((a, b)) => format!("private({a},{b})"),
                 None => "default".to_string(),
-            };
-            json!({
-                "pool": pool, "segment_type": kind, "stream": stream,
-                "segments": t.segments, "blocks": t.blocks,
-                "reserved_bytes": t.reserved, "allocated_bytes": t.allocated,
-                "active_bytes": t.active, "requested_bytes": t.requested,
-                "inactive_bytes": t.inactive, "inactive_split_bytes": t.inactive_split,
-                "segsum": t.segsum.json(),
-            })
+            },
+            segment_type: kind.as_str(),
+            stream: *stream,
+            segments: t.segments,
+            blocks: t.blocks,
+            reserved_bytes: t.reserved,
+            allocated_bytes: t.allocated,
+            active_bytes: t.active,
+            requested_bytes: t.requested,
+            inactive_bytes: t.inactive,
+            inactive_split_bytes: t.inactive_split,
+            segsum: t.segsum.detail(),
         })
         .collect();
-    let classes_json: Vec<J> = SIZE_CLASSES
+    let segments_by_size: Vec<SizeClass> = SIZE_CLASSES
         .iter()
         .zip(classes)
         .filter(|(_, (n, _))| *n > 0)
-        .map(|(name, (n, bytes))| json!({"class": name, "segments": n, "bytes": bytes}))
+        .map(|(name, (n, bytes))| SizeClass {
+            class: name,
+            segments: n,
+            bytes,
+        })
         .collect();
 
     // Counted per action first: a handful of actions, millions of entries.
@@ -285,10 +296,12 @@ fn detail(
             && let Some(e) = snap.trace_entry(device, i)
         {
             let e = e?;
-            ooms.push(json!({
-                "event_index": i, "size": e.size, "device_free": e.device_free,
-                "stream": e.stream,
-            }));
+            ooms.push(SnapshotOom {
+                event_index: i as u64,
+                size: e.size,
+                device_free: e.device_free,
+                stream: e.stream,
+            });
         }
     }
 
@@ -296,31 +309,23 @@ fn detail(
     for (action, n) in counts {
         *actions.entry(action.as_str()).or_default() += n;
     }
-    let mut d = json!({
-        "form": match snap.form {
+    let d = SnapshotDetail {
+        form: match snap.form {
             super::model::Form::Dict => "dict",
             super::model::Form::SegmentList => "segment_list",
         },
-        "protocol": snap.pickle.protocol,
-        "pools": pools_json,
-        "segsum": sum.segsum.json(),
-        "segments_by_size": classes_json,
-        "expandable_segments": expandable,
-        "top_sites": sites.top(),
-        "trace_actions": actions,
-        "oom_events": ooms,
-    });
-    if let Some(map) = d.as_object_mut() {
-        if !unbalanced.is_empty() {
-            map.insert("segsum_mismatch_segments".into(), json!(unbalanced));
-        }
-        if let Some(note) = settings_note {
-            map.insert("allocator_settings_note".into(), json!(note));
-        }
-        if let Some(n) = snap.external_annotations {
-            map.insert("external_annotations".into(), json!(n));
-        }
-    }
+        protocol: snap.pickle.protocol,
+        pools: pools_detail,
+        segsum: sum.segsum.detail(),
+        segments_by_size,
+        expandable_segments: expandable,
+        top_sites: sites.top(),
+        trace_actions: actions,
+        oom_events: ooms,
+        segsum_mismatch_segments: unbalanced,
+        allocator_settings_note: settings_note.map(str::to_string),
+        external_annotations: snap.external_annotations,
+    };
     Ok((d, sum))
 }
 
@@ -421,7 +426,7 @@ impl<'s> Sites<'s> {
     }
 
     /// The [`TOP_SITES`] biggest, the only ones formatted.
-    fn top(mut self) -> Vec<J> {
+    fn top(mut self) -> Vec<AllocationSite> {
         self.sites
             .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         self.sites
@@ -429,12 +434,15 @@ impl<'s> Sites<'s> {
             .take(TOP_SITES)
             .map(|(stack, bytes, blocks)| {
                 let frames: Vec<String> = stack.iter().map(frame_text).collect();
-                json!({
-                    "site": frames.first().cloned().unwrap_or_else(|| "<non-python>".into()),
-                    "bytes": bytes,
-                    "blocks": blocks,
-                    "frames": frames,
-                })
+                AllocationSite {
+                    site: frames
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| "<non-python>".into()),
+                    bytes,
+                    blocks,
+                    frames,
+                }
             })
             .collect()
     }

@@ -6,7 +6,9 @@ pub mod rmm;
 pub mod snapshot_trace;
 pub mod trace;
 
-pub use replay::{OomEvent, ReplayOptions, RunResult, TimelinePoint, replay, replay_with};
+pub use replay::{
+    OomEvent, ReplayOptions, RunFigures, RunResult, TimelinePoint, replay, replay_with,
+};
 pub use trace::{Event, Trace};
 
 /// The trace in `data` if it is one (a trace CSV), `None` if it is something else.

@@ -5,6 +5,7 @@ use crate::allocator::{CachingAllocator, DeviceStats, SegmentInfo};
 use crate::conf::Settings;
 use crate::device::{Device, DeviceCounters};
 use serde::Serialize;
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 /// The OOM that ended a run (the contract's `oom` object).
@@ -37,38 +38,135 @@ pub struct ReplayOptions {
     pub history: bool,
 }
 
-/// One run of a trace under one config on one device.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RunResult {
-    pub capacity_bytes: u64,
+/// A replayed run's figures: what every command reports, and what the
+/// config search ranks by ([`RunFigures::rank`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct RunFigures {
+    pub oom: Option<OomEvent>,
     /// Events in the trace.
     pub events: u64,
-    pub oom: Option<OomEvent>,
     pub peak_reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
     pub device_allocs: u64,
     pub device_frees: u64,
     pub alloc_retries: u64,
-    /// Every `memory_stats()` key, flat, at the end of the run.
-    pub stats: BTreeMap<String, i64>,
-    /// Driver calls and their modelled (sim) or measured (CUDA) time.
+    /// `release_cached_blocks`' all-stream syncs (`num_sync_all_streams`,
+    /// where the version exposes it) plus event and stream syncs.
+    pub synchronizations: u64,
+    /// Modelled (sim) or measured (cuda) time in driver calls.
+    pub driver_time_us: f64,
+    /// The device's capacity for this run (the cap on a GPU).
     #[serde(skip)]
-    pub counters: DeviceCounters,
+    pub capacity_bytes: u64,
+    /// Allocated and reserved bytes when the run ended (at the OOM, if any).
+    #[serde(skip)]
+    pub end_allocated_bytes: u64,
+    #[serde(skip)]
+    pub end_reserved_bytes: u64,
     /// The event after which allocated memory first reached its peak.
     #[serde(skip)]
     pub peak_event_index: Option<u64>,
     /// Allocated bytes when reserved memory first reached its peak.
     #[serde(skip)]
     pub allocated_at_peak_reserved: u64,
+}
+
+impl RunFigures {
+    /// Best first: no OOM, then lowest peak reserved, then the least driver
+    /// work (cudaMalloc + cudaFree, retries, synchronisations: the time cost).
+    /// Of two OOMs, the one that got further is better.
+    pub fn rank(&self, other: &RunFigures) -> Ordering {
+        match (&self.oom, &other.oom) {
+            (None, Some(_)) => Ordering::Less,
+            (Some(_), None) => Ordering::Greater,
+            (Some(a), Some(b)) if a.event_index != b.event_index => {
+                b.event_index.cmp(&a.event_index)
+            }
+            _ => self
+                .peak_reserved_bytes
+                .cmp(&other.peak_reserved_bytes)
+                .then(
+                    (self.device_allocs + self.device_frees)
+                        .cmp(&(other.device_allocs + other.device_frees)),
+                )
+                .then(self.alloc_retries.cmp(&other.alloc_retries))
+                .then(self.synchronizations.cmp(&other.synchronizations)),
+        }
+    }
+
+    /// 1 − allocated/reserved when reserved memory peaked.
+    pub fn fragmentation_at_peak(&self) -> f64 {
+        if self.peak_reserved_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.allocated_at_peak_reserved as f64 / self.peak_reserved_bytes as f64
+        }
+    }
+}
+
+/// One run of a trace under one config on one device: its figures and what
+/// the reports draw (stats, timeline, segments, trace entries).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunResult {
+    pub figures: RunFigures,
+    /// Every `memory_stats()` key, flat, at the end of the run.
+    pub stats: BTreeMap<String, i64>,
+    /// Driver calls and their modelled (sim) or measured (CUDA) time.
+    pub counters: DeviceCounters,
     /// Per event, when [`ReplayOptions::timeline`] asked for it.
-    #[serde(skip)]
     pub timeline: Vec<TimelinePoint>,
     /// The segments at the end of the run (snapshot view).
-    #[serde(skip)]
     pub segments: Vec<SegmentInfo>,
     /// The allocator's trace entries, when [`ReplayOptions::history`] asked for them.
-    #[serde(skip)]
     pub history: Vec<crate::allocator::TraceEntry>,
+}
+
+/// How a replay loop ended: what [`RunResult::new`] needs besides the allocator.
+pub(crate) struct RunEnd {
+    pub events: u64,
+    pub oom: Option<OomEvent>,
+    pub peak_event_index: Option<u64>,
+    pub allocated_at_peak_reserved: u64,
+    pub timeline: Vec<TimelinePoint>,
+    /// The driver work of the run (without what seeding a start state took).
+    pub counters: DeviceCounters,
+    pub history: Vec<crate::allocator::TraceEntry>,
+}
+
+impl RunResult {
+    /// The result of a run whose allocator ended in `allocator`'s state.
+    pub(crate) fn new<D: Device>(
+        allocator: &CachingAllocator<D>,
+        capacity_bytes: u64,
+        end: RunEnd,
+    ) -> Self {
+        let stats = allocator.memory_stats();
+        let dev = allocator.stats();
+        let stat = |k: &str| stats.get(k).copied().unwrap_or(0).max(0) as u64;
+        RunResult {
+            figures: RunFigures {
+                oom: end.oom,
+                events: end.events,
+                peak_reserved_bytes: dev.reserved_bytes.all().peak as u64,
+                peak_allocated_bytes: dev.allocated_bytes.all().peak as u64,
+                device_allocs: dev.num_device_alloc as u64,
+                device_frees: dev.num_device_free as u64,
+                alloc_retries: dev.num_alloc_retries as u64,
+                synchronizations: stat("num_sync_all_streams") + end.counters.synchronizations,
+                driver_time_us: end.counters.driver_time_us,
+                capacity_bytes,
+                end_allocated_bytes: stat("allocated_bytes.all.current"),
+                end_reserved_bytes: stat("reserved_bytes.all.current"),
+                peak_event_index: end.peak_event_index,
+                allocated_at_peak_reserved: end.allocated_at_peak_reserved,
+            },
+            stats,
+            counters: end.counters,
+            timeline: end.timeline,
+            segments: allocator.segments(),
+            history: end.history,
+        }
+    }
 }
 
 /// What a replay loop keeps after every event: the event where allocated
@@ -171,24 +269,16 @@ pub fn replay_with<D: Device>(
         }
         peaks.observe(index as u64, allocator.stats());
     }
-    let stats = allocator.stats();
-    RunResult {
-        capacity_bytes,
+    let end = RunEnd {
         events: trace.len() as u64,
         oom,
-        peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
-        peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
-        device_allocs: stats.num_device_alloc as u64,
-        device_frees: stats.num_device_free as u64,
-        alloc_retries: stats.num_alloc_retries as u64,
-        stats: allocator.memory_stats(),
-        counters: allocator.device().counters(),
         peak_event_index: peaks.peak_event_index,
         allocated_at_peak_reserved: peaks.allocated_at_peak_reserved,
         timeline: peaks.timeline,
-        segments: allocator.segments(),
+        counters: allocator.device().counters(),
         history: allocator.take_trace(),
-    }
+    };
+    RunResult::new(&allocator, capacity_bytes, end)
 }
 
 #[cfg(test)]
@@ -208,17 +298,17 @@ mod tests {
             "action,id,size,stream\nalloc,a,62914560,0\nalloc,b,62914560,0\nfree,a,,\nalloc,c,1,0\n",
         );
         let run = replay(&t, &Settings::default(), SimDevice::new(100 * MIB));
-        let oom = run.oom.unwrap();
+        let oom = run.figures.oom.clone().unwrap();
         assert_eq!(oom.event_index, 1);
         assert_eq!(oom.requested_bytes, 62914560);
         assert!(
             oom.message
                 .starts_with("CUDA out of memory. Tried to allocate 60.00 MiB.")
         );
-        assert_eq!(run.events, 4);
-        assert_eq!(run.peak_reserved_bytes, 60 * MIB);
-        assert_eq!(run.alloc_retries, 1);
-        assert_eq!(run.device_allocs, 1);
+        assert_eq!(run.figures.events, 4);
+        assert_eq!(run.figures.peak_reserved_bytes, 60 * MIB);
+        assert_eq!(run.figures.alloc_retries, 1);
+        assert_eq!(run.figures.device_allocs, 1);
     }
 
     #[test]
@@ -231,11 +321,36 @@ mod tests {
             ..ReplayOptions::default()
         };
         let run = replay_with(&t, &Settings::default(), SimDevice::new(1 << 30), options);
-        assert!(run.oom.is_none());
-        assert_eq!(run.peak_event_index, Some(1));
+        assert!(run.figures.oom.is_none());
+        assert_eq!(run.figures.peak_event_index, Some(1));
         let reserved: Vec<u64> = run.timeline.iter().map(|p| p.reserved / MIB).collect();
         assert_eq!(reserved, vec![2, 22, 22, 22, 0]);
         assert_eq!(run.stats["num_sync_all_streams"], 1);
         assert!(run.segments.is_empty());
+    }
+
+    #[test]
+    fn ranking_prefers_no_oom_then_reserved_then_driver_work() {
+        let ok = |reserved, allocs| RunFigures {
+            peak_reserved_bytes: reserved,
+            device_allocs: allocs,
+            ..RunFigures::default()
+        };
+        let oom = |at| RunFigures {
+            oom: Some(OomEvent {
+                event_index: at,
+                requested_bytes: 0,
+                message: String::new(),
+            }),
+            ..RunFigures::default()
+        };
+        assert_eq!(ok(900, 50).rank(&oom(10)), Ordering::Less);
+        assert_eq!(
+            oom(5).rank(&oom(10)),
+            Ordering::Greater,
+            "later OOM is better"
+        );
+        assert_eq!(ok(100, 50).rank(&ok(200, 1)), Ordering::Less);
+        assert_eq!(ok(100, 2).rank(&ok(100, 3)), Ordering::Less);
     }
 }

@@ -55,7 +55,7 @@ use crate::device::sim::SimDevice;
 use crate::device::{Device, DeviceCounters};
 use crate::snapshot::Snapshot;
 use crate::snapshot::model::{Action, BlockState, Segment, TraceEntry as TraceRecord};
-use crate::workload::replay::{OomEvent, Peaks, ReplayOptions, RunResult, TimelinePoint};
+use crate::workload::replay::{OomEvent, Peaks, ReplayOptions, RunEnd, RunResult, TimelinePoint};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -1047,28 +1047,20 @@ pub fn replay_on<D: Device>(
     let capacity = device.total_memory();
     let mut alloc = CachingAllocator::new(settings.clone(), device);
     let run = trace.run_with(&mut alloc, fidelity, options)?;
-    let stats = alloc.stats();
-    let result = RunResult {
-        capacity_bytes: capacity,
+    let end = RunEnd {
         events: trace.trace.len() as u64,
         oom: run.oom.map(|o| OomEvent {
             event_index: o.event_index as u64,
             requested_bytes: o.requested_bytes,
             message: o.message,
         }),
-        peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
-        peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
-        device_allocs: stats.num_device_alloc as u64,
-        device_frees: stats.num_device_free as u64,
-        alloc_retries: stats.num_alloc_retries as u64,
-        stats: alloc.memory_stats(),
-        counters: since(alloc.device().counters(), run.seeded_counters),
         peak_event_index: run.peak_event_index,
         allocated_at_peak_reserved: run.allocated_at_peak_reserved,
         timeline: run.timeline,
-        segments: alloc.segments(),
+        counters: since(alloc.device().counters(), run.seeded_counters),
         history: run.history,
     };
+    let result = RunResult::new(&alloc, capacity, end);
     Ok((result, run.fidelity))
 }
 

@@ -1,0 +1,24 @@
+//! The decision layer below the commands: the workload a command runs
+//! ([`workload`]: loading, capacity sources, probes), one run of it under one
+//! config on one device with its figures ([`run`]), and the judgements over
+//! runs: `validate`'s verdict ([`validate`]), `recommend`'s search and
+//! ranking ([`search`], [`recommend`]), the comparison with PyTorch's own
+//! figures ([`compare`]), and the `replay` pipeline ([`replay`]). What a
+//! report draws from replays is computed in [`views`].
+//!
+//! Rules, facts and their combination live in [`crate::advise`], below this
+//! layer; the candidate space the search replays is [`crate::advise::space`].
+//! Nothing here renders or prints: the types returned are what `report`
+//! renders and `app` turns into an outcome.
+
+pub mod compare;
+pub mod recommend;
+pub mod replay;
+pub mod run;
+pub mod search;
+pub mod validate;
+pub mod views;
+pub mod workload;
+
+pub use run::Run;
+pub use workload::{CapacitySource, Workload};

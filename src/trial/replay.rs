@@ -1,0 +1,341 @@
+//! The `replay` pipeline: a trace (CSV, RMM log, or a snapshot's trace from
+//! the state it started in) run through the bundled caching allocator under
+//! one or more configs, on the simulated card or a GPU (one fresh device per
+//! run, released when the run ends). The `--fidelity` comparison and the
+//! report's segment map always come from the simulated card.
+
+use super::run::{DeviceOpener, conf_name, parse_native_conf};
+use super::views::{SegmentsAt, segment_map};
+use super::workload::DEFAULT_CAPACITY;
+use crate::Error;
+use crate::allocator::summary::memory_summary;
+use crate::conf::{Settings, TorchVersion};
+use crate::device::sim::SimDevice;
+use crate::device::{Device, DeviceSpec};
+use crate::units::human;
+use crate::workload::{ReplayOptions, RunResult, detect_trace, replay_with};
+
+/// What to replay, and how: the command's options, parsed.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The input's name as given (`-` or empty for standard input).
+    pub input: String,
+    /// One run per config, in order; empty means the default config (for a
+    /// snapshot: the config it recorded).
+    pub confs: Vec<String>,
+    pub capacity: Option<u64>,
+    pub device: DeviceSpec,
+    pub torch_version: TorchVersion,
+    /// Compare a snapshot's replay with its recorded addresses.
+    pub fidelity: bool,
+    /// `memory_summary()` per run at its peak and at the end.
+    pub summary: bool,
+    /// Keep each run's per-event timeline, and pick the segment map (for `--report`).
+    pub pictures: bool,
+    /// Keep the last run's trace entries (for `--emit-snapshot`).
+    pub history: bool,
+}
+
+/// One config's run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayRun {
+    /// The config as given ('' = PyTorch's defaults).
+    pub conf: String,
+    pub result: RunResult,
+    /// `memory_summary()` when allocated memory peaked and at the end (with `--summary`).
+    pub summary_at_peak: Option<String>,
+    pub summary_at_end: Option<String>,
+}
+
+/// Everything `replay` found, for the renderers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    pub input: String,
+    pub events: u64,
+    pub capacity_bytes: u64,
+    /// `--capacity` was not given: the default card was used.
+    pub capacity_defaulted: bool,
+    /// The device the runs replayed on.
+    pub device: DeviceSpec,
+    pub torch_version: TorchVersion,
+    pub runs: Vec<ReplayRun>,
+    /// `--fidelity` on a snapshot: the recorded config's replay compared with the recording.
+    pub fidelity: Option<crate::workload::snapshot_trace::Fidelity>,
+    /// With [`Plan::pictures`]: the segment map worth drawing.
+    pub map: Option<SegmentsAt>,
+    /// Notes for standard error (how the input was read, how capacity was chosen).
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// What a run keeps: per-event points only for the report; trace history
+    /// only for the snapshot of the last run.
+    fn run_options(&self, is_last: bool) -> ReplayOptions {
+        ReplayOptions {
+            timeline: self.pictures,
+            history: self.history && is_last,
+            ..ReplayOptions::default()
+        }
+    }
+}
+
+/// Loads the input, parses every config and replays the input under each.
+pub fn replay(plan: &Plan) -> Result<Replay, Error> {
+    let data = crate::ingest::read_input(&plan.input)?;
+    let name = match plan.input.as_str() {
+        "" | "-" => "<stdin>".to_string(),
+        path => path.to_string(),
+    };
+    let is_snapshot = crate::snapshot::is_pickle(&data);
+    if plan.fidelity && !is_snapshot {
+        return Err(Error::Usage(
+            "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),
+        ));
+    }
+    if is_snapshot {
+        return snapshot_replay(plan, name, &data);
+    }
+    let version = plan.torch_version;
+    let mut notes = Vec::new();
+    let trace = match detect_trace(&name, &data)? {
+        Some(trace) => trace,
+        None if crate::workload::rmm::is_rmm_log(&data) => {
+            let (trace, skipped) = crate::workload::rmm::parse(&name, &data)?.to_trace()?;
+            notes.push(format!(
+                "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
+                skipped.failed_allocations, skipped.unmatched_frees
+            ));
+            trace
+        }
+        None => {
+            return Err(Error::Input(format!(
+                "{name}: expected a trace CSV starting with the header \"{}\", an RMM log or a snapshot pickle",
+                crate::workload::trace::HEADER
+            )));
+        }
+    };
+    let confs: Vec<String> = if plan.confs.is_empty() {
+        vec![String::new()]
+    } else {
+        plan.confs.clone()
+    };
+    let settings: Vec<Settings> = confs
+        .iter()
+        .map(|c| parse_native_conf(c, version))
+        .collect::<Result<_, _>>()?;
+    let given = plan.capacity.or(trace.capacity_hint());
+    let open = DeviceOpener {
+        spec: plan.device,
+        given,
+        default: DEFAULT_CAPACITY,
+        start_addresses: Vec::new(),
+    };
+    let last = confs.len().saturating_sub(1);
+    let runs: Vec<ReplayRun> = confs
+        .into_iter()
+        .zip(&settings)
+        .enumerate()
+        .map(|(i, (conf, settings))| {
+            let options = plan.run_options(i == last);
+            let summary = plan.summary.then_some(0);
+            run_one(conf, settings, &open, summary, options, &|s, d, o| {
+                Ok(replay_with(&trace, s, d, o))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // The card the runs had: `--capacity`, else (sim) the default, else (GPU) the free memory.
+    let capacity = runs.first().map_or(given.unwrap_or(DEFAULT_CAPACITY), |r| {
+        r.result.figures.capacity_bytes
+    });
+    let map = plan.pictures.then(|| {
+        map_of(&runs, &settings, |settings, events| {
+            let options = ReplayOptions {
+                stop_after: Some(events),
+                ..ReplayOptions::default()
+            };
+            replay_with(&trace, settings, SimDevice::new(capacity), options).segments
+        })
+    });
+    Ok(Replay {
+        input: name,
+        events: trace.len() as u64,
+        capacity_bytes: capacity,
+        capacity_defaulted: given.is_none() && plan.device == DeviceSpec::Sim,
+        device: plan.device,
+        torch_version: version,
+        runs,
+        fidelity: None,
+        map: map.flatten(),
+        notes,
+    })
+}
+
+/// The segment map of runs replayed with a timeline ([`segment_map`]).
+fn map_of(
+    runs: &[ReplayRun],
+    settings: &[Settings],
+    segments_after: impl Fn(&Settings, u64) -> Vec<crate::allocator::SegmentInfo>,
+) -> Option<SegmentsAt> {
+    let named: Vec<(&str, &RunResult, &Settings)> = runs
+        .iter()
+        .zip(settings)
+        .map(|(r, s)| (conf_name(&r.conf), &r.result, s))
+        .collect();
+    segment_map(&named, segments_after)
+}
+
+/// `--emit-snapshot`: the last run's segments and trace entries as a
+/// snapshot pickle (protocol 4); `None` without runs.
+pub fn emitted_snapshot(replay: &Replay) -> Result<Option<Vec<u8>>, Error> {
+    let Some(run) = replay.runs.last() else {
+        return Ok(None);
+    };
+    let recorded = crate::snapshot::writer::RecordedSettings {
+        conf: run.conf.clone(),
+        settings: parse_native_conf(&run.conf, replay.torch_version)?,
+    };
+    let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
+        &run.result.segments,
+        &run.result.history,
+        Some(recorded),
+    );
+    Ok(Some(crate::snapshot::writer::to_bytes(&snapshot)))
+}
+
+/// A snapshot's trace replayed from the state it started in: once per
+/// `--conf` (the recorded config when none is given), plus the `--fidelity`
+/// comparison under the recorded config (on the simulated card).
+fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Error> {
+    use crate::workload::snapshot_trace::{self as st, CapacitySource};
+    let version = plan.torch_version;
+    let snap = crate::snapshot::load(&name, data)?;
+    let device = st::traced_device(&snap).ok_or_else(|| {
+        Error::Input(format!(
+            "{name}: the snapshot has no trace to replay (record one with torch.cuda.memory._record_memory_history())"
+        ))
+    })?;
+    let mut recorded = st::recorded_settings(&snap);
+    recorded.version = version;
+    let trace = st::SnapshotTrace::new(&snap, device, &recorded)
+        .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+    let (capacity, source) = st::capacity(&trace, plan.capacity, DEFAULT_CAPACITY);
+    let mut notes = vec![format!(
+        "note: {name}: device {device}, {} segments and {} live blocks seeded at the start of the trace",
+        trace.start.segment_count(),
+        trace.start.live_blocks
+    )];
+    if source == CapacitySource::OomEntry {
+        notes.push(format!(
+            "note: capacity {} from the snapshot's oom entry (free memory then + reserved)",
+            human(capacity)
+        ));
+    }
+    let runs_for: Vec<(String, Settings)> = if plan.confs.is_empty() {
+        let conf = crate::snapshot::evidence::settings_json(&snap)
+            .and_then(|j| {
+                j.get("PYTORCH_CUDA_ALLOC_CONF")?
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        vec![(conf, recorded.clone())]
+    } else {
+        plan.confs
+            .iter()
+            .map(|c| Ok((c.clone(), parse_native_conf(c, version)?)))
+            .collect::<Result<_, Error>>()?
+    };
+    let open = DeviceOpener {
+        spec: plan.device,
+        given: (source != CapacitySource::Default).then_some(capacity),
+        default: capacity,
+        start_addresses: trace.recorded_addresses(false),
+    };
+    let replay = |settings: &Settings, device: Box<dyn Device>, options: ReplayOptions| {
+        Ok(st::replay_on(&trace, settings, device, false, options)?.0)
+    };
+    let last = runs_for.len().saturating_sub(1);
+    let runs: Vec<ReplayRun> = runs_for
+        .iter()
+        .enumerate()
+        .map(|(i, (conf, settings))| {
+            let options = plan.run_options(i == last);
+            let summary = plan.summary.then_some(device);
+            run_one(conf.clone(), settings, &open, summary, options, &replay)
+        })
+        .collect::<Result<_, _>>()?;
+    let fidelity = if plan.fidelity {
+        st::replay_on_sim(&trace, &recorded, capacity, true, ReplayOptions::default())?.1
+    } else {
+        None
+    };
+    let settings: Vec<Settings> = runs_for.into_iter().map(|(_, s)| s).collect();
+    let map = plan.pictures.then(|| {
+        map_of(&runs, &settings, |settings, events| {
+            let options = ReplayOptions {
+                stop_after: Some(events),
+                ..ReplayOptions::default()
+            };
+            st::replay_on_sim(&trace, settings, capacity, false, options)
+                .map(|(run, _)| run.segments)
+                .unwrap_or_default()
+        })
+    });
+    Ok(Replay {
+        input: name,
+        events: trace.trace.len() as u64,
+        capacity_bytes: runs
+            .first()
+            .map_or(capacity, |r| r.result.figures.capacity_bytes),
+        capacity_defaulted: source == CapacitySource::Default && plan.device == DeviceSpec::Sim,
+        device: plan.device,
+        torch_version: version,
+        runs,
+        fidelity,
+        map: map.flatten(),
+        notes,
+    })
+}
+
+/// One replay of the workload under some settings on a device.
+type DeviceReplay<'r> =
+    dyn Fn(&Settings, Box<dyn Device>, ReplayOptions) -> Result<RunResult, Error> + 'r;
+
+/// One config's run on a fresh device from `open`; with `summary` (the
+/// device index), `memory_summary()` at the end and at the allocated peak
+/// (replayed again up to there on a fresh device: replays are deterministic).
+fn run_one(
+    conf: String,
+    settings: &Settings,
+    open: &DeviceOpener,
+    summary: Option<u32>,
+    options: ReplayOptions,
+    replay: &DeviceReplay,
+) -> Result<ReplayRun, Error> {
+    let result = replay(settings, open.open()?, options)?;
+    let (summary_at_peak, summary_at_end) = match summary {
+        Some(device) => {
+            let render = |stats: &std::collections::BTreeMap<String, i64>| {
+                memory_summary(stats, device, false, settings.version)
+            };
+            let at_peak = match result.figures.peak_event_index {
+                Some(index) => {
+                    let options = ReplayOptions {
+                        stop_after: Some(index + 1),
+                        ..ReplayOptions::default()
+                    };
+                    Some(render(&replay(settings, open.open()?, options)?.stats))
+                }
+                None => None,
+            };
+            (at_peak, Some(render(&result.stats)))
+        }
+        None => (None, None),
+    };
+    Ok(ReplayRun {
+        conf,
+        result,
+        summary_at_peak,
+        summary_at_end,
+    })
+}

@@ -1,0 +1,156 @@
+//! One run of a workload under one config on one device, and its figures
+//! ([`Run`]): what validate's verdict, recommend's ranking and the reports
+//! read.
+
+use super::workload::{Source, Workload, with_snapshot_trace};
+use crate::Error;
+use crate::conf::{Settings, TorchVersion};
+use crate::device::sim::SimDevice;
+use crate::device::{Device, DeviceSpec};
+use crate::evidence::Backend;
+use crate::workload::snapshot_trace::SnapshotTrace;
+use crate::workload::{OomEvent, ReplayOptions, RunFigures, RunResult, Trace};
+use serde::Serialize;
+
+/// One config's run: the config as given ('' = PyTorch's defaults) and the
+/// run's figures (the contract's replay fields plus the driver work the
+/// ranking and the verdict weigh).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Run {
+    pub conf: String,
+    #[serde(flatten)]
+    pub figures: RunFigures,
+}
+
+impl Run {
+    fn new(conf: &str, run: RunResult) -> Self {
+        Run {
+            conf: conf.to_string(),
+            figures: run.figures,
+        }
+    }
+}
+
+/// One replay of a workload on the simulated card: `(settings, conf, capacity)`.
+pub type Replayer<'r> = dyn Fn(&Settings, &str, u64) -> Run + Sync + 'r;
+
+/// Replays `trace` on the simulated card under `settings` at `capacity`.
+pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> Run {
+    let device = SimDevice::new(capacity);
+    Run::new(conf, crate::workload::replay(trace, settings, device))
+}
+
+/// Replays a snapshot's trace from the state it started in; a start state that
+/// does not fit the device counts as an OOM at event 0.
+pub(crate) fn replay_snapshot<D: Device>(
+    st: &SnapshotTrace,
+    settings: &Settings,
+    conf: &str,
+    device: D,
+) -> Run {
+    use crate::workload::snapshot_trace;
+    let capacity_bytes = device.total_memory();
+    match snapshot_trace::replay_on(st, settings, device, false, ReplayOptions::default()) {
+        Ok((run, _)) => Run::new(conf, run),
+        Err(e) => Run {
+            conf: conf.to_string(),
+            figures: RunFigures {
+                oom: Some(OomEvent {
+                    event_index: 0,
+                    requested_bytes: 0,
+                    message: format!("the state at the trace start does not fit: {e}"),
+                }),
+                events: st.trace.len() as u64,
+                capacity_bytes,
+                ..RunFigures::default()
+            },
+        },
+    }
+}
+
+/// Replays on the device `spec` names; a CUDA device is opened per run and
+/// released (every allocation returned) when the run ends. `capacity` caps
+/// the card; without it the simulated card has no limit and a GPU is capped
+/// at its free memory.
+pub fn replay_on(
+    spec: DeviceSpec,
+    workload: &Workload,
+    settings: &Settings,
+    conf: &str,
+    capacity: Option<u64>,
+) -> Result<Run, Error> {
+    if spec == DeviceSpec::Sim {
+        let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
+        return workload.with_replayer(|run| run(settings, conf, cap));
+    }
+    let device = DeviceOpener {
+        spec,
+        given: capacity,
+        default: crate::device::NO_LIMIT,
+        start_addresses: Vec::new(),
+    }
+    .open()?;
+    match &workload.source {
+        Source::Trace(trace) => Ok(Run::new(
+            conf,
+            crate::workload::replay(trace, settings, device),
+        )),
+        Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st, _| {
+            replay_snapshot(st, settings, conf, device)
+        }),
+    }
+}
+
+/// Opens a fresh device for each run: the simulated card (`given`, else
+/// `default`), or GPU N capped at `given` (else at its free memory).
+pub(crate) struct DeviceOpener {
+    pub spec: DeviceSpec,
+    pub given: Option<u64>,
+    pub default: u64,
+    /// Where the simulated card puts a snapshot's start segments (recorded addresses).
+    pub start_addresses: Vec<u64>,
+}
+
+impl DeviceOpener {
+    pub fn open(&self) -> Result<Box<dyn Device>, Error> {
+        match self.spec {
+            DeviceSpec::Sim => Ok(Box::new(
+                SimDevice::new(self.given.unwrap_or(self.default))
+                    .with_recorded_addresses(self.start_addresses.iter().copied()),
+            )),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(ordinal) => Ok(Box::new(crate::device::cuda::CudaDevice::open(
+                ordinal, self.given,
+            )?)),
+            #[cfg(not(feature = "cuda"))]
+            DeviceSpec::Cuda(ordinal) => Err(Error::NoDevice(format!(
+                "--device cuda:{ordinal}: this allocdoc was built without the `cuda` feature"
+            ))),
+        }
+    }
+}
+
+/// Parses a config the user gave, naming the flag on error.
+pub fn parse_conf(flag: &str, value: &str) -> Result<Settings, Error> {
+    crate::conf::parse(value, TorchVersion::DEFAULT)
+        .map(|parsed| parsed.settings)
+        .map_err(|e| Error::Usage(format!("{flag} {value:?}: {e}")))
+}
+
+/// Parses a `--conf` value for `version`; the native backend only (the
+/// bundled allocator models no other).
+pub fn parse_native_conf(conf: &str, version: TorchVersion) -> Result<Settings, Error> {
+    let parsed = crate::conf::parse(conf, version)
+        .map_err(|e| Error::Usage(format!("--conf {conf:?}: {e}")))?;
+    if parsed.settings.backend != Backend::Native {
+        return Err(Error::Usage(format!(
+            "--conf {conf:?}: backend:cudaMallocAsync is not modelled by the bundled allocator (native only)"
+        )));
+    }
+    Ok(parsed.settings)
+}
+
+/// A config as shown in reports: `(defaults)` for the empty one.
+pub fn conf_name(conf: &str) -> &str {
+    if conf.is_empty() { "(defaults)" } else { conf }
+}

@@ -1,0 +1,371 @@
+//! The workload a command runs: a trace CSV, an RMM log or a snapshot's
+//! trace as recorded, or, for text-only evidence (an OOM message, summaries),
+//! a probe fitted to its figures ([`crate::workload::probe`]); where the
+//! capacity of its runs comes from; and the config it is compared against.
+
+use super::run::{Replayer, replay, replay_snapshot};
+use crate::Error;
+use crate::conf::Settings;
+use crate::evidence::{Kind, Observation};
+use crate::workload::Trace;
+use crate::workload::probe::{self, Calibration, Figures, ReplayFigures, Target};
+use crate::workload::snapshot_trace::{SnapshotTrace, recorded_settings, traced_device};
+use serde::Serialize;
+
+/// The card replays run on when nothing says otherwise (an 80 GiB A100/H100).
+pub const DEFAULT_CAPACITY: u64 = 80 << 30;
+
+/// What a workload replays.
+pub enum Source {
+    /// A trace CSV, or a probe's generated trace.
+    Trace(Trace),
+    /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
+    /// borrows them); replayed from the state the trace started in.
+    Snapshot(crate::ingest::Bytes),
+}
+
+/// What gets replayed for an input.
+pub struct Workload {
+    pub input: String,
+    pub source: Source,
+    /// The capacity the evidence implies (a snapshot's card, a probe's fit).
+    pub implied_capacity: Option<u64>,
+    /// Set when the workload is a synthetic probe fitted to text evidence.
+    pub probe: Option<Calibration>,
+    /// The rule engine's recommended value for the text evidence (`None` for
+    /// a trace, which holds no observations, or when no setting would help).
+    pub advice: Option<String>,
+    /// The settings a snapshot recorded in its `allocator_settings`.
+    pub recorded: Option<Settings>,
+}
+
+/// Where the capacity of the runs came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacitySource {
+    /// `--capacity`.
+    Given,
+    /// The evidence: a snapshot's recorded OOM, a probe's fit, an RMM log's failure.
+    Evidence,
+    /// Nothing said: the simulated card of [`DEFAULT_CAPACITY`].
+    Default,
+}
+
+impl CapacitySource {
+    /// How a capacity was chosen, for text output.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CapacitySource::Given => "from --capacity",
+            CapacitySource::Evidence => "implied by the evidence",
+            CapacitySource::Default => "the default card: set --capacity",
+        }
+    }
+}
+
+impl Workload {
+    /// The capacity to replay at: `--capacity`, else what the evidence
+    /// implies, else the default card (as `replay` does).
+    pub fn capacity(&self, given: Option<u64>) -> (u64, CapacitySource) {
+        match (given, self.implied_capacity) {
+            (Some(c), _) => (c, CapacitySource::Given),
+            (None, Some(c)) => (c, CapacitySource::Evidence),
+            (None, None) => (DEFAULT_CAPACITY, CapacitySource::Default),
+        }
+    }
+
+    /// The config to compare against: `--current` when given, else what a
+    /// snapshot recorded, else PyTorch's defaults. Returns (value, settings, note).
+    pub fn current(
+        &self,
+        given: Option<&str>,
+        parsed: Settings,
+    ) -> (String, Settings, Option<String>) {
+        match (given, &self.recorded) {
+            (Some(value), _) => (value.to_string(), parsed, None),
+            (None, Some(recorded)) => {
+                let value = crate::conf::render(recorded);
+                let note = format!(
+                    "current config: {} (as the snapshot recorded it)",
+                    if value.is_empty() {
+                        "PyTorch's defaults"
+                    } else {
+                        &value
+                    }
+                );
+                (value, recorded.clone(), Some(note))
+            }
+            (None, None) => (String::new(), parsed, None),
+        }
+    }
+}
+
+/// The figures a probe must reproduce, from the most telling observation:
+/// the last caching-allocator OOM, else the last summary or stats dump.
+pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Option<Target> {
+    let oom = observations
+        .iter()
+        .rev()
+        .find(|o| o.kind == Kind::Oom && o.allocated_bytes.is_some());
+    if let Some(o) = oom {
+        let allocated = o.allocated_bytes?;
+        let reserved = o.reserved_bytes.or(o
+            .reserved_unallocated_bytes
+            .map(|r| allocated.saturating_add(r)))?;
+        // What the allocator could reach: what it held plus what the card still had free.
+        let room = o
+            .free_bytes
+            .map(|f| reserved.saturating_add(f))
+            .or(o.allowed_bytes)
+            .or(o.total_capacity_bytes)?;
+        return Some(Target {
+            observed: Figures {
+                allocated_bytes: allocated,
+                reserved_bytes: reserved,
+                requested_bytes: o.requested_bytes,
+            },
+            capacity: capacity.unwrap_or(room),
+        });
+    }
+    let dump = observations.iter().rev().find(|o| {
+        matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats) && o.metrics.is_some()
+    })?;
+    let current = |stat: &str| -> Option<u64> {
+        let v = dump.metrics.as_ref()?.get(stat)?.get("all")?;
+        u64::try_from(v.current.or(v.peak)?).ok()
+    };
+    let allocated = current("allocated_bytes")?;
+    let reserved = current("reserved_bytes")?;
+    Some(Target {
+        observed: Figures {
+            allocated_bytes: allocated,
+            reserved_bytes: reserved,
+            requested_bytes: None,
+        },
+        capacity: capacity.unwrap_or(crate::device::NO_LIMIT),
+    })
+}
+
+impl Workload {
+    /// A recorded trace, replayed as it is.
+    fn recorded(name: &str, trace: Trace) -> Workload {
+        Workload {
+            input: name.to_string(),
+            implied_capacity: trace.capacity_hint(),
+            source: Source::Trace(trace),
+            probe: None,
+            advice: None,
+            recorded: None,
+        }
+    }
+
+    /// Loads the workload for `input`: a trace as recorded, or a probe fitted
+    /// under `current` to the figures of text evidence.
+    pub fn load(
+        input: &str,
+        capacity: Option<u64>,
+        current_conf: &str,
+        current: &Settings,
+    ) -> Result<Workload, Error> {
+        let data = crate::ingest::read_input(if input.is_empty() { "-" } else { input })?;
+        let name = if input.is_empty() { "-" } else { input };
+        match crate::ingest::detect(&data) {
+            crate::ingest::InputKind::TraceCsv => {
+                return Ok(Workload::recorded(name, Trace::parse(name, &data)?));
+            }
+            crate::ingest::InputKind::Pickle => {
+                // Decode once now so a snapshot without a trace fails here, with its reason.
+                let (recorded, implied_capacity) =
+                    with_snapshot_trace(name, &data, |st, recorded| {
+                        (recorded.cloned(), st.recorded_capacity())
+                    })?;
+                return Ok(Workload {
+                    input: name.to_string(),
+                    implied_capacity,
+                    source: Source::Snapshot(data),
+                    probe: None,
+                    advice: None,
+                    recorded,
+                });
+            }
+            crate::ingest::InputKind::RmmLog => {
+                // RMM's own allocations, replayed through PyTorch's caching allocator.
+                let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
+                return Ok(Workload::recorded(name, trace));
+            }
+            crate::ingest::InputKind::Text => {}
+        }
+        let observations = crate::ingest::parse_bytes(name, &data)?;
+        let target = probe_target(&observations, capacity).ok_or_else(|| {
+            Error::Input(format!(
+                "{name}: no trace, and no OOM message or memory summary with allocated and reserved \
+                 figures to fit a probe to"
+            ))
+        })?;
+        // No card comes near 1 PiB: such figures are a misprint or a shape bug
+        // (`diagnose` says which), and a probe of that size says nothing.
+        let figures = [
+            Some(target.observed.allocated_bytes),
+            Some(target.observed.reserved_bytes),
+            target.observed.requested_bytes,
+        ];
+        if let Some(big) = figures
+            .into_iter()
+            .flatten()
+            .find(|&b| b > crate::device::NO_LIMIT)
+        {
+            return Err(Error::Input(format!(
+                "{name}: the evidence states {} — beyond any card, so no probe can model it; \
+                 run `allocdoc diagnose {name}`",
+                crate::units::human(big)
+            )));
+        }
+        let calibration = probe::calibrate(&target, 1, |trace, cap| {
+            let run = replay(trace, current, "", cap).figures;
+            ReplayFigures {
+                allocated_bytes: run.end_allocated_bytes,
+                reserved_bytes: run.end_reserved_bytes,
+                oom: run.oom.is_some(),
+            }
+        })
+        .ok_or_else(|| {
+            Error::Input(format!(
+                "{name}: the evidence shows nothing allocated to fit a probe to"
+            ))
+        })?;
+        Ok(Workload {
+            input: name.to_string(),
+            source: Source::Trace(calibration.trace.clone()),
+            implied_capacity: (target.capacity != crate::device::NO_LIMIT)
+                .then_some(target.capacity),
+            probe: Some(calibration),
+            advice: rule_advice(observations, current_conf)?,
+            recorded: None,
+        })
+    }
+}
+
+/// What `diagnose` would recommend for these observations, with the built-in rules.
+fn rule_advice(
+    observations: Vec<Observation>,
+    current_conf: &str,
+) -> Result<Option<String>, Error> {
+    let rules = crate::rules::RuleSet::with_dir(None)?;
+    let mut ctx = crate::advise::Context::default();
+    if !current_conf.is_empty() {
+        ctx.set_current(current_conf, "--current")
+            .map_err(|why| Error::Usage(format!("--current {current_conf:?}: {why}")))?;
+    }
+    let evidence = crate::evidence::Evidence {
+        observations,
+        notes: Vec::new(),
+    };
+    Ok(crate::advise::diagnose(evidence, &ctx, &rules)
+        .recommendation
+        .map(|r| r.value))
+}
+
+/// Decodes the snapshot in `data` and hands its trace (first traced device) to `f`.
+pub(crate) fn with_snapshot_trace<T>(
+    name: &str,
+    data: &[u8],
+    f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
+) -> Result<T, Error> {
+    let snap = crate::snapshot::load(name, data)?;
+    let device = traced_device(&snap).ok_or_else(|| {
+        Error::Input(format!(
+            "{name}: the snapshot has no trace to replay: record it with \
+             torch.cuda.memory._record_memory_history() before the workload runs"
+        ))
+    })?;
+    let recorded = recorded_settings(&snap);
+    let st = SnapshotTrace::new(&snap, device, &recorded)
+        .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+    // Only a snapshot with `allocator_settings` says which config it ran under.
+    let said = crate::snapshot::evidence::settings_json(&snap).map(|_| &recorded);
+    Ok(f(&st, said))
+}
+
+/// The distinct request sizes of a trace, ascending.
+pub fn distinct_request_sizes(trace: &Trace) -> Vec<u64> {
+    let mut sizes: Vec<u64> = trace
+        .events()
+        .iter()
+        .filter_map(|e| match *e {
+            crate::workload::Event::Alloc { size, .. } => Some(size),
+            _ => None,
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+impl Workload {
+    /// The distinct request sizes, when every segment of a replay comes from
+    /// one of them (not for a snapshot, whose start state has its own segments).
+    pub fn request_sizes(&self) -> Option<Vec<u64>> {
+        match &self.source {
+            Source::Trace(trace) => Some(distinct_request_sizes(trace)),
+            Source::Snapshot(_) => None,
+        }
+    }
+
+    /// Calls `f` with this workload's replayer on the simulated card.
+    pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
+        match &self.source {
+            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
+            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
+                f(&|s, conf, cap| {
+                    let device = crate::device::sim::SimDevice::new(cap)
+                        .with_recorded_addresses(st.recorded_addresses(false));
+                    replay_snapshot(st, s, conf, device)
+                })
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::StatValues;
+
+    #[test]
+    fn target_from_an_oom_message_uses_reserved_plus_free() {
+        let mut o = Observation::new(Kind::Oom, "x");
+        o.allocated_bytes = Some(10_000);
+        o.reserved_unallocated_bytes = Some(500);
+        o.free_bytes = Some(2_000);
+        o.total_capacity_bytes = Some(20_000);
+        o.requested_bytes = Some(4_000);
+        let t = probe_target(&[o], None).expect("target");
+        assert_eq!(t.observed.reserved_bytes, 10_500);
+        assert_eq!(t.capacity, 12_500);
+        assert_eq!(t.observed.requested_bytes, Some(4_000));
+    }
+
+    #[test]
+    fn target_from_a_summary_uses_current_figures() {
+        let mut o = Observation::new(Kind::MemorySummary, "x");
+        let mut m = crate::evidence::Metrics::new();
+        let stat = |c| {
+            let mut pools = std::collections::BTreeMap::new();
+            pools.insert(
+                "all".to_string(),
+                StatValues {
+                    current: Some(c),
+                    ..StatValues::default()
+                },
+            );
+            pools
+        };
+        m.insert("allocated_bytes".into(), stat(184_648 * 1024));
+        m.insert("reserved_bytes".into(), stat(235_520 * 1024));
+        o.metrics = Some(m);
+        let t = probe_target(&[o], Some(1 << 30)).expect("target");
+        assert_eq!(t.observed.allocated_bytes, 184_648 * 1024);
+        assert_eq!(t.observed.reserved_bytes, 235_520 * 1024);
+        assert_eq!(t.capacity, 1 << 30);
+        assert!(probe_target(&[], None).is_none());
+    }
+}
