@@ -180,7 +180,9 @@ fn main() {
         for path in names {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
-            if let Ok(mut w) = Workload::load(&name, None, "", &Settings::default()) {
+            let loaded = allocdoc::ingest::read_input(&name)
+                .and_then(|data| Workload::load(&name, data, None, "", &Settings::default()));
+            if let Ok(mut w) = loaded {
                 w.input = path
                     .file_name()
                     .map_or(name.clone(), |f| f.to_string_lossy().into_owned());

@@ -1,8 +1,11 @@
 //! The `allocdoc` binary: parses the command line, calls the library, prints
 //! what it returns and exits with the contract's code. Nothing else lives here.
+//! The Python wheel's `allocdoc` command is this same file, compiled into the
+//! extension (python/src/lib.rs) and started through [`cli`].
 
 use allocdoc::app::{self, Outcome};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -24,12 +27,12 @@ struct Cli {
 enum Command {
     /// The main job: parse every input, run the rules, print the cause and one environment line.
     #[command(
-        after_help = "Examples:\n  allocdoc diagnose train.log\n  allocdoc diagnose rank*.log --format markdown\n  python train.py 2>&1 | allocdoc diagnose -"
+        after_help = "Examples:\n  allocdoc diagnose train.log\n  allocdoc diagnose rank*.log --format markdown\n  python train.py 2>&1 | allocdoc diagnose -\n  allocdoc diagnose --each --format jsonl /shared/oom-logs > results.jsonl"
     )]
     Diagnose(app::diagnose::DiagnoseOptions),
     /// The evidence alone: what was found in the inputs, nothing inferred.
     #[command(
-        after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle"
+        after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle\n  allocdoc parse --each --format jsonl 'logs/*/rank*.log'"
     )]
     Parse(app::parse::ParseOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
@@ -60,6 +63,14 @@ enum Command {
         after_help = "Examples:\n  allocdoc rules list\n  allocdoc rules show reserved-gap\n  allocdoc rules test my-rules/"
     )]
     Rules(app::rules_cmd::RulesOptions),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  allocdoc completions bash > ~/.local/share/bash-completion/completions/allocdoc\n  allocdoc completions zsh > ~/.zfunc/_allocdoc\n  allocdoc completions fish > ~/.config/fish/completions/allocdoc.fish\n  allocdoc completions powershell >> $PROFILE"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -154,16 +165,27 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             app::validate::run(&opts)
         }
         Command::Rules(opts) => app::rules_cmd::run(&opts),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "allocdoc", &mut script);
+            Ok(Outcome::ok(String::from_utf8_lossy(&script).into_owned()))
+        }
     }
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    ExitCode::from(cli(std::env::args_os()))
+}
+
+/// The whole command: `args` (the program name first) parsed, run, printed;
+/// returns the exit code.
+pub fn cli(args: impl IntoIterator<Item = OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
             // --help and --version are not errors; everything else is a usage error (2).
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return if e.use_stderr() { 2 } else { 0 };
         }
     };
     // On a terminal, lay tables out for its width; piped output keeps the
@@ -180,11 +202,11 @@ fn main() -> ExitCode {
             // A closed pipe (`allocdoc … | head`) is not an error worth a panic.
             let _ = out.write_all(outcome.stdout.as_bytes());
             let _ = out.flush();
-            ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)
+            outcome.exit_code.clamp(0, 255) as u8
         }
         Err(e) => {
             eprintln!("allocdoc: error: {e}");
-            ExitCode::from(e.exit_code() as u8)
+            e.exit_code().clamp(0, 255) as u8
         }
     }
 }

@@ -29,6 +29,7 @@ __all__ = [
     "InputError",
     "UsageError",
     "NoDeviceError",
+    "SCHEMA_VERSION",
 ]
 
 _API = frozenset(__all__) - {"capture"}

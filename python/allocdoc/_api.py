@@ -15,7 +15,7 @@ import os
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._native import Error, InputError, NoDeviceError, UsageError
+from ._native import SCHEMA_VERSION, Error, InputError, NoDeviceError, UsageError
 
 __all__ = [
     "parse",
@@ -27,6 +27,7 @@ __all__ = [
     "InputError",
     "UsageError",
     "NoDeviceError",
+    "SCHEMA_VERSION",
 ]
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
@@ -52,10 +53,17 @@ def _input(src: Source) -> Tuple[str, Optional[bytes]]:
 
 
 def _inputs(src: Union[Source, Sequence[Source]]) -> list:
-    """One source, or a list or tuple of them (read together, as one incident)."""
-    if isinstance(src, (list, tuple)):
-        return [_input(s) for s in src]
-    return [_input(src)]
+    """One source, or a list or tuple of them (read together, as one incident);
+    contents in memory are numbered when there are several."""
+    if not isinstance(src, (list, tuple)):
+        return [_input(src)]
+    found = [_input(s) for s in src]
+    if sum(data is not None for _, data in found) < 2:
+        return found
+    return [
+        (f"{name[:-1]} {i}>", data) if data is not None else (name, data)
+        for i, (name, data) in enumerate(found, 1)
+    ]
 
 
 def _result(produced: Tuple[str, Iterable[str], int]) -> Dict[str, Any]:
@@ -87,14 +95,14 @@ def diagnose(
 
 def replay(
     trace: Source,
-    confs: Sequence[str] = ("",),
+    confs: Sequence[str] = (),
     capacity: Optional[Size] = None,
     fidelity: bool = False,
     torch_version: Optional[str] = None,
 ) -> Dict[str, Any]:
     """`trace` (a trace CSV, an RMM log or a snapshot pickle) through the bundled
-    allocator under each config (`allocdoc replay --format json`); "" is
-    PyTorch's defaults."""
+    allocator under each config (`allocdoc replay --format json`): "" is
+    PyTorch's defaults; none runs what the command runs without `--conf`."""
     if isinstance(confs, str):
         confs = [confs]
     return _result(_native.replay(_input(trace), list(confs), capacity, fidelity, torch_version))

@@ -42,11 +42,12 @@ def log_files(root):
 def diagnose_one(path):
     """One file's line: its name, then `allocdoc diagnose --format json`'s fields,
     or the error that stopped it."""
+    line = {"schema_version": allocdoc.SCHEMA_VERSION, "input": path}
     try:
-        result = allocdoc.diagnose(Path(path))
+        line.update(allocdoc.diagnose(Path(path)))
     except allocdoc.Error as e:
-        return {"input": path, "error": {"kind": e.kind, "message": str(e)}}
-    return {"input": path, **result}
+        line["error"] = {"kind": e.kind, "message": str(e)}
+    return line
 
 
 def diagnose_all(paths, client, partitions=None):
@@ -64,7 +65,7 @@ def main():
     if args.scheduler:
         client = Client(args.scheduler)
     else:
-        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None)
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0")
         client = Client(cluster)
     with client:
         for line in diagnose_all(log_files(args.root), client):

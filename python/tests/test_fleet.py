@@ -57,7 +57,7 @@ class FleetTest(unittest.TestCase):
         paths = fleet_dask.log_files(self.root)
         self.assertEqual(len(paths), LOGS)
         self.assertEqual([e["input"] for e in expected], paths)
-        with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, Client(
+        with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(
             cluster
         ) as client:
             got = fleet_dask.diagnose_all(paths, client)

@@ -26,48 +26,132 @@ pub struct DiagnoseOptions {
     /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
+    /// The platform the OOM happened on, when the evidence does not show it
+    /// (Windows has no expandable segments).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub platform: Option<Platform>,
     /// Also write a self-contained HTML report.
-    #[cfg_attr(feature = "cli", arg(long))]
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "each"))]
     pub report: Option<PathBuf>,
+    /// Every input its own incident: directories walked, one result per file
+    /// (with --format jsonl, one JSON line naming the file), files run in parallel.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub each: bool,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
 }
 
+/// Where the OOM happened (`--platform`), when the evidence does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Platform {
+    Linux,
+    Windows,
+}
+
+impl std::str::FromStr for Platform {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "linux" => Ok(Platform::Linux),
+            "windows" => Ok(Platform::Windows),
+            _ => Err(Error::Usage(format!(
+                "--platform {s:?}: expected linux or windows"
+            ))),
+        }
+    }
+}
+
+/// What every incident of one run shares: the rules and what the flags say.
+struct Setup {
+    rules: RuleSet,
+    ctx: Context,
+    platform: Option<Platform>,
+    /// Warnings about the flags, for standard error.
+    notes: Vec<String>,
+}
+
+impl Setup {
+    fn new(opts: &DiagnoseOptions) -> Result<Setup, Error> {
+        let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
+        let mut ctx = Context::default();
+        if let Some(v) = &opts.torch_version {
+            let v =
+                crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
+            ctx.torch = Some(VersionRange::exact(v));
+        }
+        let mut notes = Vec::new();
+        if let Some(c) = &opts.conf
+            && let Err(why) = ctx.set_current(c, "--conf")
+        {
+            notes.push(format!("allocdoc: warning: {why}"));
+        }
+        Ok(Setup {
+            rules,
+            ctx,
+            platform: opts.platform,
+            notes,
+        })
+    }
+
+    /// One incident: `inputs` read together.
+    fn diagnose(&self, inputs: &[String], buffers: &super::Buffers) -> Result<Diagnosis, Error> {
+        let mut ctx = self.ctx.clone();
+        let evidence = read_inputs(inputs, buffers, &mut ctx)?;
+        if let Some(p) = self.platform {
+            ctx.windows = p == Platform::Windows;
+        }
+        Ok(advise::diagnose(evidence, &ctx, &self.rules))
+    }
+}
+
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
-    let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
-    let mut ctx = Context::default();
-    if let Some(v) = &opts.torch_version {
-        let v = crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
-        ctx.torch = Some(VersionRange::exact(v));
+    let setup = Setup::new(opts)?;
+    if opts.each {
+        let mut out = super::each::run(&opts.inputs, opts.format, |name| {
+            let d = setup.diagnose(&[name.to_owned()], &opts.buffers)?;
+            let stdout = match opts.format {
+                Format::Json | Format::Jsonl => crate::report::common::json_of(
+                    name,
+                    &crate::report::diagnose::document(&d),
+                    opts.format == Format::Jsonl,
+                ),
+                _ => render(&d, opts.format, opts.verbose),
+            };
+            Ok(super::each::Done {
+                stdout,
+                notes: notes(&d),
+            })
+        });
+        out.stderr.splice(0..0, setup.notes);
+        return Ok(out);
     }
-    let mut notes = Vec::new();
-    if let Some(c) = &opts.conf
-        && let Err(why) = ctx.set_current(c, "--conf")
-    {
-        notes.push(format!("allocdoc: warning: {why}"));
-    }
-    let evidence = read_inputs(&opts.inputs, &mut ctx)?;
-    let d = advise::diagnose(evidence, &ctx, &rules);
+    let mut notes = setup.notes.clone();
+    let d = setup.diagnose(&opts.inputs, &opts.buffers)?;
     if let Some(path) = &opts.report {
-        std::fs::write(
-            path,
-            crate::report::diagnose::html(&d, pictures(&opts.inputs)),
-        )
-        .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
+        let html = crate::report::diagnose::html(&d, pictures(&opts.inputs, &opts.buffers));
+        notes.push(super::write_report(path, &html)?);
     }
-    let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
-    notes.extend(d.evidence.notes.iter().map(|n| format!("note: {n}")));
+    let mut out = Outcome::ok(opts.format.finish(render(&d, opts.format, opts.verbose)));
+    notes.extend(self::notes(&d));
     out.stderr = notes;
     Ok(out)
 }
 
+fn notes(d: &Diagnosis) -> Vec<String> {
+    d.evidence.notes.iter().map(|n| format!("note: {n}")).collect()
+}
+
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String]) -> ReportViews {
+fn pictures(inputs: &[String], buffers: &super::Buffers) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = crate::ingest::read_input(name) else {
+        let Ok(data) = buffers.read(name) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
@@ -82,14 +166,18 @@ fn pictures(inputs: &[String]) -> ReportViews {
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     match format {
         Format::Text => crate::report::diagnose::text(d, verbose),
-        Format::Json => crate::report::diagnose::json(d),
+        Format::Json | Format::Jsonl => crate::report::diagnose::json(d),
         Format::Markdown => crate::report::diagnose::markdown(d),
     }
 }
 
 /// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
 /// surrounding text (versions, configs, platform) from the same bytes.
-pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
+pub fn read_inputs(
+    inputs: &[String],
+    buffers: &super::Buffers,
+    ctx: &mut Context,
+) -> Result<Evidence, Error> {
     let stdin = [String::from("-")];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -98,11 +186,11 @@ pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Err
     };
     let mut evidence = Evidence::default();
     for name in inputs {
-        let data = crate::ingest::read_input(name)?;
+        let data = buffers.read(name)?;
         if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
             ctx.scan(&data);
         }
-        let ev = crate::ingest::parse_input(name, &data)?;
+        let ev = crate::ingest::parse_input(crate::ingest::input_name(name), &data)?;
         evidence.observations.extend(ev.observations);
         evidence.notes.extend(ev.notes);
     }

@@ -6,6 +6,7 @@
 
 pub mod conf_check;
 pub mod diagnose;
+pub mod each;
 pub mod parse;
 pub mod recommend;
 pub mod replay;
@@ -13,6 +14,38 @@ pub mod rules_cmd;
 pub mod validate;
 
 pub use crate::report::Format;
+
+use crate::Error;
+use crate::ingest::Bytes;
+use std::sync::Arc;
+
+/// Inputs the caller already holds in memory, under the names they go by
+/// (the Python API passes `bytes` and `str` this way). Every other input
+/// name is a file, and `-` standard input.
+#[derive(Debug, Clone, Default)]
+pub struct Buffers(Vec<(String, Arc<Vec<u8>>)>);
+
+impl Buffers {
+    pub fn add(&mut self, name: impl Into<String>, data: Vec<u8>) {
+        self.0.push((name.into(), Arc::new(data)));
+    }
+
+    /// The bytes of input `name`: the buffer of that name, else the file
+    /// (memory-mapped) or standard input.
+    pub fn read(&self, name: &str) -> Result<Bytes, Error> {
+        match self.0.iter().find(|(n, _)| n == name) {
+            Some((_, data)) => Ok(Bytes::Shared(Arc::clone(data))),
+            None => crate::ingest::read_input(name),
+        }
+    }
+}
+
+/// Writes an HTML report (`--report`) and returns the note that says where.
+pub(crate) fn write_report(path: &std::path::Path, html: &str) -> Result<String, Error> {
+    std::fs::write(path, html)
+        .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
+    Ok(format!("note: wrote the HTML report {}", path.display()))
+}
 
 /// What a command produced: text for standard output, notes for standard
 /// error, and the exit code the contract assigns.

@@ -26,6 +26,9 @@ pub struct RecommendOptions {
     /// config's memory over the trace, the segment map, the ranked table.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -42,12 +45,14 @@ pub fn run_with_progress(
 ) -> Result<Outcome, Error> {
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
-    let workload = Workload::load(&opts.input, opts.capacity, &current_conf, &current)?;
+    let data = opts.buffers.read(&opts.input)?;
+    let workload = Workload::load(&opts.input, data, opts.capacity, &current_conf, &current)?;
     let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
     let capacity = workload.capacity(opts.capacity);
     let mut result = recommend(&workload, capacity, &current_conf, &current, progress)?;
     result.notes.extend(note);
     let stdout = recommendation(&result, opts.format);
+    let mut stderr = Vec::new();
     if let Some(path) = &opts.report {
         // The current config against the recommended one (or the best that still ran out).
         let best = result
@@ -60,12 +65,11 @@ pub fn run_with_progress(
             runs.push((conf_name(conf), settings));
         }
         let views = views::of_workload(&workload, &runs, capacity.0)?;
-        std::fs::write(path, recommendation_html(&result, &views))
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        stderr.push(super::write_report(path, &recommendation_html(&result, &views))?);
     }
     Ok(Outcome {
-        stdout,
-        stderr: Vec::new(),
+        stdout: opts.format.finish(stdout),
+        stderr,
         exit_code: i32::from(result.recommendation.is_none()),
     })
 }

@@ -33,6 +33,9 @@ pub struct ValidateOptions {
     /// trace overlaid, the segment map at the OOM or the peak, the verdict.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -43,7 +46,8 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
     let candidate = parse_conf("--conf", &opts.conf)?;
-    let workload = Workload::load(&opts.input, opts.capacity, &current_conf, &current)?;
+    let data = opts.buffers.read(&opts.input)?;
+    let workload = Workload::load(&opts.input, data, opts.capacity, &current_conf, &current)?;
     let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
     let v = validate::validate(
         &workload,
@@ -53,6 +57,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         workload.capacity(opts.capacity),
     )?;
     let stdout = validation(&v, opts.format);
+    let mut stderr: Vec<String> = note.into_iter().map(|n| format!("note: {n}")).collect();
     if let Some(path) = &opts.report {
         // The pictures come from the simulated card, whatever --device ran the verdict.
         let runs = [
@@ -60,12 +65,11 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
             (conf_name(&opts.conf), &candidate),
         ];
         let views = views::of_workload(&workload, &runs, v.capacity_bytes)?;
-        std::fs::write(path, validation_html(&v, &views))
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        stderr.push(super::write_report(path, &validation_html(&v, &views))?);
     }
     Ok(Outcome {
-        stdout,
-        stderr: note.into_iter().map(|n| format!("note: {n}")).collect(),
+        stdout: opts.format.finish(stdout),
+        stderr,
         exit_code: i32::from(v.candidate.figures.oom.is_some()),
     })
 }

@@ -116,10 +116,12 @@ fn looks_binary(data: &[u8]) -> bool {
     !head.is_empty() && ctrl * 16 > head.len()
 }
 
-/// An input's bytes: a memory map for files, a buffer for standard input.
+/// An input's bytes: a memory map for files, a buffer for standard input, or
+/// a buffer the caller already held (the Python API's `bytes` and `str`).
 pub enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
+    Shared(std::sync::Arc<Vec<u8>>),
 }
 
 impl std::ops::Deref for Bytes {
@@ -128,15 +130,32 @@ impl std::ops::Deref for Bytes {
         match self {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
+            Bytes::Shared(v) => v,
         }
+    }
+}
+
+/// What allocdoc calls standard input wherever it names it (`input` fields,
+/// tables, errors).
+pub const STANDARD_INPUT: &str = "standard input";
+
+/// How an input is named in output: `-` (or no name) is standard input.
+pub fn input_name(name: &str) -> &str {
+    if name == "-" || name.is_empty() {
+        STANDARD_INPUT
+    } else {
+        name
     }
 }
 
 /// Reads one input (a path, or `-` for standard input) without copying a file:
 /// every command reads its inputs through here, so errors read the same everywhere.
 pub fn read_input(name: &str) -> Result<Bytes, Error> {
-    let fail = |e: std::io::Error| Error::Input(format!("cannot read '{name}': {e}"));
-    if name == "-" {
+    let fail = |e: std::io::Error| match input_name(name) {
+        STANDARD_INPUT => Error::Input(format!("cannot read {STANDARD_INPUT}: {e}")),
+        _ => Error::Input(format!("cannot read '{name}': {e}")),
+    };
+    if input_name(name) == STANDARD_INPUT {
         return read_stdin().map_err(fail);
     }
     let meta = std::fs::metadata(name).map_err(fail)?;
@@ -187,6 +206,14 @@ fn read_stdin() -> std::io::Result<Bytes> {
 /// Reads every input (paths; `-` or an empty list means standard input) and
 /// returns the observations found in all of them, in input order.
 pub fn load(inputs: &[String]) -> Result<Evidence, Error> {
+    load_with(inputs, read_input)
+}
+
+/// [`load`], reading each input with `read`.
+pub fn load_with(
+    inputs: &[String],
+    read: impl Fn(&str) -> Result<Bytes, Error>,
+) -> Result<Evidence, Error> {
     let stdin = ["-".to_owned()];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -195,8 +222,8 @@ pub fn load(inputs: &[String]) -> Result<Evidence, Error> {
     };
     let mut all = Evidence::default();
     for name in inputs {
-        let bytes = read_input(name)?;
-        let ev = parse_input(name, &bytes)?;
+        let bytes = read(name)?;
+        let ev = parse_input(input_name(name), &bytes)?;
         all.observations.extend(ev.observations);
         all.notes.extend(ev.notes);
     }

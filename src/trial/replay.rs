@@ -79,21 +79,18 @@ impl Plan {
     }
 }
 
-/// Loads the input, parses every config and replays the input under each.
-pub fn replay(plan: &Plan) -> Result<Replay, Error> {
-    let data = crate::ingest::read_input(&plan.input)?;
-    let name = match plan.input.as_str() {
-        "" | "-" => "<stdin>".to_string(),
-        path => path.to_string(),
-    };
-    let is_snapshot = crate::snapshot::is_pickle(&data);
+/// Parses every config and replays the input (`data`, read by the caller)
+/// under each.
+pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
+    let name = crate::ingest::input_name(&plan.input).to_string();
+    let is_snapshot = crate::snapshot::is_pickle(data);
     if plan.fidelity && !is_snapshot {
         return Err(Error::Usage(
             "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),
         ));
     }
     if is_snapshot {
-        return snapshot_replay(plan, name, &data);
+        return snapshot_replay(plan, name, data);
     }
     let version = plan.torch_version;
     let mut notes = Vec::new();

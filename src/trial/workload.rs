@@ -7,6 +7,7 @@ use super::run::{Replayer, replay, replay_snapshot};
 use crate::Error;
 use crate::conf::Settings;
 use crate::evidence::{Kind, Observation};
+use crate::ingest::Bytes;
 use crate::workload::Trace;
 use crate::workload::probe::{self, Calibration, Figures, ReplayFigures, Target};
 use crate::workload::snapshot_trace::{SnapshotTrace, recorded_settings, traced_device};
@@ -21,7 +22,7 @@ pub enum Source {
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
     /// borrows them); replayed from the state the trace started in.
-    Snapshot(crate::ingest::Bytes),
+    Snapshot(Bytes),
 }
 
 /// What gets replayed for an input.
@@ -158,16 +159,17 @@ impl Workload {
         }
     }
 
-    /// Loads the workload for `input`: a trace as recorded, or a probe fitted
-    /// under `current` to the figures of text evidence.
+    /// The workload in `data` (the input `input`, read by the caller): a
+    /// trace as recorded, or a probe fitted under `current` to the figures of
+    /// text evidence.
     pub fn load(
         input: &str,
+        data: Bytes,
         capacity: Option<u64>,
         current_conf: &str,
         current: &Settings,
     ) -> Result<Workload, Error> {
-        let data = crate::ingest::read_input(if input.is_empty() { "-" } else { input })?;
-        let name = if input.is_empty() { "-" } else { input };
+        let name = crate::ingest::input_name(input);
         match crate::ingest::detect(&data) {
             crate::ingest::InputKind::TraceCsv => {
                 return Ok(Workload::recorded(name, Trace::parse(name, &data)?));
