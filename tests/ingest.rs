@@ -138,6 +138,7 @@ fn render(name: &str, format: Format) -> String {
     let out = app::parse::run(&app::parse::ParseOptions {
         inputs: vec![format!("fixtures/text/{name}")],
         format,
+        ..Default::default()
     })
     .unwrap();
     assert_eq!(out.exit_code, 0);

@@ -236,8 +236,9 @@ fn allocdoc(args: &[&str]) -> (i32, String) {
 /// Runs `args` and checks its JSON document against table `table`.
 fn check_command(c: &mut Checker, table: &str, args: &[&str]) {
     let (code, out) = allocdoc(args);
+    // 1: an OOM or an invalid value; 2 with --each: an input failed.
     assert!(
-        matches!(code, 0 | 1),
+        matches!(code, 0..=2) && !out.is_empty(),
         "{args:?} exited {code}: no document to check"
     );
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}"));
@@ -285,7 +286,7 @@ fn every_command_output_follows_docs_json_md() {
                 "no-such-file.log",
             ],
         );
-        assert!(n > 200, "{table} --each covered {n} inputs");
+        assert!(n > 150, "{table} --each covered {n} inputs");
     }
     let commands: &[(&str, &[&str])] = &[
         (

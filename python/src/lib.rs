@@ -221,10 +221,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, ty)?;
     }
     m.add("Error", py.get_type::<Error>())?;
-    m.add(
-        "SCHEMA_VERSION",
-        allocdoc::report::common::SCHEMA_VERSION,
-    )?;
+    m.add("SCHEMA_VERSION", allocdoc::report::common::SCHEMA_VERSION)?;
     m.add_function(wrap_pyfunction!(parse, m)?)?;
     m.add_function(wrap_pyfunction!(diagnose, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;

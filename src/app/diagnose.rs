@@ -80,8 +80,7 @@ impl Setup {
         let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
         let mut ctx = Context::default();
         if let Some(v) = &opts.torch_version {
-            let v =
-                crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
+            let v = crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
             ctx.torch = Some(VersionRange::exact(v));
         }
         let mut notes = Vec::new();
@@ -143,7 +142,11 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 }
 
 fn notes(d: &Diagnosis) -> Vec<String> {
-    d.evidence.notes.iter().map(|n| format!("note: {n}")).collect()
+    d.evidence
+        .notes
+        .iter()
+        .map(|n| format!("note: {n}"))
+        .collect()
 }
 
 /// The snapshot pickles among the inputs, read again for the report's

@@ -28,10 +28,8 @@ pub fn run(
     one: impl Fn(&str) -> Result<Done, Error> + Sync,
 ) -> Outcome {
     let files = expand(inputs);
-    let results: Vec<(&str, Result<Done, Error>)> = files
-        .par_iter()
-        .map(|f| (f.as_str(), one(f)))
-        .collect();
+    let results: Vec<(&str, Result<Done, Error>)> =
+        files.par_iter().map(|f| (f.as_str(), one(f))).collect();
     let mut parts = Vec::with_capacity(results.len());
     let mut stderr = Vec::new();
     let mut failed = false;

@@ -65,7 +65,10 @@ pub fn run_with_progress(
             runs.push((conf_name(conf), settings));
         }
         let views = views::of_workload(&workload, &runs, capacity.0)?;
-        stderr.push(super::write_report(path, &recommendation_html(&result, &views))?);
+        stderr.push(super::write_report(
+            path,
+            &recommendation_html(&result, &views),
+        )?);
     }
     Ok(Outcome {
         stdout: opts.format.finish(stdout),

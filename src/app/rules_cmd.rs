@@ -63,7 +63,8 @@ pub fn run(opts: &RulesOptions) -> Result<Outcome, Error> {
     let set = RuleSet::with_dir(dir)?;
     match &opts.action {
         RulesAction::List => Ok(Outcome::ok(
-            opts.format.finish(crate::report::rules::list(&set.rules, opts.format)),
+            opts.format
+                .finish(crate::report::rules::list(&set.rules, opts.format)),
         )),
         RulesAction::Show { id } => {
             let rule = set.get(id).ok_or_else(|| {
@@ -77,7 +78,8 @@ pub fn run(opts: &RulesOptions) -> Result<Outcome, Error> {
                 ))
             })?;
             Ok(Outcome::ok(
-                opts.format.finish(crate::report::rules::show(rule, opts.format)),
+                opts.format
+                    .finish(crate::report::rules::show(rule, opts.format)),
             ))
         }
         RulesAction::Test { .. } => {
