@@ -94,10 +94,10 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
     }
     let version = plan.torch_version;
     let mut notes = Vec::new();
-    let trace = match detect_trace(&name, &data)? {
+    let trace = match detect_trace(&name, data)? {
         Some(trace) => trace,
-        None if crate::workload::rmm::is_rmm_log(&data) => {
-            let (trace, skipped) = crate::workload::rmm::parse(&name, &data)?.to_trace()?;
+        None if crate::workload::rmm::is_rmm_log(data) => {
+            let (trace, skipped) = crate::workload::rmm::parse(&name, data)?.to_trace()?;
             notes.push(format!(
                 "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
                 skipped.failed_allocations, skipped.unmatched_frees
