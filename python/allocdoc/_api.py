@@ -15,20 +15,7 @@ import os
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._native import SCHEMA_VERSION, Error, InputError, NoDeviceError, UsageError
-
-__all__ = [
-    "parse",
-    "diagnose",
-    "replay",
-    "recommend",
-    "validate",
-    "Error",
-    "InputError",
-    "UsageError",
-    "NoDeviceError",
-    "SCHEMA_VERSION",
-]
+from ._native import SCHEMA_VERSION, Error, InputError, NoDeviceError, UsageError  # noqa: F401 (the package's names)
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
 #: A size: bytes as an int, or text as the command takes it ("24GiB", "23.5G").
