@@ -74,6 +74,13 @@ class ApiTest(unittest.TestCase):
         _, want, _ = cli("diagnose", *paths, "--format", "json")
         self.assertEqual(allocdoc.diagnose(paths), want)
 
+    def test_several_contents_are_numbered(self):
+        a, b = (F / "text" / "constructed_stats_json.log").read_bytes(), TEXTS[0].read_text()
+        got = allocdoc.parse([a, TEXTS[1], b])
+        names = [o["input"] for o in got["observations"]]
+        self.assertEqual(sorted(set(names)), sorted({"<bytes 1>", str(TEXTS[1]), "<string 3>"}))
+        self.assertEqual(names, sorted(names, key=["<bytes 1>", str(TEXTS[1]), "<string 3>"].index))
+
     def test_diagnose_options(self):
         path = F / "eval" / "comfy-org-comfyui-9529.txt"
         _, want, _ = cli("diagnose", path, "--torch-version", "2.0", "--platform", "windows", "--format", "json")
