@@ -74,7 +74,7 @@ def diagnose(
     """The cause and the one setting to use (`allocdoc diagnose --format json`).
 
     torch_version: your PyTorch version when the evidence does not show it.
-    platform: "linux" or "windows" when the evidence does not show it.
+    platform: "linux" or "windows" (default: what the evidence shows).
     conf: the PYTORCH_CUDA_ALLOC_CONF in effect at the OOM.
     """
     return _result(_native.diagnose(_inputs(src), torch_version, platform, conf))

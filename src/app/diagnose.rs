@@ -26,8 +26,8 @@ pub struct DiagnoseOptions {
     /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
-    /// The platform the OOM happened on, when the evidence does not show it
-    /// (Windows has no expandable segments).
+    /// The platform the OOM happened on (default: what the evidence shows, such
+    /// as Windows paths; Windows has no expandable segments).
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub platform: Option<Platform>,
     /// Also write a self-contained HTML report.
@@ -45,7 +45,7 @@ pub struct DiagnoseOptions {
     pub format: Format,
 }
 
-/// Where the OOM happened (`--platform`), when the evidence does not say.
+/// Where the OOM happened (`--platform`); it overrides what the text suggests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Platform {
