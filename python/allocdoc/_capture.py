@@ -183,7 +183,17 @@ class capture:
                 "allocator does): nothing is recorded."
             )
             return False
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            _say(
+                f"PyTorch {torch.__version__} has no out-of-memory observer "
+                "(torch._C._cuda_attach_out_of_memory_observer): nothing is recorded."
+            )
+            return False
         try:
+            # Attaching the observer before CUDA is initialized crashes the
+            # process (pytorch#107330): initialize first.
+            torch.cuda.init()
             self._record(True)
         except Exception as e:
             _say(f"PyTorch {torch.__version__} refused to record: {type(e).__name__}: {e}")
@@ -192,7 +202,7 @@ class capture:
         self.conf = _current_conf()
         _current = self
         if not _observer_attached:
-            torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+            attach(_on_oom)
             _observer_attached = True
         _say(
             f"recording the CUDA allocator's last {self.max_entries} events (PyTorch "

@@ -58,7 +58,11 @@ def fake_torch(version="2.6.0+cu124", cuda=True, backend="native", snapshot=None
         calls.append(("_cuda_attach_out_of_memory_observer", (observer,), {}))
         torch.observers.append(observer)
 
+    def init():
+        calls.append(("init", (), {}))
+
     torch.cuda = types.SimpleNamespace(
+        init=init,
         is_available=lambda: cuda,
         get_allocator_backend=lambda: backend,
         memory=types.SimpleNamespace(_record_memory_history=record, _snapshot=snap),
@@ -97,6 +101,21 @@ class CaptureTest(unittest.TestCase):
 
     def records(self, torch):
         return [(a, k) for name, a, k in torch.calls if name == "_record_memory_history"]
+
+    def test_cuda_is_initialized_before_the_observer_is_attached(self):
+        torch = fake_torch()
+        cap, _ = self.start(torch)
+        names = [c[0] for c in torch.calls]
+        self.assertEqual(names, ["init", "_record_memory_history", "_cuda_attach_out_of_memory_observer"])
+        cap.stop()
+
+    def test_a_build_without_the_observer_records_nothing(self):
+        torch = fake_torch()
+        torch._C = types.SimpleNamespace()
+        cap, said = self.start(torch)
+        self.assertFalse(cap.recording)
+        self.assertEqual(torch.calls, [])
+        self.assertIn("has no out-of-memory observer", said)
 
     def test_2_0_uses_the_boolean_call_form(self):
         torch = fake_torch("2.0.1+cu118")
