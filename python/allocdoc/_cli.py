@@ -11,4 +11,5 @@ def main():
     # As the binary: Ctrl-C ends the process at once (Python's handler would
     # wait for the command to return).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.exit(command(sys.argv))
+    # The program is named allocdoc in usage lines, also under `python -m allocdoc`.
+    sys.exit(command(["allocdoc", *sys.argv[1:]]))
