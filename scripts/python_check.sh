@@ -10,6 +10,8 @@
 #     `allocdoc diagnose --each --format jsonl` (python/tests/test_fleet.py).
 # No test may skip here. Needs python3 (3.9+) and PyPI (maturin, pytest, dask).
 #   PROFILE=ci (default: release optimisation without LTO, as the tests) or release (the shipped build).
+#   ALLOCDOC_CARGO_BIN=path: compare with this cargo-built binary instead of building one
+#   (CI passes the one `cargo test --profile ci` built, saving a rebuild of the library).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=${PROFILE:-ci}
@@ -17,9 +19,13 @@ WORK=target/python-check
 mkdir -p "$WORK"
 step() { echo "=== $(date -u +%H:%M:%S) $*"; }
 
-step "cargo binary ($PROFILE)"
-cargo build --profile "$PROFILE" --bin allocdoc
-BIN=$PWD/target/$PROFILE/allocdoc
+if [ -n "${ALLOCDOC_CARGO_BIN:-}" ]; then
+  BIN=$(realpath "$ALLOCDOC_CARGO_BIN")
+else
+  step "cargo binary ($PROFILE)"
+  cargo build --profile "$PROFILE" --bin allocdoc
+  BIN=$PWD/target/$PROFILE/allocdoc
+fi
 
 step "wheel ($PROFILE)"
 # maturin lives in its own environment, kept between runs.
