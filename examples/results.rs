@@ -180,8 +180,10 @@ fn main() {
         for path in names {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
-            let loaded = allocdoc::ingest::read_input(&name)
-                .and_then(|data| Workload::load(&name, data, None, "", &Settings::default()));
+            let limits = allocdoc::Limits::default();
+            let loaded = allocdoc::ingest::read_input_with(&name, &limits).and_then(|data| {
+                Workload::load(&name, data, None, "", &Settings::default(), &limits)
+            });
             if let Ok(mut w) = loaded {
                 w.input = path
                     .file_name()

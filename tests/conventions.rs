@@ -292,7 +292,7 @@ fn standard_input_has_one_name() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&err.stderr);
     assert!(
-        stderr.starts_with("allocdoc: error: cannot read standard input: "),
+        stderr.starts_with("allocdoc: error: standard input: cannot read: "),
         "{stderr}"
     );
 }

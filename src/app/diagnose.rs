@@ -5,6 +5,7 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
+use crate::limits::Limits;
 use crate::report::views::ReportViews;
 use crate::rules::{RuleSet, VersionRange};
 use std::path::PathBuf;
@@ -43,6 +44,9 @@ pub struct DiagnoseOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: Limits,
 }
 
 /// Where the OOM happened (`--platform`); it overrides what the text suggests.
@@ -98,9 +102,9 @@ impl Setup {
     }
 
     /// One incident: `inputs` read together.
-    fn diagnose(&self, inputs: &[String], buffers: &super::Buffers) -> Result<Diagnosis, Error> {
+    fn diagnose(&self, inputs: &[String], opts: &DiagnoseOptions) -> Result<Diagnosis, Error> {
         let mut ctx = self.ctx.clone();
-        let evidence = read_inputs(inputs, buffers, &mut ctx)?;
+        let evidence = read_inputs(inputs, &opts.buffers, &opts.limits, &mut ctx)?;
         if let Some(p) = self.platform {
             ctx.windows = p == Platform::Windows;
         }
@@ -112,7 +116,7 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     let setup = Setup::new(opts)?;
     if opts.each {
         let mut out = super::each::run(&opts.inputs, opts.format, |name| {
-            let d = setup.diagnose(&[name.to_owned()], &opts.buffers)?;
+            let d = setup.diagnose(&[name.to_owned()], opts)?;
             let stdout = match opts.format {
                 Format::Json | Format::Jsonl => crate::report::common::json_of(
                     name,
@@ -130,9 +134,9 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
         return Ok(out);
     }
     let mut notes = setup.notes.clone();
-    let d = setup.diagnose(&opts.inputs, &opts.buffers)?;
+    let d = setup.diagnose(&opts.inputs, opts)?;
     if let Some(path) = &opts.report {
-        let html = crate::report::diagnose::html(&d, pictures(&opts.inputs, &opts.buffers));
+        let html = crate::report::diagnose::html(&d, pictures(opts));
         notes.push(super::write_report(path, &html)?);
     }
     let mut out = Outcome::ok(opts.format.finish(render(&d, opts.format, opts.verbose)));
@@ -151,14 +155,14 @@ fn notes(d: &Diagnosis) -> Vec<String> {
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String], buffers: &super::Buffers) -> ReportViews {
+fn pictures(opts: &DiagnoseOptions) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
-    for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = buffers.read(name) else {
+    for name in opts.inputs.iter().filter(|n| n.as_str() != "-") {
+        let Ok(data) = opts.buffers.read(name, &opts.limits) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
-            && let Ok(snap) = crate::snapshot::load(name, &data)
+            && let Ok(snap) = crate::snapshot::load_with(name, &data, &opts.limits)
         {
             views.add_snapshot(name, &snap);
         }
@@ -174,28 +178,17 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     }
 }
 
-/// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
-/// surrounding text (versions, configs, platform) from the same bytes.
+/// Reads each input once: `ingest` parses it and gathers the clues the
+/// surrounding text gives (versions, configs, platform) on the same pass.
 pub fn read_inputs(
     inputs: &[String],
     buffers: &super::Buffers,
+    limits: &Limits,
     ctx: &mut Context,
 ) -> Result<Evidence, Error> {
-    let stdin = [String::from("-")];
-    let inputs = if inputs.is_empty() {
-        &stdin[..]
-    } else {
-        inputs
-    };
-    let mut evidence = Evidence::default();
-    for name in inputs {
-        let data = buffers.read(name)?;
-        if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
-            ctx.scan(&data);
-        }
-        let ev = crate::ingest::parse_input(crate::ingest::input_name(name), &data)?;
-        evidence.observations.extend(ev.observations);
-        evidence.notes.extend(ev.notes);
-    }
+    let mut clues = crate::evidence::TextClues::default();
+    let evidence =
+        crate::ingest::load_from(inputs, limits, &mut clues, |name, l| buffers.open(name, l))?;
+    ctx.absorb(&clues);
     Ok(evidence)
 }

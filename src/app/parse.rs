@@ -19,14 +19,23 @@ pub struct ParseOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
-    let read = |name: &str| opts.buffers.read(name);
+    // Clues about the environment are for diagnose; parse shows the evidence alone.
+    let load = |inputs: &[String]| {
+        let clues = &mut crate::evidence::TextClues::default();
+        ingest::load_from(inputs, &opts.limits, clues, |name, limits| {
+            opts.buffers.open(name, limits)
+        })
+    };
     if opts.each {
         return Ok(super::each::run(&opts.inputs, opts.format, |name| {
             let inputs = [name.to_owned()];
-            let ev = ingest::load_with(&inputs, read)?;
+            let ev = load(&inputs)?;
             let stdout = match opts.format {
                 Format::Json | Format::Jsonl => report::common::json_of(
                     name,
@@ -41,7 +50,7 @@ pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
             })
         }));
     }
-    let ev = ingest::load_with(&opts.inputs, read)?;
+    let ev = load(&opts.inputs)?;
     let rendered = report::parse::render(&ev, &opts.inputs, opts.format);
     let mut out = Outcome::ok(opts.format.finish(rendered));
     out.stderr = json_notes(&ev, opts.format);

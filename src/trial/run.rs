@@ -95,9 +95,11 @@ pub fn replay_on(
             conf,
             crate::workload::replay(trace, settings, device),
         )),
-        Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st, _| {
-            replay_snapshot(st, settings, conf, device)
-        }),
+        Source::Snapshot(data, limits) => {
+            with_snapshot_trace(&workload.input, data, limits, |st, _| {
+                replay_snapshot(st, settings, conf, device)
+            })
+        }
     }
 }
 

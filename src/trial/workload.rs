@@ -21,8 +21,9 @@ pub enum Source {
     /// A trace CSV, or a probe's generated trace.
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
-    /// borrows them); replayed from the state the trace started in.
-    Snapshot(Bytes),
+    /// borrows them) with the limits it is decoded within; replayed from the
+    /// state the trace started in.
+    Snapshot(Bytes, crate::limits::Limits),
 }
 
 /// What gets replayed for an input.
@@ -168,6 +169,7 @@ impl Workload {
         capacity: Option<u64>,
         current_conf: &str,
         current: &Settings,
+        limits: &crate::limits::Limits,
     ) -> Result<Workload, Error> {
         let name = crate::ingest::input_name(input);
         match crate::ingest::detect(&data) {
@@ -177,13 +179,13 @@ impl Workload {
             crate::ingest::InputKind::Pickle => {
                 // Decode once now so a snapshot without a trace fails here, with its reason.
                 let (recorded, implied_capacity) =
-                    with_snapshot_trace(name, &data, |st, recorded| {
+                    with_snapshot_trace(name, &data, limits, |st, recorded| {
                         (recorded.cloned(), st.recorded_capacity())
                     })?;
                 return Ok(Workload {
                     input: name.to_string(),
                     implied_capacity,
-                    source: Source::Snapshot(data),
+                    source: Source::Snapshot(data, *limits),
                     probe: None,
                     advice: None,
                     recorded,
@@ -270,9 +272,10 @@ fn rule_advice(
 pub(crate) fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
+    limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
-    let snap = crate::snapshot::load(name, data)?;
+    let snap = crate::snapshot::load_with(name, data, limits)?;
     let device = traced_device(&snap).ok_or_else(|| {
         Error::Input(format!(
             "{name}: the snapshot has no trace to replay: record it with \
@@ -308,7 +311,7 @@ impl Workload {
     pub fn request_sizes(&self) -> Option<Vec<u64>> {
         match &self.source {
             Source::Trace(trace) => Some(distinct_request_sizes(trace)),
-            Source::Snapshot(_) => None,
+            Source::Snapshot(..) => None,
         }
     }
 
@@ -316,13 +319,15 @@ impl Workload {
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
             Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
-            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
-                f(&|s, conf, cap| {
-                    let device = crate::device::sim::SimDevice::new(cap)
-                        .with_recorded_addresses(st.recorded_addresses(false));
-                    replay_snapshot(st, s, conf, device)
+            Source::Snapshot(data, limits) => {
+                with_snapshot_trace(&self.input, data, limits, |st, _| {
+                    f(&|s, conf, cap| {
+                        let device = crate::device::sim::SimDevice::new(cap)
+                            .with_recorded_addresses(st.recorded_addresses(false));
+                        replay_snapshot(st, s, conf, device)
+                    })
                 })
-            }),
+            }
         }
     }
 }
