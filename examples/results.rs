@@ -78,11 +78,12 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
     let defaults = Settings::default();
     workload
         .with_replayer(|replay| {
-            let free = replay(&defaults, "", allocdoc::device::NO_LIMIT);
+            let free = replay(&defaults, "", allocdoc::device::NO_LIMIT, None);
             let default_min = search::min_capacity(
                 &free.figures,
                 allocdoc::device::NO_LIMIT,
-                |cap| replay(&defaults, "", cap).figures,
+                defaults.per_process_memory_fraction.is_none(),
+                |cap| replay(&defaults, "", cap, None).figures,
                 &|_| {},
             );
             let lo = free.figures.peak_allocated_bytes.min(default_min);
@@ -95,7 +96,7 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
             caps.dedup();
             // Only capacities where the default really fails make a row of this kind.
             caps.retain(|&c| {
-                !where_default_fails || replay(&defaults, "", c).figures.oom.is_some()
+                !where_default_fails || replay(&defaults, "", c, None).figures.oom.is_some()
             });
             let events = free.figures.events;
             for &capacity in &caps {
@@ -106,7 +107,7 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                 };
                 let _ = write!(out, "| {} | {events} | {shown} |", workload.input);
                 for c in COMPARED {
-                    let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity)));
+                    let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity, None)));
                 }
                 let r = recommend(
                     workload,

@@ -3,7 +3,7 @@
 //! it ([`evidence`]).
 
 pub mod evidence;
-mod grow;
+pub(crate) mod grow;
 pub mod model;
 pub mod pickle;
 

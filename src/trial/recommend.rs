@@ -3,7 +3,7 @@
 //! the rule engine's advice beside it.
 
 use super::run::{Replayer, Run};
-use super::search::{self, Progress};
+use super::search::{self, Progress, Pruning};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
 use crate::conf::Settings;
@@ -54,6 +54,8 @@ pub struct RecommendResult {
     pub advice: Option<Run>,
     /// Why parts are missing (no rule advice, no GC thresholds, …).
     pub notes: Vec<String>,
+    /// What the search replayed and what its bounds spared.
+    pub search: Pruning,
     #[serde(skip)]
     pub probe: Option<crate::workload::probe::Calibration>,
 }
@@ -95,7 +97,7 @@ fn search_with(
         current,
         cap,
         sizes.as_deref(),
-        |settings, cap| replay(settings, "", cap).figures,
+        |settings, cap, stop_above| replay(settings, "", cap, stop_above).figures,
         progress,
     );
     let mut current_run = None;
@@ -118,13 +120,14 @@ fn search_with(
         .first()
         .filter(|best| best.figures.oom.is_none())
         .map(|best| Recommendation::new(best.conf.clone()));
-    // The current config is in the space unless it sets keys the search does not vary.
-    let mut current_run = current_run.unwrap_or_else(|| replay(current, current_conf, cap));
+    // The current config is in the space (and never stopped early) unless it
+    // sets keys the search does not vary.
+    let mut current_run = current_run.unwrap_or_else(|| replay(current, current_conf, cap, None));
     current_run.conf = current_conf.to_string();
     let advice = match &workload.advice {
         Some(value) => crate::conf::parse(value, current.version)
             .ok()
-            .map(|p| replay(&p.settings, value, cap)),
+            .map(|p| replay(&p.settings, value, cap, None)),
         None => {
             notes.push(if workload.probe.is_some() {
                 "the rule engine recommends no allocator setting for this evidence".to_string()
@@ -147,6 +150,7 @@ fn search_with(
         input: workload.input.clone(),
         current: current_run,
         notes,
+        search: result.pruning,
         probe: workload.probe.clone(),
     }
 }

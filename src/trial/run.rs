@@ -31,13 +31,34 @@ impl Run {
     }
 }
 
-/// One replay of a workload on the simulated card: `(settings, conf, capacity)`.
-pub type Replayer<'r> = dyn Fn(&Settings, &str, u64) -> Run + Sync + 'r;
+/// One replay of a workload on the simulated card: `(settings, conf,
+/// capacity, stop_above_reserved)`; the bound
+/// ([`ReplayOptions::stop_above_reserved`]) is kept by trace replays and
+/// ignored by snapshot replays, which run to the end.
+pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Option<u64>) -> Run + Sync + 'r;
 
 /// Replays `trace` on the simulated card under `settings` at `capacity`.
 pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> Run {
+    replay_bounded(trace, settings, conf, capacity, None)
+}
+
+/// [`replay`], stopping once reserved memory passes `stop_above_reserved`.
+pub fn replay_bounded(
+    trace: &Trace,
+    settings: &Settings,
+    conf: &str,
+    capacity: u64,
+    stop_above_reserved: Option<u64>,
+) -> Run {
     let device = SimDevice::new(capacity);
-    Run::new(conf, crate::workload::replay(trace, settings, device))
+    let options = ReplayOptions {
+        stop_above_reserved,
+        ..ReplayOptions::default()
+    };
+    Run::new(
+        conf,
+        crate::workload::replay_with(trace, settings, device, options),
+    )
 }
 
 /// Replays a snapshot's trace from the state it started in; a start state that
@@ -81,7 +102,7 @@ pub fn replay_on(
 ) -> Result<Run, Error> {
     if spec == DeviceSpec::Sim {
         let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
-        return workload.with_replayer(|run| run(settings, conf, cap));
+        return workload.with_replayer(|run| run(settings, conf, cap, None));
     }
     let device = DeviceOpener {
         spec,

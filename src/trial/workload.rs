@@ -3,7 +3,7 @@
 //! a probe fitted to its figures ([`crate::workload::probe`]); where the
 //! capacity of its runs comes from; and the config it is compared against.
 
-use super::run::{Replayer, replay, replay_snapshot};
+use super::run::{Replayer, replay, replay_bounded, replay_snapshot};
 use crate::Error;
 use crate::conf::Settings;
 use crate::evidence::{Kind, Observation};
@@ -196,7 +196,12 @@ impl Workload {
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
                 return Ok(Workload::recorded(name, trace));
             }
-            crate::ingest::InputKind::Text => {}
+            crate::ingest::InputKind::Text => {
+                // A trace CSV whose header is quoted (RFC 4180): `ingest::detect` reads only plain headers.
+                if let Some(trace) = crate::workload::detect_trace(name, &data)? {
+                    return Ok(Workload::recorded(name, trace));
+                }
+            }
         }
         let observations = crate::ingest::parse_bytes(name, &data)?;
         let target = probe_target(&observations, capacity).ok_or_else(|| {
@@ -318,10 +323,12 @@ impl Workload {
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| {
+                replay_bounded(trace, s, conf, cap, stop)
+            })),
             Source::Snapshot(data, limits) => {
                 with_snapshot_trace(&self.input, data, limits, |st, _| {
-                    f(&|s, conf, cap| {
+                    f(&|s, conf, cap, _| {
                         let device = crate::device::sim::SimDevice::new(cap)
                             .with_recorded_addresses(st.recorded_addresses(false));
                         replay_snapshot(st, s, conf, device)
