@@ -312,10 +312,40 @@ fn the_platform_flag_rules_out_expandable_segments_on_windows() {
         .concat();
         serde_json::from_slice(&allocdoc(&args, None).stdout).unwrap()
     };
-    let linux = diagnose(&["--platform", "linux"]);
-    assert_eq!(linux, diagnose(&[]));
+    let mut linux = diagnose(&["--platform", "linux"]);
+    let mut assumed = diagnose(&[]);
+    // The same answer; only where the platform came from differs.
+    assert_eq!(linux["setup"]["platform"]["source"], "--platform");
+    assert_eq!(assumed["setup"]["platform"]["certainty"], "assumed");
+    linux["setup"]["platform"].take();
+    assumed["setup"]["platform"].take();
+    assert_eq!(linux, assumed);
     assert_eq!(linux["recommendation"]["value"], "expandable_segments:True");
     let windows = diagnose(&["--platform", "windows"]);
     let value = windows["recommendation"]["value"].as_str().unwrap();
     assert!(value.starts_with("max_split_size_mb:"), "{value}");
+}
+
+#[test]
+fn the_platform_flag_overrides_what_the_text_suggests() {
+    let platform = |extra: &[&str]| -> Value {
+        let args = [
+            &[
+                "diagnose",
+                "--format",
+                "json",
+                "fixtures/text/issue_async_short_comfyui_4880.log",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let d: Value = serde_json::from_slice(&allocdoc(&args, None).stdout).unwrap();
+        d["setup"]["platform"].clone()
+    };
+    // Windows paths in the text say Windows; the flag wins.
+    assert_eq!(platform(&[])["value"], "windows");
+    assert_eq!(platform(&[])["certainty"], "inferred");
+    let given = platform(&["--platform", "linux"]);
+    assert_eq!(given["value"], "linux");
+    assert_eq!(given["certainty"], "given");
 }

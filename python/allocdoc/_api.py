@@ -74,7 +74,8 @@ def diagnose(
     """The cause and the one setting to use (`allocdoc diagnose --format json`).
 
     torch_version: your PyTorch version when the evidence does not show it.
-    platform: "linux" or "windows" (default: what the evidence shows).
+    platform: "linux", "windows" or "rocm" (default: what the evidence shows,
+    else linux); it overrides what the text suggests.
     conf: the PYTORCH_CUDA_ALLOC_CONF in effect at the OOM.
     """
     return _result(_native.diagnose(_inputs(src), torch_version, platform, conf))
@@ -96,10 +97,15 @@ def replay(
 
 
 def recommend(
-    src: Source, capacity: Optional[Size] = None, current: Optional[str] = None
+    src: Source,
+    capacity: Optional[Size] = None,
+    current: Optional[str] = None,
+    torch_version: Optional[str] = None,
+    platform: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """The config search by replay (`allocdoc recommend --format json`)."""
-    return _result(_native.recommend(_input(src), capacity, current))
+    """The config search by replay (`allocdoc recommend --format json`);
+    torch_version and platform as for `diagnose`."""
+    return _result(_native.recommend(_input(src), capacity, current, torch_version, platform))
 
 
 def validate(
@@ -108,6 +114,11 @@ def validate(
     current: Optional[str] = None,
     capacity: Optional[Size] = None,
     device: str = "sim",
+    torch_version: Optional[str] = None,
+    platform: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """The current config against `conf` (`allocdoc validate --format json`)."""
-    return _result(_native.validate(_input(src), conf, current, capacity, device))
+    """The current config against `conf` (`allocdoc validate --format json`);
+    torch_version and platform as for `diagnose`."""
+    return _result(
+        _native.validate(_input(src), conf, current, capacity, device, torch_version, platform)
+    )

@@ -98,6 +98,15 @@ fn size(s: Option<Size>) -> PyResult<Option<u64>> {
     }
 }
 
+/// A platform as `--platform` takes it (`linux`, `windows`, `rocm`).
+fn platform(p: Option<String>) -> PyResult<Option<allocdoc::conf::Platform>> {
+    p.map(|p| {
+        clap::ValueEnum::from_str(&p, true)
+            .map_err(|e| UsageError::new_err(format!("platform {p:?}: {e}")))
+    })
+    .transpose()
+}
+
 #[pyfunction]
 fn parse(py: Python<'_>, inputs: Vec<Source>) -> PyResult<Produced> {
     let (inputs, buffers) = sources(inputs);
@@ -124,7 +133,7 @@ fn diagnose(
         inputs,
         buffers,
         torch_version,
-        platform: platform.map(|p| p.parse()).transpose().map_err(py_err)?,
+        platform: self::platform(platform)?,
         conf,
         format: Format::Json,
         ..Default::default()
@@ -158,12 +167,14 @@ fn replay(
 }
 
 #[pyfunction]
-#[pyo3(signature = (input, capacity=None, current=None))]
+#[pyo3(signature = (input, capacity=None, current=None, torch_version=None, platform=None))]
 fn recommend(
     py: Python<'_>,
     input: Source,
     capacity: Option<Size>,
     current: Option<String>,
+    torch_version: Option<String>,
+    platform: Option<String>,
 ) -> PyResult<Produced> {
     let (input, buffers) = source(input);
     let opts = app::recommend::RecommendOptions {
@@ -171,6 +182,8 @@ fn recommend(
         buffers,
         capacity: size(capacity)?,
         current,
+        torch_version,
+        platform: self::platform(platform)?,
         format: Format::Json,
         ..Default::default()
     };
@@ -178,7 +191,8 @@ fn recommend(
 }
 
 #[pyfunction]
-#[pyo3(signature = (input, conf, current=None, capacity=None, device="sim".to_owned()))]
+#[pyo3(signature = (input, conf, current=None, capacity=None, device="sim".to_owned(), torch_version=None, platform=None))]
+#[allow(clippy::too_many_arguments)]
 fn validate(
     py: Python<'_>,
     input: Source,
@@ -186,6 +200,8 @@ fn validate(
     current: Option<String>,
     capacity: Option<Size>,
     device: String,
+    torch_version: Option<String>,
+    platform: Option<String>,
 ) -> PyResult<Produced> {
     let (input, buffers) = source(input);
     let opts = app::validate::ValidateOptions {
@@ -193,6 +209,8 @@ fn validate(
         buffers,
         conf,
         current,
+        torch_version,
+        platform: self::platform(platform)?,
         capacity: size(capacity)?,
         device,
         format: Format::Json,

@@ -7,7 +7,7 @@ use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
 use crate::limits::Limits;
 use crate::report::views::ReportViews;
-use crate::rules::{RuleSet, VersionRange};
+use crate::rules::RuleSet;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -24,13 +24,13 @@ pub struct DiagnoseOptions {
     /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
     #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
+    /// The platform PyTorch runs on (default: what the evidence shows, such as
+    /// Windows paths, else linux); the flag overrides what the text suggests.
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub platform: Option<crate::conf::Platform>,
     /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
-    /// The platform the OOM happened on (default: what the evidence shows, such
-    /// as Windows paths; Windows has no expandable segments).
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub platform: Option<Platform>,
     /// Also write a self-contained HTML report.
     #[cfg_attr(feature = "cli", arg(long, conflicts_with = "each"))]
     pub report: Option<PathBuf>,
@@ -49,74 +49,40 @@ pub struct DiagnoseOptions {
     pub limits: Limits,
 }
 
-/// Where the OOM happened (`--platform`); it overrides what the text suggests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-pub enum Platform {
-    Linux,
-    Windows,
-}
-
-impl std::str::FromStr for Platform {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "linux" => Ok(Platform::Linux),
-            "windows" => Ok(Platform::Windows),
-            _ => Err(Error::Usage(format!(
-                "--platform {s:?}: expected linux or windows"
-            ))),
-        }
-    }
-}
-
 /// What every incident of one run shares: the rules and what the flags say.
-struct Setup {
+struct Shared {
     rules: RuleSet,
     ctx: Context,
-    platform: Option<Platform>,
     /// Warnings about the flags, for standard error.
     notes: Vec<String>,
 }
 
-impl Setup {
-    fn new(opts: &DiagnoseOptions) -> Result<Setup, Error> {
+impl Shared {
+    fn new(opts: &DiagnoseOptions) -> Result<Shared, Error> {
         let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
-        let mut ctx = Context::default();
-        if let Some(v) = &opts.torch_version {
-            let v = crate::conf::TorchVersion::parse(v).map_err(|e| Error::Usage(e.to_string()))?;
-            ctx.torch = Some(VersionRange::exact(v));
-        }
+        let mut ctx = context(opts.torch_version.as_deref(), opts.platform)?;
         let mut notes = Vec::new();
         if let Some(c) = &opts.conf
             && let Err(why) = ctx.set_current(c, "--conf")
         {
             notes.push(format!("allocdoc: warning: {why}"));
         }
-        Ok(Setup {
-            rules,
-            ctx,
-            platform: opts.platform,
-            notes,
-        })
+        Ok(Shared { rules, ctx, notes })
     }
 
     /// One incident: `inputs` read together.
     fn diagnose(&self, inputs: &[String], opts: &DiagnoseOptions) -> Result<Diagnosis, Error> {
         let mut ctx = self.ctx.clone();
         let evidence = read_inputs(inputs, &opts.buffers, &opts.limits, &mut ctx)?;
-        if let Some(p) = self.platform {
-            ctx.windows = p == Platform::Windows;
-        }
         Ok(advise::diagnose(evidence, &ctx, &self.rules))
     }
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
-    let setup = Setup::new(opts)?;
+    let shared = Shared::new(opts)?;
     if opts.each {
         let mut out = super::each::run(&opts.inputs, opts.format, |name| {
-            let d = setup.diagnose(&[name.to_owned()], opts)?;
+            let d = shared.diagnose(&[name.to_owned()], opts)?;
             let stdout = match opts.format {
                 Format::Json | Format::Jsonl => crate::report::common::json_of(
                     name,
@@ -130,11 +96,11 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
                 notes: notes(&d),
             })
         });
-        out.stderr.splice(0..0, setup.notes);
+        out.stderr.splice(0..0, shared.notes);
         return Ok(out);
     }
-    let mut notes = setup.notes.clone();
-    let d = setup.diagnose(&opts.inputs, opts)?;
+    let mut notes = shared.notes.clone();
+    let d = shared.diagnose(&opts.inputs, opts)?;
     if let Some(path) = &opts.report {
         let html = crate::report::diagnose::html(&d, pictures(opts));
         notes.push(super::write_report(path, &html)?);
@@ -176,6 +142,38 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
         Format::Json | Format::Jsonl => crate::report::diagnose::json(d),
         Format::Markdown => crate::report::diagnose::markdown(d),
     }
+}
+
+/// The context of a command's flags: `--torch-version` and `--platform`
+/// (which win over every clue the text holds).
+pub fn context(
+    torch_version: Option<&str>,
+    platform: Option<crate::conf::Platform>,
+) -> Result<Context, Error> {
+    let mut ctx = Context::default();
+    if let Some(v) = torch_version {
+        let v = crate::conf::TorchVersion::parse(v)
+            .map_err(|e| Error::Usage(format!("--torch-version: {e}")))?;
+        ctx.torch = Some(crate::rules::VersionRange::exact(v));
+        ctx.flags.torch = Some(v);
+    }
+    ctx.flags.platform = platform;
+    Ok(ctx)
+}
+
+/// Reads one whole input (kept: `recommend` and `validate` replay it), and
+/// parses its evidence and the clues its text gives on the same pass.
+pub fn read_one(
+    name: &str,
+    buffers: &super::Buffers,
+    limits: &Limits,
+    ctx: &mut Context,
+) -> Result<(crate::ingest::Bytes, Evidence), Error> {
+    let data = buffers.read(name, limits)?;
+    let mut clues = crate::evidence::TextClues::default();
+    let ev = crate::ingest::parse_with_clues(name, &data, limits, &mut clues)?;
+    ctx.absorb(&clues);
+    Ok((data, ev))
 }
 
 /// Reads each input once: `ingest` parses it and gathers the clues the

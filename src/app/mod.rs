@@ -7,6 +7,7 @@
 pub mod conf_check;
 pub mod diagnose;
 pub mod each;
+pub mod input;
 pub mod parse;
 pub mod recommend;
 pub mod replay;

@@ -36,6 +36,10 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
     if let Some((value, source)) = &d.current_conf {
         let _ = writeln!(out, "  current config ({source}): {value}");
     }
+    let _ = writeln!(out, "Setup: {}", d.setup.describe());
+    for line in incident_lines(d) {
+        let _ = writeln!(out, "{line}");
+    }
     if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
         let _ = write!(out, "\n{}", ranks.table().to_text());
     }
@@ -93,8 +97,30 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
     out
 }
 
+/// How many incidents, which one the verdict is about, and the others whose
+/// cause differs.
+fn incident_lines(d: &Diagnosis) -> Vec<String> {
+    if d.incidents.len() < 2 {
+        return Vec::new();
+    }
+    let mut v = vec![format!(
+        "Incidents: {} separate OOMs in the input; the verdict is about the one above, chosen by \
+         the most complete evidence, then severity.",
+        d.incidents.len()
+    )];
+    for i in d.differing_incidents() {
+        if let Some(o) = d.evidence.observations.get(i.observation) {
+            v.push(format!("  also: {}: {}", describe(o), i.verdict));
+        }
+    }
+    v
+}
+
 fn recommendation_text(out: &mut String, r: &Recommendation) {
-    let _ = writeln!(out, "\nRecommended\n  {}", r.line);
+    let _ = writeln!(out, "\nRecommended");
+    for l in &r.lines {
+        let _ = writeln!(out, "  {}", l.line);
+    }
     let _ = writeln!(out, "  or in Python:");
     for l in r.python.lines() {
         let _ = writeln!(out, "    {l}");
@@ -257,6 +283,11 @@ pub struct Json<'a> {
     findings: &'a [Finding],
     recommendation: Option<&'a Recommendation>,
     verdict: &'a str,
+    /// The setup the answer holds for: version, platform, backend, each with its source.
+    setup: &'a crate::advise::Setup,
+    /// Every OOM incident with its own cause, the headline first (when there are several).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    incidents: &'a [crate::advise::IncidentCause],
     /// Per-rank figures and flags, when the inputs hold two or more ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     ranks: Option<super::ranks::RankTable>,
@@ -276,6 +307,12 @@ pub fn document(d: &Diagnosis) -> Json<'_> {
         findings: &d.findings,
         recommendation: d.recommendation.as_ref(),
         verdict: &d.verdict,
+        setup: &d.setup,
+        incidents: if d.incidents.len() > 1 {
+            &d.incidents
+        } else {
+            &[]
+        },
         ranks: super::ranks::rank_table(&d.evidence),
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
@@ -292,6 +329,10 @@ pub fn markdown(d: &Diagnosis) -> String {
             let _ = writeln!(out, "({})", sizes.join(", "));
         }
         out.push('\n');
+    }
+    let _ = writeln!(out, "Setup: {}\n", d.setup.describe());
+    for line in incident_lines(d) {
+        let _ = writeln!(out, "{}\n", line.trim_start());
     }
     if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
         let t = ranks.table();
@@ -313,10 +354,12 @@ pub fn markdown(d: &Diagnosis) -> String {
     }
     match &d.recommendation {
         Some(r) => {
+            let lines: Vec<&str> = r.lines.iter().map(|l| l.line.as_str()).collect();
             let _ = writeln!(
                 out,
                 "### Recommended\n\n```sh\n{}\n```\n\nOr in Python, before the first `import torch`:\n\n```python\n{}\n```\n",
-                r.line, r.python
+                lines.join("\n"),
+                r.python
             );
             if let Some(n) = &r.note {
                 let _ = writeln!(out, "> {n}\n");
@@ -424,7 +467,7 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
             .as_ref()
             .map(|(value, source)| format!("Current config ({source}): {value}")),
     });
-    let mut subtitle = format!("cause: {}", d.cause.as_str());
+    let mut subtitle = format!("cause: {} · {}", d.cause.as_str(), d.setup.describe());
     let inputs: Vec<&str> = d
         .evidence
         .observations
@@ -446,7 +489,13 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
             headline: d.verdict.clone(),
             tone,
         },
-        export_line: d.recommendation.as_ref().map(|r| r.line.clone()),
+        export_line: d.recommendation.as_ref().map(|r| {
+            r.lines
+                .iter()
+                .map(|l| l.line.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        }),
         figures,
         findings,
         tables,

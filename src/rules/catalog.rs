@@ -31,6 +31,12 @@ const fn m(name: &'static str, kind: MetricKind, definition: &'static str) -> Me
 
 use MetricKind::{Bool, Bytes, Number, Series};
 
+/// The value of `cuda_context`: what the CUDA context and the libraries'
+/// handles usually hold outside PyTorch's cache is 0.3-1 GiB (the card, the
+/// CUDA version and lazy module loading decide); memory outside the cache up
+/// to this much is no sign of another user. Rules' test cases get it too.
+pub const CUDA_CONTEXT: u64 = 1 << 30;
+
 pub const METRICS: &[MetricDef] = &[
     m(
         "requested",
@@ -66,12 +72,17 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "other_processes_bytes",
         Bytes,
-        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed. Without a 'this process' line, a listed process holding this cache plus at most max(2 GiB, 5% of the card) is taken to be this process seen from a container",
+        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed. NVML lists every process, this one included; without a 'this process' line (a container's PID namespace), the listed process closest above this cache (it holds all of it) is this one",
     ),
     m(
         "non_pytorch",
         Bytes,
         "capacity - free - reserved: device memory outside this process's PyTorch cache (CUDA context, other libraries, other processes)",
+    ),
+    m(
+        "cuda_context",
+        Bytes,
+        "what the CUDA context and the libraries' handles usually hold outside PyTorch's cache: 1 GiB, the top of the usual 0.3-1 GiB (it depends on the card, the CUDA version and lazy module loading)",
     ),
     m(
         "non_pytorch_in_process",

@@ -31,6 +31,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/free-exceeds-request.yaml"),
     ),
     (
+        "rules/free-plus-cached.yaml",
+        include_str!("../../rules/free-plus-cached.yaml"),
+    ),
+    (
         "rules/gc-threshold-with-fraction.yaml",
         include_str!("../../rules/gc-threshold-with-fraction.yaml"),
     ),
@@ -105,6 +109,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
     (
         "rules/segment-size-2mib.yaml",
         include_str!("../../rules/segment-size-2mib.yaml"),
+    ),
+    (
+        "rules/shared-memory-spill.yaml",
+        include_str!("../../rules/shared-memory-spill.yaml"),
     ),
     (
         "rules/small-pool-fragmentation.yaml",

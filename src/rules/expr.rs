@@ -58,6 +58,9 @@ pub enum Func {
     Ceil,
     FloorPow2,
     Mib,
+    /// `cmp(a, b)`: -1, 0 or 1 as a is less than, equal to or more than b
+    /// (for templates' comparison words: `{cmp(free, requested)|than}`).
+    Cmp,
 }
 
 impl Func {
@@ -77,6 +80,7 @@ impl Func {
             "ceil" => Func::Ceil,
             "floor_pow2" => Func::FloorPow2,
             "mib" => Func::Mib,
+            "cmp" => Func::Cmp,
             _ => return None,
         })
     }
@@ -85,7 +89,7 @@ impl Func {
     fn arity(self) -> (usize, usize) {
         match self {
             Func::Min | Func::Max => (2, usize::MAX),
-            Func::Ratio => (2, 2),
+            Func::Ratio | Func::Cmp => (2, 2),
             _ => (1, 1),
         }
     }
@@ -785,6 +789,11 @@ fn call(func: Func, args: &[Expr], env: &dyn Env) -> Result<Value, EvalError> {
         Func::Ceil => first.ceil(),
         Func::FloorPow2 if first >= 1.0 => 2f64.powi(first.log2().floor() as i32),
         Func::Mib => first / 1048576.0,
+        Func::Cmp => match first.partial_cmp(&vals.get(1).copied().unwrap_or(0.0)) {
+            Some(std::cmp::Ordering::Less) => -1.0,
+            Some(std::cmp::Ordering::Greater) => 1.0,
+            _ => 0.0,
+        },
         _ => 0.0,
     }))
 }

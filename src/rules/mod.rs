@@ -12,7 +12,7 @@ mod template;
 mod testing;
 
 pub use model::{AppliesTo, Cause, Rule, Severity, TestCase, VersionReq};
-pub use template::Template;
+pub use template::{Message, Template};
 pub use testing::{CaseResult, run_tests};
 
 use crate::conf::TorchVersion;

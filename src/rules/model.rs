@@ -2,7 +2,7 @@
 //! checked [`Rule`] it becomes: expressions parsed, metric names known.
 
 use super::expr::{self, Expr};
-use super::template::{Template, ValueTemplate};
+use super::template::{Message, Template, ValueTemplate};
 use super::{Facts, RuleError, Verdict, VersionRange};
 use crate::conf::TorchVersion;
 use crate::evidence::{Backend, Kind};
@@ -128,11 +128,27 @@ struct RawRule {
     when: Spanned<String>,
     #[serde(default)]
     recommend: BTreeMap<String, Spanned<String>>,
-    because: Spanned<String>,
+    because: RawMessage,
     next: Option<Spanned<String>>,
     reference: String,
     #[serde(default)]
     tests: Vec<RawCase>,
+}
+
+/// `because`: one template, or cases (`- when: expr` / `text: template`),
+/// the last without `when`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawMessage {
+    One(Spanned<String>),
+    Cases(Vec<RawMessageCase>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMessageCase {
+    when: Option<Spanned<String>>,
+    text: Spanned<String>,
 }
 
 /// A value in a test case's `given`: a number, a size (`2GiB`), a boolean or a series.
@@ -312,7 +328,7 @@ pub struct Rule {
     pub when_text: String,
     pub when: Expr,
     pub recommend: BTreeMap<String, ValueTemplate>,
-    pub because: Template,
+    pub because: Message,
     pub next: Option<Template>,
     pub reference: String,
     pub tests: Vec<TestCase>,
@@ -364,8 +380,7 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         }
     })?;
     let when = expr::parse(&raw.when.value).map_err(|e| expr_error(file, &raw.when, "when", &e))?;
-    let because = Template::parse(&raw.because.value)
-        .map_err(|e| expr_error(file, &raw.because, "because", &e))?;
+    let because = message(file, &raw.because)?;
     let next = match &raw.next {
         Some(n) => Some(Template::parse(&n.value).map_err(|e| expr_error(file, n, "next", &e))?),
         None => None,
@@ -407,6 +422,46 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
     })
 }
 
+fn message(file: &str, raw: &RawMessage) -> Result<Message, RuleError> {
+    let template = |t: &Spanned<String>| {
+        Template::parse(&t.value).map_err(|e| expr_error(file, t, "because", &e))
+    };
+    match raw {
+        RawMessage::One(t) => Ok(Message::single(template(t)?)),
+        RawMessage::Cases(cases) => {
+            let mut out = Vec::with_capacity(cases.len());
+            for (i, c) in cases.iter().enumerate() {
+                let when = match &c.when {
+                    Some(w) => Some((
+                        expr::parse(&w.value)
+                            .map_err(|e| expr_error(file, w, "because.when", &e))?,
+                        w.value.clone(),
+                    )),
+                    None if i + 1 < cases.len() => {
+                        return Err(located(
+                            file,
+                            &c.text,
+                            "because: only the last case may omit `when`".into(),
+                        ));
+                    }
+                    None => None,
+                };
+                out.push((when, template(&c.text)?));
+            }
+            if out.last().is_none_or(|(w, _)| w.is_some()) {
+                return Err(RuleError {
+                    file: file.to_string(),
+                    line: 0,
+                    column: 0,
+                    message: "because: the last case must have no `when` (it is the fallback)"
+                        .into(),
+                });
+            }
+            Ok(Message::cases(out))
+        }
+    }
+}
+
 fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase, RuleError> {
     let mut facts = Facts {
         kinds: if case.kinds.is_empty() {
@@ -426,6 +481,10 @@ fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase,
         })?;
         facts.torch = VersionRange::exact(v);
     }
+    facts.set(
+        "cuda_context",
+        super::Fact::Num(super::catalog::CUDA_CONTEXT as f64),
+    );
     for (name, value) in case.given {
         let bad = |m: String| located(file, &value, format!("test '{}': {m}", case.name));
         let def =

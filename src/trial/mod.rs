@@ -6,11 +6,15 @@
 //! figures ([`compare`]), and the `replay` pipeline ([`replay`]). What a
 //! report draws from replays is computed in [`views`].
 //!
+//! [`answer`] settles one cause and one line from the diagnosis and the
+//! replays, for every command.
+//!
 //! Rules, facts and their combination live in [`crate::advise`], below this
 //! layer; the candidate space the search replays is [`crate::advise::space`].
 //! Nothing here renders or prints: the types returned are what `report`
 //! renders and `app` turns into an outcome.
 
+pub mod answer;
 pub mod compare;
 pub mod recommend;
 pub mod replay;
