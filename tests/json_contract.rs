@@ -322,6 +322,20 @@ fn every_command_output_follows_docs_json_md() {
             ],
         ),
         (
+            // Windows: every shell's line; the config in effect in `setup.current`.
+            "diagnose",
+            &[
+                "diagnose",
+                "--format",
+                "json",
+                "--platform",
+                "windows",
+                "--conf",
+                "garbage_collection_threshold:0.6",
+                "fixtures/text/readme_example.log",
+            ],
+        ),
+        (
             "conf",
             &[
                 "conf",
@@ -331,6 +345,19 @@ fn every_command_output_follows_docs_json_md() {
                 "max_split_size_mb:20",
                 "--torch-version",
                 "2.4",
+            ],
+        ),
+        (
+            // A setting accepted but ignored on the platform (`ignored`).
+            "conf",
+            &[
+                "conf",
+                "check",
+                "--format",
+                "json",
+                "expandable_segments:True",
+                "--platform",
+                "windows",
             ],
         ),
         (
@@ -399,6 +426,16 @@ fn every_command_output_follows_docs_json_md() {
                 "--format",
                 "json",
                 "fixtures/validate/oom_fragmented_2.5.txt",
+            ],
+        ),
+        (
+            // Nothing to replay (no figures to fit a probe to): the rules' answer alone.
+            "recommend-rules-only",
+            &[
+                "recommend",
+                "--format",
+                "json",
+                "fixtures/text/constructed_cudnn.log",
             ],
         ),
         (
