@@ -106,6 +106,19 @@ class ApiTest(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertEqual(allocdoc.validate(text, "expandable_segments:True"), want)
 
+    def test_recommend_and_validate_take_the_setup(self):
+        text = F / "validate" / "oom_fragmented_2.5.txt"
+        _, want, _ = cli("recommend", text, "--torch-version", "2.0", "--platform", "windows", "--format", "json")
+        got = allocdoc.recommend(text, torch_version="2.0", platform="windows")
+        self.assertEqual(got, want)
+        self.assertEqual(got["answer"]["setup"]["platform"]["certainty"], "given")
+        self.assertEqual(got["answer"]["setup"]["torch"]["value"], "2.0")
+        conf = "max_split_size_mb:512"
+        _, want, _ = cli("validate", text, "--conf", conf, "--platform", "windows", "--format", "json")
+        self.assertEqual(allocdoc.validate(text, conf, platform="windows"), want)
+        with self.assertRaises(allocdoc.UsageError):
+            allocdoc.recommend(text, platform="solaris")
+
     def test_errors_raise_the_kind_with_the_message(self):
         cases = [
             (allocdoc.InputError, lambda: allocdoc.diagnose(F / "no-such-file.log"), ["diagnose", F / "no-such-file.log"]),
