@@ -464,6 +464,11 @@ proptest::proptest! {
                     MetricKind::Number => Fact::Num((sizes[i % sizes.len()] % 50) as f64),
                     MetricKind::Bool => Fact::Bool(flags[i % flags.len()]),
                     MetricKind::Series => Fact::Series(series.iter().map(|&v| v as f64).collect()),
+                    // Source locations: no figures to compare.
+                    MetricKind::Text => {
+                        facts.set_text(m.name, "train.py:12:step".into());
+                        continue;
+                    }
                 };
                 facts.set(m.name, fact);
             }

@@ -39,6 +39,7 @@ pub fn facts(
         scalars(&mut f, p, evidence);
     }
     series(&mut f, evidence);
+    trace_facts(&mut f, evidence);
     context_facts(&mut f, ctx, setup, recorded_settings(evidence));
     f
 }
@@ -222,6 +223,98 @@ fn snapshot_facts(f: &mut Facts, p: &Observation) {
     if let Some(oom) = detail.oom_events.last() {
         bytes(f, "requested", Some(oom.size));
         bytes(f, "free", Some(oom.device_free));
+    }
+}
+
+/// The snapshot observation whose recorded trace the trace metrics come
+/// from: the last one whose trace has entries.
+pub fn trace_source(evidence: &Evidence) -> Option<&Observation> {
+    evidence.observations.iter().rev().find(|o| {
+        o.detail
+            .as_ref()
+            .and_then(|d| d.trace.as_ref())
+            .is_some_and(|t| t.entries > 0)
+    })
+}
+
+/// The metrics of a snapshot's recorded trace (rules/README.md, "Trace
+/// metrics"), from [`trace_source`]: rates and per-step figures are derived
+/// here, the counts come as read.
+fn trace_facts(f: &mut Facts, evidence: &Evidence) {
+    let Some(t) = trace_source(evidence).and_then(|o| o.detail.as_ref()?.trace.as_ref()) else {
+        return;
+    };
+    let num = |f: &mut Facts, name: &str, v: f64| f.set(name, Fact::Num(v));
+    let steps = t.steps.max(1) as f64;
+    num(f, "trace_allocs", t.allocs as f64);
+    num(f, "trace_steps", steps);
+    if t.allocs > 0 {
+        num(
+            f,
+            "cache_miss_rate",
+            t.cache_misses as f64 / t.allocs as f64,
+        );
+    }
+    if t.steps >= 2 {
+        let steady = t.steady_cache_misses as f64;
+        num(f, "misses_per_step", steady / (steps - 1.0));
+        if t.steady_allocs > 0 {
+            num(f, "steady_miss_rate", steady / t.steady_allocs as f64);
+        }
+    }
+    num(f, "segment_allocs", t.segment_allocs as f64);
+    num(f, "segment_frees", t.segment_frees as f64);
+    num(f, "empty_cache_calls", t.empty_cache.calls as f64);
+    num(f, "empty_cache_steps", t.empty_cache_steps as f64);
+    num(f, "empty_cache_released", t.empty_cache.bytes as f64);
+    num(f, "allocator_releases", t.allocator_releases.calls as f64);
+    num(
+        f,
+        "allocator_releases_per_step",
+        t.allocator_releases.calls as f64 / steps,
+    );
+    let frees: u64 = t.deferred.iter().map(|d| d.frees).sum();
+    num(f, "deferred_frees", frees as f64);
+    let freed = t
+        .deferred
+        .iter()
+        .map(|d| d.bytes)
+        .fold(0, u64::saturating_add);
+    num(f, "deferred_free_bytes", freed as f64);
+    let peak = t.deferred.iter().map(|d| d.peak_bytes).max().unwrap_or(0);
+    num(f, "deferred_peak", peak as f64);
+    if t.timed && frees > 0 {
+        let held: u64 = t
+            .deferred
+            .iter()
+            .map(|d| d.held_us)
+            .fold(0, u64::saturating_add);
+        num(f, "deferred_hold_ms", held as f64 / frees as f64 / 1000.0);
+    }
+    if let Some(sizes) = &t.sizes {
+        num(f, "distinct_sizes_per_step", sizes.distinct_per_step);
+        num(f, "size_churn", sizes.churn);
+        num(f, "size_spread", sizes.spread);
+    }
+    bytes(f, "trace_peak_reserved", Some(t.peak.reserved_bytes));
+    bytes(f, "trace_peak_allocated", Some(t.peak.allocated_bytes));
+    bytes(f, "stranded_at_peak", Some(t.peak.stranded_bytes));
+    bytes(
+        f,
+        "stranded_large_at_peak",
+        Some(t.peak.stranded_large_bytes),
+    );
+    bytes(
+        f,
+        "stranding_segment_size",
+        Some(t.peak.stranding_segment_bytes),
+    );
+    num(f, "ooms_with_free_device", t.ooms_with_free_device as f64);
+    if let Some(site) = &t.empty_cache_site {
+        f.set_text("empty_cache_site", site.site.clone());
+    }
+    if let Some(site) = &t.deferred_site {
+        f.set_text("deferred_free_site", site.site.clone());
     }
 }
 

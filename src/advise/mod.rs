@@ -9,6 +9,12 @@
 //! setting (request larger than the card, capacity, not the allocator, other
 //! processes), whatever else fired, and it is always a candidate of the
 //! space: valid for the user's PyTorch and acted on on their platform.
+//!
+//! A rule that reads a snapshot's recorded trace (`catalog::reads_trace`)
+//! and suggests settings is shown only when a caller-supplied [`Checker`]
+//! replayed that trace with and without them and the run with them ranked
+//! better; otherwise its finding is withheld ([`Withheld`], with the
+//! replay's figures). The checker lives in the layer that replays (`trial`).
 
 pub mod combine;
 pub mod conf_check;
@@ -26,6 +32,7 @@ pub use space::Space;
 use crate::evidence::{Evidence, Kind, Observation};
 use crate::rules::expr::Value;
 use crate::rules::{Cause, Facts, Rule, RuleSet, Severity, Verdict};
+use crate::workload::RunFigures;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -47,6 +54,51 @@ pub struct Finding {
     pub cause: Option<Cause>,
     #[serde(skip)]
     pub priority: i32,
+    /// Where in the program the finding points (`file:line:function`), when
+    /// the rule names a site and the evidence recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// The replay that checked the settings this rule suggested.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheck>,
+}
+
+/// A snapshot's trace replayed without and with the settings a trace rule
+/// suggested, at one capacity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayCheck {
+    /// The suggested settings, as `key:value` pairs joined by commas.
+    pub settings: String,
+    /// The config replayed without them (what the snapshot recorded) and with them.
+    pub without: String,
+    pub with: String,
+    pub capacity_bytes: u64,
+    pub without_figures: RunFigures,
+    pub with_figures: RunFigures,
+    /// The run with the settings ranks better (`RunFigures::rank`: no OOM,
+    /// then lower peak reserved, then less driver work).
+    pub supported: bool,
+    /// What the replay showed, in one sentence.
+    pub finding: String,
+}
+
+/// Checks the settings a trace rule suggested by replay.
+pub type Checker<'c> =
+    dyn FnMut(&Facts, &BTreeMap<String, String>) -> Result<ReplayCheck, String> + 'c;
+
+/// A trace rule that fired but whose settings the replay did not support
+/// (or could not check): not shown, listed under `-v`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Withheld {
+    pub rule: String,
+    pub message: String,
+    pub settings: BTreeMap<String, String>,
+    /// The replay, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheck>,
+    /// Why it could not be checked, when it did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unchecked: Option<String>,
 }
 
 /// A rule that could not be evaluated, and what it needed.
@@ -87,6 +139,8 @@ pub struct Diagnosis {
     pub setup: Setup,
     /// Every OOM incident with its cause, the headline first.
     pub incidents: Vec<IncidentCause>,
+    /// Trace rules whose settings the replay did not support.
+    pub withheld: Vec<Withheld>,
 }
 
 impl Diagnosis {
@@ -106,6 +160,7 @@ struct Outcome<'r> {
     fired: Vec<(&'r Rule, BTreeMap<String, String>)>,
     not_evaluated: Vec<NotEvaluated>,
     failed: Vec<(String, String)>,
+    withheld: Vec<Withheld>,
 }
 
 impl Outcome<'_> {
@@ -127,17 +182,32 @@ impl Outcome<'_> {
     }
 }
 
-fn evaluate<'r>(rules: &'r RuleSet, facts: Facts) -> Outcome<'r> {
+fn evaluate<'r>(rules: &'r RuleSet, facts: Facts, mut check: Option<&mut Checker>) -> Outcome<'r> {
     let mut out = Outcome {
         facts,
         findings: Vec::new(),
         fired: Vec::new(),
         not_evaluated: Vec::new(),
         failed: Vec::new(),
+        withheld: Vec::new(),
     };
     for rule in &rules.rules {
         match rule.evaluate(&out.facts) {
             Verdict::Fired(f) => {
+                let replay_check =
+                    match checked(rule, &f.settings, &out.facts, check.as_deref_mut()) {
+                        Checked::Shown(c) => c,
+                        Checked::Withheld(replay_check, unchecked) => {
+                            out.withheld.push(Withheld {
+                                rule: rule.id.clone(),
+                                message: f.message,
+                                settings: f.settings,
+                                replay_check,
+                                unchecked,
+                            });
+                            continue;
+                        }
+                    };
                 out.findings.push(Finding {
                     rule: rule.id.clone(),
                     severity: rule.severity,
@@ -148,6 +218,8 @@ fn evaluate<'r>(rules: &'r RuleSet, facts: Facts) -> Outcome<'r> {
                     reference: rule.reference.clone(),
                     cause: rule.cause,
                     priority: rule.priority,
+                    site: f.site,
+                    replay_check,
                 });
                 out.fired.push((rule, f.settings));
             }
@@ -208,8 +280,19 @@ fn verdict_of(outcome: &Outcome, evidence: &Evidence) -> (Cause, String) {
     (cause, verdict)
 }
 
-/// Runs every rule over `evidence` and combines the result.
+/// Runs every rule over `evidence` and combines the result; trace rules'
+/// settings are not checked, so those rules are withheld.
 pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis {
+    diagnose_checked(evidence, ctx, rules, None)
+}
+
+/// [`diagnose`], with trace rules' settings checked by `check`.
+pub fn diagnose_checked(
+    evidence: Evidence,
+    ctx: &Context,
+    rules: &RuleSet,
+    mut check: Option<&mut Checker>,
+) -> Diagnosis {
     let setup = Setup::resolve(&evidence, ctx);
     let facts_of = |p: Option<&Observation>| facts::facts(&evidence, ctx, &setup, p);
     let mut incidents: Vec<(usize, usize, Outcome)> = incident::incidents(&evidence)
@@ -220,7 +303,7 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
             Some((
                 i,
                 inc.observations.len(),
-                evaluate(rules, facts_of(Some(o))),
+                evaluate(rules, facts_of(Some(o)), check.as_deref_mut()),
             ))
         })
         .collect();
@@ -256,7 +339,7 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
                     .iter()
                     .position(|o| std::ptr::eq(o, p))
             });
-            (i, evaluate(rules, facts_of(p)))
+            (i, evaluate(rules, facts_of(p), check))
         }
     };
     let (cause, verdict) = verdict_of(&outcome, &evidence);
@@ -285,6 +368,35 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
         facts: outcome.facts,
         setup,
         incidents: incident_causes,
+        withheld: outcome.withheld,
+    }
+}
+
+/// What the replay check decided for a fired rule.
+enum Checked {
+    /// Shown: it needs no check (it reads no trace, or suggests nothing), or
+    /// the replay supports its settings.
+    Shown(Option<ReplayCheck>),
+    /// Not shown: the replay that did not support them, or why none ran.
+    Withheld(Option<ReplayCheck>, Option<String>),
+}
+
+fn checked(
+    rule: &Rule,
+    settings: &BTreeMap<String, String>,
+    facts: &Facts,
+    check: Option<&mut Checker>,
+) -> Checked {
+    if settings.is_empty() || !crate::rules::catalog::reads_trace(&rule.when) {
+        return Checked::Shown(None);
+    }
+    let Some(check) = check else {
+        return Checked::Withheld(None, Some("no replay was run".into()));
+    };
+    match check(facts, settings) {
+        Ok(c) if c.supported => Checked::Shown(Some(c)),
+        Ok(c) => Checked::Withheld(Some(c), None),
+        Err(why) => Checked::Withheld(None, Some(why)),
     }
 }
 

@@ -8,6 +8,7 @@ use crate::evidence::Evidence;
 use crate::limits::Limits;
 use crate::report::views::ReportViews;
 use crate::rules::RuleSet;
+use crate::trial::trace_check::TraceChecker;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -74,7 +75,12 @@ impl Shared {
     fn diagnose(&self, inputs: &[String], opts: &DiagnoseOptions) -> Result<Diagnosis, Error> {
         let mut ctx = self.ctx.clone();
         let evidence = read_inputs(inputs, &opts.buffers, &opts.limits, &mut ctx)?;
-        Ok(advise::diagnose(evidence, &ctx, &self.rules))
+        Ok(diagnose(
+            evidence,
+            &ctx,
+            &self.rules,
+            (&opts.buffers, &opts.limits),
+        ))
     }
 }
 
@@ -117,6 +123,24 @@ fn notes(d: &Diagnosis) -> Vec<String> {
         .iter()
         .map(|n| format!("note: {n}"))
         .collect()
+}
+
+/// The diagnosis every command starts from (`recommend` and `validate` too):
+/// the snapshot whose trace the trace rules read checks their settings by
+/// replay, read again when a check is asked for, as for the report.
+pub fn diagnose(
+    evidence: Evidence,
+    ctx: &Context,
+    rules: &RuleSet,
+    (buffers, limits): (&super::Buffers, &Limits),
+) -> Diagnosis {
+    let traced = advise::facts::trace_source(&evidence).map(|o| o.input.clone());
+    let mut checker = traced.map(|name| TraceChecker::new(&name, buffers.clone(), *limits));
+    let mut check = |facts: &_, settings: &_| match &mut checker {
+        Some(c) => c.check(facts, settings),
+        None => Err("no snapshot with a trace among the inputs".to_string()),
+    };
+    advise::diagnose_checked(evidence, ctx, rules, Some(&mut check))
 }
 
 /// The snapshot pickles among the inputs, read again for the report's

@@ -1,11 +1,11 @@
 //! What `recommend` and `validate` share before they replay: the input read
-//! once, its diagnosis (the same `advise::diagnose` that `diagnose` runs, so
+//! once, its diagnosis (the same `diagnose::diagnose` that `diagnose` runs, so
 //! the three commands start from one cause and one setup), the config in use
 //! at the setup's PyTorch version, and the workload to replay.
 
-use super::diagnose::{context, read_one};
+use super::diagnose::{context, diagnose, read_one};
 use crate::Error;
-use crate::advise::{self, Diagnosis, Setup};
+use crate::advise::{Diagnosis, Setup};
 use crate::conf::{Platform, Settings};
 use crate::ingest::InputKind;
 use crate::trial::workload::{Loaded, Workload};
@@ -45,7 +45,7 @@ pub fn prepare(
         InputKind::TraceCsv | InputKind::RmmLog => None,
         InputKind::Pickle | InputKind::Text => {
             let rules = crate::rules::RuleSet::with_dir(None)?;
-            Some(advise::diagnose(evidence, &ctx, &rules))
+            Some(diagnose(evidence, &ctx, &rules, (buffers, limits)))
         }
     };
     let setup = match &diagnosis {

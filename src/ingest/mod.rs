@@ -25,6 +25,7 @@
 //! - A `[rankN]` prefix sets `rank`; a `(VllmWorkerProcess pid=N)` prefix is
 //!   stripped from wrapped lines but names no rank.
 
+mod buffers;
 mod clues;
 mod input;
 mod oom;
@@ -33,6 +34,7 @@ mod stats;
 mod summary;
 mod text;
 
+pub use buffers::Buffers;
 pub use input::{Body, Bytes, Layer, Opened, Stream, layer_of, open, open_stream};
 pub use summary::SUMMARY_ROWS;
 

@@ -2,12 +2,13 @@
 //! findings, the one environment line (or why there is none), what to check
 //! next, and with `-v` the rules that could not be evaluated.
 
-use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation};
+use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation, ReplayCheck, Withheld};
 use crate::evidence::{Kind, Observation};
 use crate::rules::Fact;
 use crate::rules::catalog::{MetricKind, lookup};
 use crate::rules::expr::format_number;
 use crate::units::format_size;
+use crate::workload::RunFigures;
 use comfy_table::{ContentArrangement, Table, presets};
 use serde::Serialize;
 use std::fmt::Write;
@@ -51,7 +52,7 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
             .set_width(TABLE_WIDTH.min(super::common::text_width()))
             .set_header(["severity", "rule", "finding"]);
         for f in &d.findings {
-            t.add_row([f.severity.as_str(), f.rule.as_str(), f.message.as_str()]);
+            t.add_row([f.severity.as_str(), f.rule.as_str(), &finding_text(f)]);
         }
         let _ = writeln!(out, "\nFindings\n{t}");
     }
@@ -95,6 +96,19 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
         );
     }
     out
+}
+
+/// A finding's message, then where it points in the program and what the
+/// replay of its suggestion showed.
+fn finding_text(f: &Finding) -> String {
+    let mut text = f.message.clone();
+    if let Some(site) = &f.site {
+        let _ = write!(text, "\nAt {site}.");
+    }
+    if let Some(c) = &f.replay_check {
+        let _ = write!(text, "\nReplayed with {}: {}.", c.settings, c.finding);
+    }
+    text
 }
 
 /// How many incidents, which one the verdict is about, and the others whose
@@ -149,12 +163,61 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
     for (rule, why) in &d.failed {
         let _ = writeln!(out, "  - {rule}: failed: {why}");
     }
+    if !d.withheld.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNot shown: trace findings whose settings the replay did not support"
+        );
+        for w in &d.withheld {
+            let settings: Vec<String> =
+                w.settings.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            let _ = writeln!(
+                out,
+                "  - {} ({}): {}",
+                w.rule,
+                settings.join(","),
+                w.message
+            );
+            if let Some(why) = &w.unchecked {
+                let _ = writeln!(out, "    not checked: {why}");
+            }
+            if let Some(c) = &w.replay_check {
+                let _ = writeln!(out, "    replay: {}", c.finding);
+                let _ = writeln!(out, "{}", replay_figures(c));
+            }
+        }
+    }
     if !d.findings.is_empty() {
         let _ = writeln!(out, "\nReferences");
         for f in &d.findings {
             let _ = writeln!(out, "  - {} ({}): {}", f.rule, f.title, f.reference);
         }
     }
+}
+
+/// A replay check's two runs side by side.
+fn replay_figures(c: &ReplayCheck) -> String {
+    let run = |label: &str, conf: &str, r: &RunFigures| {
+        format!(
+            "    {label:<8} {:<40} peak reserved {:>10}  cudaMalloc {:>5}  cudaFree {:>5}  retries {:>3}  syncs {:>3}{}",
+            conf,
+            format_size(r.peak_reserved_bytes),
+            r.device_allocs,
+            r.device_frees,
+            r.alloc_retries,
+            r.synchronizations,
+            r.oom.as_ref().map_or(String::new(), |o| format!(
+                "  OOM at event {}",
+                o.event_index
+            )),
+        )
+    };
+    format!(
+        "{}\n{}\n    (simulated card of {})",
+        run("without", &c.without, &c.without_figures),
+        run("with", &c.with, &c.with_figures),
+        format_size(c.capacity_bytes)
+    )
 }
 
 /// A metric's value as a rule author wants to read it: sizes as sizes.
@@ -293,6 +356,9 @@ pub struct Json<'a> {
     ranks: Option<super::ranks::RankTable>,
     next_steps: Vec<&'a str>,
     not_evaluated: &'a [NotEvaluated],
+    /// Trace findings whose settings the replay did not support.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    withheld: &'a [Withheld],
 }
 
 pub fn json(d: &Diagnosis) -> String {
@@ -316,6 +382,7 @@ pub fn document(d: &Diagnosis) -> Json<'_> {
         ranks: super::ranks::rank_table(&d.evidence),
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
+        withheld: &d.withheld,
     }
 }
 
@@ -347,7 +414,7 @@ pub fn markdown(d: &Diagnosis) -> String {
                 f.severity.as_str(),
                 f.rule,
                 f.reference,
-                f.message.replace('|', "\\|")
+                finding_text(f).replace('|', "\\|").replace('\n', "<br>")
             );
         }
         out.push('\n');

@@ -119,6 +119,30 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/small-pool-fragmentation.yaml"),
     ),
     (
+        "rules/trace-cache-misses.yaml",
+        include_str!("../../rules/trace-cache-misses.yaml"),
+    ),
+    (
+        "rules/trace-deferred-frees.yaml",
+        include_str!("../../rules/trace-deferred-frees.yaml"),
+    ),
+    (
+        "rules/trace-empty-cache.yaml",
+        include_str!("../../rules/trace-empty-cache.yaml"),
+    ),
+    (
+        "rules/trace-fraction-flushes.yaml",
+        include_str!("../../rules/trace-fraction-flushes.yaml"),
+    ),
+    (
+        "rules/trace-size-churn.yaml",
+        include_str!("../../rules/trace-size-churn.yaml"),
+    ),
+    (
+        "rules/trace-stranded-splits.yaml",
+        include_str!("../../rules/trace-stranded-splits.yaml"),
+    ),
+    (
         "rules/use-expandable-segments.yaml",
         include_str!("../../rules/use-expandable-segments.yaml"),
     ),

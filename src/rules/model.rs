@@ -130,6 +130,8 @@ struct RawRule {
     recommend: BTreeMap<String, Spanned<String>>,
     because: RawMessage,
     next: Option<Spanned<String>>,
+    /// A text metric naming where in the program the finding points.
+    site: Option<Spanned<String>>,
     reference: String,
     #[serde(default)]
     tests: Vec<RawCase>,
@@ -181,6 +183,7 @@ struct RawCase {
     fires: bool,
     recommends: Option<BTreeMap<String, String>>,
     says: Option<String>,
+    site: Option<String>,
 }
 
 /// `>=2.1`, `<2.1`, `>=1.10, <2.1`: every clause must hold.
@@ -330,6 +333,8 @@ pub struct Rule {
     pub recommend: BTreeMap<String, ValueTemplate>,
     pub because: Message,
     pub next: Option<Template>,
+    /// The text metric the finding's source location comes from.
+    pub site: Option<String>,
     pub reference: String,
     pub tests: Vec<TestCase>,
     /// The file it came from (`rules/<id>.yaml` for embedded rules).
@@ -344,6 +349,8 @@ pub struct TestCase {
     pub fires: bool,
     pub recommends: Option<BTreeMap<String, String>>,
     pub says: Option<String>,
+    /// The site the finding must point to.
+    pub site: Option<String>,
 }
 
 fn located<T>(file: &str, at: &Spanned<T>, message: String) -> RuleError {
@@ -385,6 +392,17 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         Some(n) => Some(Template::parse(&n.value).map_err(|e| expr_error(file, n, "next", &e))?),
         None => None,
     };
+    if let Some(site) = &raw.site {
+        let text = super::catalog::lookup(&site.value)
+            .is_some_and(|d| d.kind == super::catalog::MetricKind::Text);
+        if !text {
+            return Err(located(
+                file,
+                site,
+                format!("site: '{}' is not a text metric", site.value),
+            ));
+        }
+    }
     let mut recommend = BTreeMap::new();
     for (key, value) in &raw.recommend {
         let v = ValueTemplate::parse(&value.value)
@@ -416,6 +434,7 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         recommend,
         because,
         next,
+        site: raw.site.map(|s| s.value),
         reference: raw.reference,
         tests,
         source: file.to_string(),
@@ -490,6 +509,10 @@ fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase,
         let def =
             super::catalog::lookup(&name).ok_or_else(|| bad(format!("unknown metric '{name}'")))?;
         use super::catalog::MetricKind as K;
+        if let (K::Text, Given::Text(t)) = (def.kind, &value.value) {
+            facts.set_text(&name, t.clone());
+            continue;
+        }
         let fact = match (def.kind, &value.value) {
             (K::Bool, Given::Bool(b)) => super::Fact::Bool(*b),
             (K::Bytes | K::Number, Given::Num(n)) => super::Fact::Num(*n),
@@ -517,6 +540,7 @@ fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase,
         fires: case.fires,
         recommends: case.recommends,
         says: case.says,
+        site: case.site,
     })
 }
 
@@ -587,6 +611,34 @@ mod tests {
         assert!(e.message.contains("unknown metric 'requestd'"), "{e}");
         let e = parse_rule("r.yaml", &format!("{MINIMAL}colour: red\n")).unwrap_err();
         assert!(e.message.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn a_site_names_a_text_metric_that_expressions_cannot_read() {
+        let with_site = format!("{MINIMAL}site: empty_cache_site\n");
+        let rule = parse_rule("r.yaml", &with_site).unwrap();
+        let mut facts = Facts {
+            kinds: vec![Kind::Oom],
+            ..Facts::default()
+        };
+        facts.set("requested", super::super::Fact::Num(2147483648.0));
+        let site = |facts: &Facts| match rule.evaluate(facts) {
+            Verdict::Fired(f) => f.site,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(site(&facts), None);
+        facts.set_text("empty_cache_site", "train.py:88:train".into());
+        assert_eq!(site(&facts).as_deref(), Some("train.py:88:train"));
+
+        let e = parse_rule("r.yaml", &format!("{MINIMAL}site: requested\n")).unwrap_err();
+        assert_eq!(e.line, 7, "{e}");
+        assert!(
+            e.message.contains("'requested' is not a text metric"),
+            "{e}"
+        );
+        let bad = MINIMAL.replace("requested > 1GiB", "empty_cache_site > 1");
+        let e = parse_rule("r.yaml", &bad).unwrap_err();
+        assert!(e.message.contains("is a source location"), "{e}");
     }
 
     #[test]

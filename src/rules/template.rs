@@ -197,7 +197,7 @@ impl Message {
 }
 
 /// A recommended setting's value: literal text, or an expression after `=`
-/// (numbers are written as integers, since every numeric allocator key is).
+/// (numbers are written as integers, except for the keys that take a fraction).
 #[derive(Debug, Clone)]
 pub enum ValueTemplate {
     Literal(String),
@@ -219,10 +219,17 @@ impl ValueTemplate {
         }
     }
 
-    pub fn render_value(&self, env: &dyn Env) -> Result<String, EvalError> {
+    /// The value for setting `key`.
+    pub fn render_value(&self, key: &str, env: &dyn Env) -> Result<String, EvalError> {
+        /// Allocator keys whose value is a fraction (`CUDAAllocatorConfig`'s stod parses).
+        const FRACTIONS: [&str; 2] = [
+            "garbage_collection_threshold",
+            "per_process_memory_fraction",
+        ];
         match self {
             ValueTemplate::Literal(s) => Ok(s.clone()),
             ValueTemplate::Expr(e, _) => Ok(match e.eval(env)? {
+                Value::Num(n) if FRACTIONS.contains(&key) => expr::format_number(n),
                 Value::Num(n) => format!("{}", n.round() as i64),
                 Value::Bool(true) => "True".into(),
                 Value::Bool(false) => "False".into(),
@@ -337,9 +344,26 @@ mod tests {
     #[test]
     fn values_are_literal_or_computed() {
         let v = ValueTemplate::parse("= max(21, floor_pow2(mib(requested) / 2))").unwrap();
-        assert_eq!(v.render_value(&facts()).unwrap(), "1024");
+        assert_eq!(
+            v.render_value("max_split_size_mb", &facts()).unwrap(),
+            "1024"
+        );
         let v = ValueTemplate::parse("True").unwrap();
-        assert_eq!(v.render_value(&facts()).unwrap(), "True");
+        assert_eq!(
+            v.render_value("expandable_segments", &facts()).unwrap(),
+            "True"
+        );
+        let v = ValueTemplate::parse("= ceil(20 * 0.7 + 1) / 20").unwrap();
+        assert_eq!(
+            v.render_value("garbage_collection_threshold", &facts())
+                .unwrap(),
+            "0.75"
+        );
+        assert_eq!(
+            v.render_value("roundup_power2_divisions", &facts())
+                .unwrap(),
+            "1"
+        );
         assert!(ValueTemplate::parse("= 1 +").is_err());
     }
 

@@ -163,6 +163,31 @@ pub fn probe_target(
 }
 
 impl Workload {
+    /// A snapshot's trace, replayed from the state it started in, or `None`
+    /// when no device has a trace. Decoded once here, so that a snapshot
+    /// without a trace says so before any replay.
+    pub fn snapshot(
+        name: &str,
+        data: crate::ingest::Bytes,
+        limits: &crate::limits::Limits,
+    ) -> Result<Option<Workload>, Error> {
+        let Some((recorded, implied_capacity)) =
+            try_snapshot_trace(name, &data, limits, |st, recorded| {
+                (recorded.cloned(), st.recorded_capacity())
+            })?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Workload {
+            input: name.to_string(),
+            implied_capacity,
+            source: Source::Snapshot(data, *limits),
+            probe: None,
+            advice: None,
+            recorded,
+        }))
+    }
+
     /// A recorded trace, replayed as it is.
     fn recorded(name: &str, trace: Trace) -> Workload {
         Workload {
@@ -210,22 +235,10 @@ impl Workload {
                 ))));
             }
             crate::ingest::InputKind::Pickle => {
-                // Decode once now so a snapshot without a trace says so here.
-                let Some((recorded, implied_capacity)) =
-                    try_snapshot_trace(name, &data, limits, |st, recorded| {
-                        (recorded.cloned(), st.recorded_capacity())
-                    })?
-                else {
-                    return Ok(Loaded::Nothing(no_trace(name)));
-                };
-                return Ok(Loaded::Ready(Box::new(Workload {
-                    input: name.to_string(),
-                    implied_capacity,
-                    source: Source::Snapshot(data, *limits),
-                    probe: None,
-                    advice,
-                    recorded,
-                })));
+                return Ok(match Workload::snapshot(name, data, limits)? {
+                    Some(w) => Loaded::Ready(Box::new(Workload { advice, ..w })),
+                    None => Loaded::Nothing(no_trace(name)),
+                });
             }
             crate::ingest::InputKind::RmmLog => {
                 // RMM's own allocations, replayed through PyTorch's caching allocator.
@@ -308,7 +321,7 @@ impl Workload {
 }
 
 /// Why a snapshot without a trace cannot be replayed.
-fn no_trace(name: &str) -> String {
+pub(crate) fn no_trace(name: &str) -> String {
     format!(
         "{name}: the snapshot has no trace to replay: record it with \
          torch.cuda.memory._record_memory_history() before the workload runs"
