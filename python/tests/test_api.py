@@ -69,6 +69,14 @@ class ApiTest(unittest.TestCase):
                                 renamed(from_stdin, "standard input", "<string>"),
                             )
 
+    def test_a_snapshot_given_as_bytes_gets_its_trace_rules_replayed(self):
+        # The trace rules' settings are checked by replaying the snapshot's
+        # trace: from bytes as from the file (standard input cannot be re-read).
+        path = F / "snapshots" / "gen-trace-fraction-cap.pickle"
+        _, want, _ = cli("diagnose", path, "--format", "json")
+        self.assertTrue(any("replay_check" in f for f in want["findings"]), want["findings"])
+        self.assertEqual(allocdoc.diagnose(path.read_bytes()), renamed(want, str(path), "<bytes>"))
+
     def test_several_inputs_are_one_incident(self):
         paths = [F / "text" / "constructed_stats_json.log", F / "text" / "readme_example.log"]
         _, want, _ = cli("diagnose", *paths, "--format", "json")
