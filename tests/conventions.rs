@@ -297,21 +297,15 @@ fn standard_input_has_one_name() {
     );
 }
 
+/// `diagnose --format json INPUT EXTRA…`, parsed.
+fn diagnose_json(input: &str, extra: &[&str]) -> Value {
+    let args = [&["diagnose", "--format", "json", input][..], extra].concat();
+    serde_json::from_slice(&allocdoc(&args, None).stdout).unwrap()
+}
+
 #[test]
 fn the_platform_flag_rules_out_expandable_segments_on_windows() {
-    let diagnose = |extra: &[&str]| -> Value {
-        let args = [
-            &[
-                "diagnose",
-                "--format",
-                "json",
-                "fixtures/text/readme_example.log",
-            ][..],
-            extra,
-        ]
-        .concat();
-        serde_json::from_slice(&allocdoc(&args, None).stdout).unwrap()
-    };
+    let diagnose = |extra: &[&str]| diagnose_json("fixtures/text/readme_example.log", extra);
     let mut linux = diagnose(&["--platform", "linux"]);
     let mut assumed = diagnose(&[]);
     // The same answer; only where the platform came from differs.
@@ -328,19 +322,9 @@ fn the_platform_flag_rules_out_expandable_segments_on_windows() {
 
 #[test]
 fn the_platform_flag_overrides_what_the_text_suggests() {
-    let platform = |extra: &[&str]| -> Value {
-        let args = [
-            &[
-                "diagnose",
-                "--format",
-                "json",
-                "fixtures/text/issue_async_short_comfyui_4880.log",
-            ][..],
-            extra,
-        ]
-        .concat();
-        let d: Value = serde_json::from_slice(&allocdoc(&args, None).stdout).unwrap();
-        d["setup"]["platform"].clone()
+    let platform = |extra: &[&str]| {
+        diagnose_json("fixtures/text/issue_async_short_comfyui_4880.log", extra)["setup"]["platform"]
+            .clone()
     };
     // Windows paths in the text say Windows; the flag wins.
     assert_eq!(platform(&[])["value"], "windows");
