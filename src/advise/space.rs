@@ -190,7 +190,9 @@ impl Space {
                         && !said.contains(&key)
                     {
                         said.push(key);
-                        space.excluded.push(why);
+                        if !space.excluded.contains(&why) {
+                            space.excluded.push(why);
+                        }
                     }
                 }
             }
@@ -255,6 +257,14 @@ fn admit(setup: &Setup, versions: &[TorchVersion], c: &Candidate) -> Result<(), 
     }
     let platform = setup.platform.value;
     for &v in versions {
+        // parse_config's env read (c10/cuda/CUDAAllocatorConfig) arrived in 1.10:
+        // before, the value is valid text that PyTorch never reads.
+        if v < TorchVersion::new(1, 10) {
+            return Err(format!(
+                "PyTorch {v} does not read PYTORCH_CUDA_ALLOC_CONF (it appeared in 1.10): \
+                 pass --torch-version when yours is 1.10 or later"
+            ));
+        }
         let value = c.value(v);
         let parsed = crate::conf::parse(&value, v)
             .map_err(|e| format!("PyTorch {v} rejects {value}: {e}"))?;

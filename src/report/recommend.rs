@@ -216,7 +216,20 @@ fn answer_lines(a: &Answer) -> Vec<String> {
 
 fn recommendation_headline(r: &RecommendResult) -> String {
     let Some(rec) = &r.recommendation else {
-        return if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
+        return if r.candidates.len() < 2 {
+            // Only the config in use ran: the setup admits no other (the notes say why).
+            format!(
+                "no allocator setting could be tried for this setup{}",
+                if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
+                    format!(
+                        "; the current config runs out of memory at {}",
+                        human(r.capacity_bytes)
+                    )
+                } else {
+                    String::new()
+                }
+            )
+        } else if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
             format!(
                 "every one of the {} configs runs out of memory at {}: no allocator setting avoids this OOM",
                 r.candidates.len(),
