@@ -622,7 +622,7 @@ fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
         let piped = run_limited(&["parse", "--format", "json", "-"], Some(&data));
         assert_eq!(piped.code, 0, "{how}: {}", piped.stderr);
         assert_eq!(
-            strip(&piped.stdout, "\"-\""),
+            strip(&piped.stdout, "\"standard input\""),
             strip(&file.stdout, &format!("{path:?}")),
             "{how}"
         );
@@ -632,7 +632,7 @@ fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
     let d_pipe = run_limited(&["diagnose", "--format", "json"], Some(&log));
     assert_eq!(d_pipe.code, d_file.code);
     assert_eq!(
-        strip(&d_pipe.stdout, "\"-\""),
+        strip(&d_pipe.stdout, "\"standard input\""),
         strip(&d_file.stdout, &format!("{path:?}"))
     );
 }

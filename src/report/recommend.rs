@@ -302,11 +302,7 @@ fn recommended_block(r: &Recommendation) -> String {
 /// `recommend`'s output when nothing could be replayed: the rules' answer.
 pub fn rules_only(r: &RulesOnly, format: Format) -> String {
     match format {
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(r).unwrap_or_default();
-            s.push('\n');
-            s
-        }
+        Format::Json | Format::Jsonl => super::common::json(r),
         Format::Text => {
             let mut s = format!("recommend: nothing to replay: {}\n", r.not_replayed);
             for l in answer_lines(&r.answer) {
@@ -342,7 +338,7 @@ pub fn rules_only(r: &RulesOnly, format: Format) -> String {
 /// `recommend`'s output in `format`.
 pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     match format {
-        Format::Json => json_with_probe(r, r.probe.as_ref()),
+        Format::Json | Format::Jsonl => json_with_probe(r, r.probe.as_ref()),
         Format::Text => {
             let mut s = format!(
                 "recommend: {} ({} events), capacity {}\n",
@@ -464,7 +460,7 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
 /// `validate`'s output in `format`.
 pub fn validation(v: &Validation, format: Format) -> String {
     match format {
-        Format::Json => json_with_probe(v, v.probe.as_ref()),
+        Format::Json | Format::Jsonl => json_with_probe(v, v.probe.as_ref()),
         Format::Text => {
             let mut s = format!(
                 "validate: {} on {}, capacity {}\n",
@@ -503,9 +499,7 @@ fn json_with_probe(value: &impl serde::Serialize, probe: Option<&Calibration>) -
     if let (Some(p), Some(obj)) = (probe, value.as_object_mut()) {
         obj.insert("probe".into(), probe_json(p));
     }
-    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
-    s.push('\n');
-    s
+    super::common::json(&value)
 }
 
 fn probe_json(p: &Calibration) -> serde_json::Value {
@@ -556,10 +550,8 @@ pub fn validation_html(v: &Validation, views: &RunViews) -> String {
 
 /// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.
 pub fn torch_comparison(c: &TorchComparison, format: Format) -> String {
-    if format == Format::Json {
-        let mut s = serde_json::to_string_pretty(c).unwrap_or_default();
-        s.push('\n');
-        return s;
+    if format.is_json() {
+        return super::common::json(c);
     }
     let show = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let rows: Vec<TableRow> = c
