@@ -69,6 +69,20 @@ impl Candidate {
         }
     }
 
+    /// This candidate's keys on top of `base`'s (the keys it leaves unset keep `base`'s value).
+    pub fn over(&self, base: &Candidate) -> Candidate {
+        Candidate {
+            expandable_segments: self.expandable_segments || base.expandable_segments,
+            max_split_size_mb: self.max_split_size_mb.or(base.max_split_size_mb),
+            roundup_power2_divisions: self
+                .roundup_power2_divisions
+                .or(base.roundup_power2_divisions),
+            garbage_collection_threshold: self
+                .garbage_collection_threshold
+                .or(base.garbage_collection_threshold),
+        }
+    }
+
     /// The candidate a config's settings are (what the search would vary).
     pub fn of_settings(s: &Settings) -> Candidate {
         let d = Settings::default();
