@@ -25,6 +25,7 @@
 //! - A `[rankN]` prefix sets `rank`; a `(VllmWorkerProcess pid=N)` prefix is
 //!   stripped from wrapped lines but names no rank.
 
+mod buffers;
 mod clues;
 mod input;
 mod oom;
@@ -33,6 +34,7 @@ mod stats;
 mod summary;
 mod text;
 
+pub use buffers::Buffers;
 pub use input::{Body, Bytes, Layer, Opened, Stream, layer_of, open, open_stream};
 pub use summary::SUMMARY_ROWS;
 
@@ -62,6 +64,16 @@ fn first_content_line(data: &[u8]) -> &[u8] {
         .unwrap_or(b"")
 }
 
+/// Whether a CSV header line names `columns`, its fields quoted or not
+/// (RFC 4180 writers quote every field).
+fn header_is(line: &[u8], columns: &[u8]) -> bool {
+    let mut unquoted = line.iter().filter(|&&b| b != b'"');
+    columns
+        .iter()
+        .all(|c| unquoted.next().is_some_and(|b| b.eq_ignore_ascii_case(c)))
+        && unquoted.next().is_none()
+}
+
 /// Detects the kind of an input from its first bytes.
 pub fn detect(data: &[u8]) -> InputKind {
     if snapshot::is_pickle(data) {
@@ -70,9 +82,9 @@ pub fn detect(data: &[u8]) -> InputKind {
     let head = &data[..data.len().min(64 * 1024)];
     let first = first_content_line(head);
     let first = first.strip_prefix(b"\xef\xbb\xbf").unwrap_or(first);
-    if first.eq_ignore_ascii_case(b"action,id,size,stream") {
+    if header_is(first, b"action,id,size,stream") {
         InputKind::TraceCsv
-    } else if first.eq_ignore_ascii_case(b"Thread,Time,Action,Pointer,Size,Stream") {
+    } else if header_is(first, b"Thread,Time,Action,Pointer,Size,Stream") {
         InputKind::RmmLog
     } else {
         InputKind::Text
@@ -94,6 +106,20 @@ pub fn parse_input(input_name: &str, data: &[u8]) -> Result<Evidence, Error> {
     Ok(ev)
 }
 
+/// Parses one whole input already in memory within `limits`, gathering what
+/// its text says about the environment into `clues` (for commands that keep
+/// the bytes to replay them: `recommend`, `validate`).
+pub fn parse_with_clues(
+    input_name: &str,
+    data: &[u8],
+    limits: &Limits,
+    clues: &mut TextClues,
+) -> Result<Evidence, Error> {
+    let mut ev = Evidence::default();
+    parse_whole(input_name, data, detect(data), limits, clues, &mut ev)?;
+    Ok(ev)
+}
+
 /// Adds what one whole input of `kind` holds to `ev`.
 fn parse_whole(
     input_name: &str,
@@ -111,7 +137,7 @@ fn parse_whole(
         InputKind::Text => {
             binary_note(input_name, data, ev);
             ev.observations
-                .extend(scan::scan_with_clues(data, input_name, clues));
+                .extend(scan::scan_with_clues(data, input_name, clues, limits)?);
         }
     }
     Ok(())
@@ -150,6 +176,19 @@ fn looks_binary(data: &[u8]) -> bool {
     !head.is_empty() && ctrl * 16 > head.len()
 }
 
+/// What allocdoc calls standard input wherever it names it (`input` fields,
+/// tables, errors).
+pub const STANDARD_INPUT: &str = "standard input";
+
+/// How an input is named in output: `-` (or no name) is standard input.
+pub fn input_name(name: &str) -> &str {
+    if name == "-" || name.is_empty() {
+        STANDARD_INPUT
+    } else {
+        name
+    }
+}
+
 /// Reads one input whole (a path, or `-` for standard input), decoded
 /// ([`open`]): every command that parses an input whole reads it through
 /// here, so errors read the same everywhere.
@@ -175,6 +214,17 @@ pub fn load_with(
     limits: &Limits,
     clues: &mut TextClues,
 ) -> Result<Evidence, Error> {
+    load_from(inputs, limits, clues, open)
+}
+
+/// [`load_with`], opening each input with `open` (inputs the caller holds in
+/// memory are opened there).
+pub fn load_from(
+    inputs: &[String],
+    limits: &Limits,
+    clues: &mut TextClues,
+    open: impl Fn(&str, &Limits) -> Result<Opened, Error>,
+) -> Result<Evidence, Error> {
     let stdin = ["-".to_owned()];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -183,7 +233,13 @@ pub fn load_with(
     };
     let mut all = Evidence::default();
     for name in inputs {
-        read_opened(name, open(name, limits)?, limits, clues, &mut all)?;
+        read_opened(
+            input_name(name),
+            open(name, limits)?,
+            limits,
+            clues,
+            &mut all,
+        )?;
     }
     Ok(all)
 }
@@ -201,7 +257,7 @@ pub fn read_opened(
         Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, ev),
         Body::Stream(mut stream) => {
             binary_note(name, stream.head(), ev);
-            let found = scan::scan_stream(&mut stream, name, clues)?;
+            let found = scan::scan_stream(&mut stream, name, clues, limits)?;
             ev.observations.extend(found);
             Ok(())
         }

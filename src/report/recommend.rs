@@ -4,10 +4,12 @@ use super::Format;
 use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
 use super::markdown;
 use super::views::ReportViews;
+use crate::advise::Recommendation;
+use crate::trial::answer::{Answer, same_config};
 use crate::trial::compare::TorchComparison;
-use crate::trial::recommend::{RecommendResult, Recommendation};
+use crate::trial::recommend::{RecommendResult, RulesOnly};
 use crate::trial::run::Run;
-use crate::trial::validate::Validation;
+use crate::trial::validate::{Outcome, Validation};
 use crate::trial::views::RunViews;
 use crate::trial::workload::CapacitySource;
 use crate::units::human;
@@ -182,17 +184,16 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
         &r.current,
         None,
     )];
+    let answer = r.recommendation.as_ref().map(|x| x.value.as_str());
     if let Some(best) = r.candidates.first() {
+        let label = if answer.is_some_and(|a| same_config(a, &best.conf)) {
+            "recommended"
+        } else {
+            "best replayed"
+        };
         rows.push(run_row(
-            format!("recommended: {}", conf_label(&best.conf)),
+            format!("{label}: {}", conf_label(&best.conf)),
             best,
-            None,
-        ));
-    }
-    if let Some(a) = &r.advice {
-        rows.push(run_row(
-            format!("rule engine (diagnose): {}", conf_label(&a.conf)),
-            a,
             None,
         ));
     }
@@ -200,62 +201,161 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
     tables
 }
 
+/// The setup, the diagnosis and the override sentence, one line each: what
+/// every replaying command says before its own findings.
+fn answer_lines(a: &Answer) -> Vec<String> {
+    let mut v = vec![format!("Setup: {}", a.setup.describe())];
+    if let Some(d) = &a.diagnosis {
+        v.push(format!("Diagnosis: {d}"));
+    }
+    if let Some(o) = &a.overrides {
+        v.push(format!("Replay vs rules: {o}."));
+    }
+    v
+}
+
 fn recommendation_headline(r: &RecommendResult) -> String {
-    match (&r.recommendation, r.candidates.first()) {
-        (Some(rec), Some(best)) => {
-            let mut s = if rec.value.is_empty() {
-                "PyTorch's defaults do best here (unset PYTORCH_CUDA_ALLOC_CONF)".to_string()
-            } else {
-                format!("{} does best", rec.value)
-            };
-            match (
-                &r.current.figures.oom,
-                r.current
-                    .figures
-                    .peak_reserved_bytes
-                    .checked_sub(best.figures.peak_reserved_bytes),
-            ) {
-                (Some(_), _) => s.push_str(": it avoids the OOM the current config hits"),
-                (None, Some(saved)) if saved > 0 => {
-                    let _ = write!(
-                        s,
-                        ": peak reserved {} lower than the current config",
-                        human(saved)
-                    );
+    let Some(rec) = &r.recommendation else {
+        return if r.candidates.len() < 2 {
+            // Only the config in use ran: the setup admits no other (the notes say why).
+            format!(
+                "no allocator setting could be tried for this setup{}",
+                if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
+                    format!(
+                        "; the current config runs out of memory at {}",
+                        human(r.capacity_bytes)
+                    )
+                } else {
+                    String::new()
                 }
-                _ => {}
+            )
+        } else if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
+            format!(
+                "every one of the {} configs runs out of memory at {}: no allocator setting avoids this OOM",
+                r.candidates.len(),
+                human(r.capacity_bytes)
+            )
+        } else {
+            match r.answer.cause {
+                Some(c) if c.rules_out_settings() => format!(
+                    "no allocator setting: the cause is {}, which no setting fixes",
+                    c.as_str()
+                ),
+                _ => "no allocator setting to recommend from this evidence".to_string(),
             }
-            if let Some(m) = r.min_capacity_bytes {
-                let _ = write!(s, "; it still runs with {}", human(m));
+        };
+    };
+    let run = r
+        .candidates
+        .iter()
+        .chain(r.advice.iter())
+        .find(|c| same_config(&c.conf, &rec.value));
+    let mut s = if rec.value.is_empty() {
+        "PyTorch's defaults do best here (unset PYTORCH_CUDA_ALLOC_CONF)".to_string()
+    } else if r
+        .candidates
+        .first()
+        .is_some_and(|b| same_config(&b.conf, &rec.value))
+    {
+        format!("{} does best", rec.value)
+    } else {
+        format!("{} is the answer", rec.value)
+    };
+    if let Some(run) = run {
+        match (
+            &r.current.figures.oom,
+            r.current
+                .figures
+                .peak_reserved_bytes
+                .checked_sub(run.figures.peak_reserved_bytes),
+        ) {
+            (Some(_), _) => s.push_str(": it avoids the OOM the current config hits"),
+            (None, Some(saved)) if saved > 0 => {
+                let _ = write!(
+                    s,
+                    ": peak reserved {} lower than the current config",
+                    human(saved)
+                );
+            }
+            _ => {}
+        }
+    }
+    if let Some(m) = r.min_capacity_bytes {
+        let _ = write!(s, "; it still runs with {}", human(m));
+    }
+    s
+}
+
+/// The line to set, for every shell of the platform and in Python.
+fn recommended_block(r: &Recommendation) -> String {
+    let mut s = String::from("Recommended\n");
+    for l in &r.lines {
+        let _ = writeln!(s, "  {}", l.line);
+    }
+    s.push_str("  or in Python:\n");
+    for l in r.python.lines() {
+        let _ = writeln!(s, "    {l}");
+    }
+    s
+}
+
+/// `recommend`'s output when nothing could be replayed: the rules' answer.
+pub fn rules_only(r: &RulesOnly, format: Format) -> String {
+    match format {
+        Format::Json | Format::Jsonl => super::common::json(r),
+        Format::Text => {
+            let mut s = format!("recommend: nothing to replay: {}\n", r.not_replayed);
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "{l}");
+            }
+            match &r.recommendation {
+                Some(rec) => {
+                    s.push_str("\nThe rules' line (not replayed):\n");
+                    s.push_str(&recommended_block(rec));
+                }
+                None => s.push_str("\nNo allocator setting to recommend.\n"),
             }
             s
         }
-        _ => format!(
-            "every one of the {} configs runs out of memory at {}: no allocator setting avoids this OOM",
-            r.candidates.len(),
-            human(r.capacity_bytes)
-        ),
+        Format::Markdown => {
+            let mut s = markdown::summary_line(
+                "allocdoc recommend",
+                &format!("nothing to replay: {}", r.not_replayed),
+            );
+            s.push('\n');
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "- {}", markdown::cell(&l));
+            }
+            if let Some(rec) = &r.recommendation {
+                s.push('\n');
+                s.push_str(&markdown::code_block("sh", &rec.line));
+            }
+            s
+        }
     }
 }
 
 /// `recommend`'s output in `format`.
 pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     match format {
-        Format::Json => json_with_probe(r, r.probe.as_ref()),
+        Format::Json | Format::Jsonl => json_with_probe(r, r.probe.as_ref()),
         Format::Text => {
             let mut s = format!(
-                "recommend: {} ({} events), capacity {}\n{}\n\n",
+                "recommend: {} ({} events), capacity {}\n",
                 r.input,
                 r.events,
                 capacity_text(r.capacity_bytes, r.capacity_source),
-                recommendation_headline(r)
             );
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "{l}");
+            }
+            let _ = writeln!(s, "{}\n", recommendation_headline(r));
             for t in recommendation_tables(r) {
                 s.push_str(&t.to_text());
                 s.push('\n');
             }
             if let Some(rec) = &r.recommendation {
-                let _ = writeln!(s, "{}", rec.line);
+                s.push_str(&recommended_block(rec));
             }
             for n in &r.notes {
                 let _ = writeln!(s, "note: {n}");
@@ -264,6 +364,10 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
         }
         Format::Markdown => {
             let mut s = markdown::summary_line("allocdoc recommend", &recommendation_headline(r));
+            s.push('\n');
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "- {}", markdown::cell(&l));
+            }
             s.push('\n');
             if let Some(rec) = &r.recommendation {
                 s.push_str(&markdown::code_block("sh", &rec.line));
@@ -280,6 +384,15 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     }
 }
 
+/// Every shell's line, one a line, for a report's copy block.
+fn export_lines(r: &Recommendation) -> String {
+    r.lines
+        .iter()
+        .map(|l| l.line.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `recommend --report`: the self-contained HTML page.
 pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
     super::html::render(&ReportData {
@@ -293,7 +406,7 @@ pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
                 Tone::Bad
             },
         },
-        export_line: r.recommendation.as_ref().map(|x| x.line.clone()),
+        export_line: r.recommendation.as_ref().map(export_lines),
         figures: vec![
             Figure {
                 label: "capacity".into(),
@@ -347,15 +460,18 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
 /// `validate`'s output in `format`.
 pub fn validation(v: &Validation, format: Format) -> String {
     match format {
-        Format::Json => json_with_probe(v, v.probe.as_ref()),
+        Format::Json | Format::Jsonl => json_with_probe(v, v.probe.as_ref()),
         Format::Text => {
             let mut s = format!(
-                "validate: {} on {}, capacity {}\nVerdict: {}\n\n",
+                "validate: {} on {}, capacity {}\n",
                 v.input,
                 v.device,
                 capacity_text(v.capacity_bytes, v.capacity_source),
-                v.verdict.sentence()
             );
+            for l in answer_lines(&v.answer) {
+                let _ = writeln!(s, "{l}");
+            }
+            let _ = writeln!(s, "Verdict: {}\n", v.verdict.sentence());
             for t in validation_tables(v) {
                 s.push_str(&t.to_text());
                 s.push('\n');
@@ -364,6 +480,10 @@ pub fn validation(v: &Validation, format: Format) -> String {
         }
         Format::Markdown => {
             let mut s = markdown::summary_line("allocdoc validate", &v.verdict.sentence());
+            s.push('\n');
+            for l in answer_lines(&v.answer) {
+                let _ = writeln!(s, "- {}", markdown::cell(&l));
+            }
             s.push('\n');
             for t in validation_tables(v) {
                 s.push_str(&markdown::titled_table(&t));
@@ -379,9 +499,7 @@ fn json_with_probe(value: &impl serde::Serialize, probe: Option<&Calibration>) -
     if let (Some(p), Some(obj)) = (probe, value.as_object_mut()) {
         obj.insert("probe".into(), probe_json(p));
     }
-    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
-    s.push('\n');
-    s
+    super::common::json(&value)
 }
 
 fn probe_json(p: &Calibration) -> serde_json::Value {
@@ -411,18 +529,19 @@ pub fn validation_html(v: &Validation, views: &RunViews) -> String {
         subtitle: Some(format!("{} on {}", v.input, v.device)),
         verdict: Verdict {
             headline: v.verdict.sentence(),
-            tone: if v.candidate.figures.oom.is_none() {
-                Tone::Good
-            } else {
-                Tone::Bad
+            tone: match v.outcome() {
+                Outcome::Helps => Tone::Good,
+                Outcome::Same => Tone::Neutral,
+                Outcome::Worse => Tone::Bad,
             },
         },
+        // The block to copy only for a candidate that helps and is the answer's line.
         export_line: v
-            .candidate
-            .figures
-            .oom
-            .is_none()
-            .then(|| Recommendation::new(v.candidate.conf.clone()).line),
+            .answer
+            .recommendation
+            .as_ref()
+            .filter(|r| v.outcome() == Outcome::Helps && same_config(&r.value, &v.candidate.conf))
+            .map(export_lines),
         capacity: Some(v.capacity_bytes),
         tables: validation_tables(v),
         ..ReportViews::of_run_views(views).into_data()
@@ -431,10 +550,8 @@ pub fn validation_html(v: &Validation, views: &RunViews) -> String {
 
 /// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.
 pub fn torch_comparison(c: &TorchComparison, format: Format) -> String {
-    if format == Format::Json {
-        let mut s = serde_json::to_string_pretty(c).unwrap_or_default();
-        s.push('\n');
-        return s;
+    if format.is_json() {
+        return super::common::json(c);
     }
     let show = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let rows: Vec<TableRow> = c

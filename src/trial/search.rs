@@ -212,7 +212,7 @@ fn rank(runs: &mut [(Candidate, RunFigures)]) {
 /// number of threads.
 const FIRST_WAVE: usize = 2;
 
-/// Replays every candidate at `capacity` in parallel, ranks them, and bisects
+/// Replays every candidate at `capacity` in parallel, ranks them, and (when `bisect`) bisects
 /// the winner's smallest capacity. `run(settings, capacity, stop_above)` must
 /// be deterministic and may stop once reserved memory passes `stop_above`;
 /// `progress` is called from worker threads.
@@ -230,7 +230,7 @@ pub fn search<R, P>(
     base: &Settings,
     capacity: u64,
     request_sizes: Option<&[u64]>,
-    run: R,
+    (run, bisect): (R, bool),
     progress: P,
 ) -> SearchResult
 where
@@ -303,7 +303,7 @@ where
         bisection_replays: 0,
     };
     let min_capacity_bytes = match ranked.first() {
-        Some((best, out)) if out.oom.is_none() => {
+        Some((best, out)) if bisect && out.oom.is_none() => {
             let settings = best.settings(base);
             let bisected = AtomicUsize::new(0);
             let at = |cap| {
@@ -363,7 +363,7 @@ pub fn min_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::advise::space::space;
+    use crate::advise::space::all as space;
     use crate::workload::OomEvent;
 
     /// Thresholds above every segment of the trace, divisions that round
@@ -394,7 +394,7 @@ mod tests {
                     ..RunFigures::default()
                 }
             };
-            let r = search(space(true), &base, cap, Some(&sizes), run, |_| {});
+            let r = search(space(true), &base, cap, Some(&sizes), (run, true), |_| {});
             assert_eq!(r.ranked.len(), 280, "every candidate is ranked");
             replays.load(AtomicOrdering::Relaxed)
         };
@@ -439,7 +439,7 @@ mod tests {
             &Settings::default(),
             900 * MIB,
             None,
-            run,
+            (run, true),
             |_| {},
         );
         let (best, score) = &r.ranked[0];
@@ -455,7 +455,7 @@ mod tests {
             &Settings::default(),
             600 * MIB,
             None,
-            run,
+            (run, true),
             |_| {},
         );
         assert_eq!(r.min_capacity_bytes, None, "everything OOMs");
@@ -669,7 +669,7 @@ mod tests {
                                 &base,
                                 capacity,
                                 Some(&sizes),
-                                replay,
+                                (replay, true),
                                 |_| {},
                             )
                         })

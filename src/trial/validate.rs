@@ -1,9 +1,11 @@
 //! `validate`'s judgement: the current and a candidate config replayed on the
 //! same workload, side by side, and a verdict that says what it rests on.
 
+use super::answer::{Answer, Replays, decide};
 use super::run::{Run, replay_on};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
+use crate::advise::{Diagnosis, Setup};
 use crate::conf::Settings;
 use crate::device::DeviceSpec;
 use crate::workload::RunFigures;
@@ -21,8 +23,34 @@ pub struct Validation {
     pub current: Run,
     pub candidate: Run,
     pub verdict: Verdict,
+    /// The cause, the rules' line, and what the candidate's replay changes about it.
+    pub answer: Answer,
     #[serde(skip)]
     pub probe: Option<Calibration>,
+}
+
+/// What the candidate did against the current config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It avoids an OOM the current config hits, or lowers peak reserved.
+    Helps,
+    /// Neither config runs out, at the same peak.
+    Same,
+    /// It still runs out of memory, or raises peak reserved.
+    Worse,
+}
+
+impl Validation {
+    pub fn outcome(&self) -> Outcome {
+        let (c, n) = (&self.current.figures, &self.candidate.figures);
+        match (&c.oom, &n.oom) {
+            (_, Some(_)) => Outcome::Worse,
+            (Some(_), None) => Outcome::Helps,
+            (None, None) if n.peak_reserved_bytes < c.peak_reserved_bytes => Outcome::Helps,
+            (None, None) if n.peak_reserved_bytes == c.peak_reserved_bytes => Outcome::Same,
+            (None, None) => Outcome::Worse,
+        }
+    }
 }
 
 /// What a verdict rests on.
@@ -61,14 +89,16 @@ impl Serialize for Verdict {
 }
 
 /// Replays `workload` under the current and the candidate config (each a
-/// value as given and its settings) on `spec` and judges the candidate.
-/// `device` is the device as the user named it.
+/// value as given and its settings) on `spec` and judges the candidate, then
+/// settles the answer with the diagnosis of the evidence (none for a trace
+/// CSV). `device` is the device as the user named it.
 pub fn validate(
     workload: &Workload,
     (spec, device): (DeviceSpec, &str),
     current: (&str, &Settings),
     candidate: (&str, &Settings),
     (capacity, source): (u64, CapacitySource),
+    (diagnosis, setup): (Option<&Diagnosis>, &Setup),
 ) -> Result<Validation, Error> {
     // A GPU without a stated capacity is capped at its free memory.
     let cap = (spec == DeviceSpec::Sim || source != CapacitySource::Default).then_some(capacity);
@@ -81,7 +111,18 @@ pub fn validate(
         },
         finding: finding(&before, &after),
     };
+    let answer = decide(
+        diagnosis,
+        setup,
+        Some(Replays {
+            strength: workload.strength(),
+            current: &before,
+            ranked: std::slice::from_ref(&after),
+            rules: None,
+        }),
+    );
     Ok(Validation {
+        answer,
         input: workload.input.clone(),
         device: device.to_string(),
         capacity_bytes: after.figures.capacity_bytes,
