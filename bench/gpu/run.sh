@@ -5,6 +5,7 @@
 #   3. calibrated probes validated on the CUDA device under 3 configs
 #   4. cache-hit malloc+free latency of the bundled allocator vs raw cuMemAlloc+cuMemFree
 #   5. the torch cross-check: 3 traces x 3 configs, when torch is importable
+#   6. where the driver places segments: which simulated placement policy matches
 # Everything lands under $OUT (default bench/gpu/out). Run from the repository root:
 #   OUT=/tmp/gpu bash bench/gpu/run.sh
 set -u -o pipefail
@@ -69,5 +70,8 @@ if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_availab
 else
   echo "torch with CUDA is not importable here: cross-check skipped" | tee "$OUT/torch-skipped.txt"
 fi
+
+step "segment placement: the driver's cuMemAlloc / cuMemAddressReserve / cuMemMap addresses vs the simulated policies"
+timeout 120 target/release/examples/gpu_placement --out "$OUT/placement.json" | tee "$OUT/placement.txt" || echo "placement failed: $?"
 
 step "done"

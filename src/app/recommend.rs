@@ -66,6 +66,6 @@ pub fn run_with_progress(
     Ok(Outcome {
         stdout,
         stderr: Vec::new(),
-        exit_code: i32::from(result.recommendation.is_none()),
+        exit_code: result.verdict.exit_code,
     })
 }

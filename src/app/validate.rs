@@ -66,6 +66,6 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     Ok(Outcome {
         stdout,
         stderr: note.into_iter().map(|n| format!("note: {n}")).collect(),
-        exit_code: i32::from(v.candidate.figures.oom.is_some()),
+        exit_code: v.verdict.exit_code,
     })
 }

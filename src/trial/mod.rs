@@ -1,10 +1,13 @@
 //! The decision layer below the commands: the workload a command runs
-//! ([`workload`]: loading, capacity sources, probes), one run of it under one
-//! config on one device with its figures ([`run`]), and the judgements over
-//! runs: `validate`'s verdict ([`validate`]), `recommend`'s search and
-//! ranking ([`search`], [`recommend`]), the comparison with PyTorch's own
-//! figures ([`compare`]), and the `replay` pipeline ([`replay`]). What a
-//! report draws from replays is computed in [`views`].
+//! ([`workload`]: loading, capacity sources, probe ensembles), one run of it
+//! under one config on one device with its figures ([`run`]), and the
+//! judgements over runs: `validate`'s verdict and its evidence strength
+//! ([`validate`]), `recommend`'s search and ranking ([`search`],
+//! [`recommend`]), judging configs across the probes fitted to text evidence
+//! ([`ensemble`]) and across segment placements ([`placement`]), the
+//! comparison with PyTorch's own figures ([`compare`]), and the `replay`
+//! pipeline ([`replay`]). What a report draws from replays is computed in
+//! [`views`].
 //!
 //! Rules, facts and their combination live in [`crate::advise`], below this
 //! layer; the candidate space the search replays is [`crate::advise::space`].
@@ -12,6 +15,8 @@
 //! renders and `app` turns into an outcome.
 
 pub mod compare;
+pub mod ensemble;
+pub mod placement;
 pub mod recommend;
 pub mod replay;
 pub mod run;

@@ -5,7 +5,7 @@
 use super::workload::{Source, Workload, with_snapshot_trace};
 use crate::Error;
 use crate::conf::{Settings, TorchVersion};
-use crate::device::sim::SimDevice;
+use crate::device::sim::{Placement, SimDevice};
 use crate::device::{Device, DeviceSpec};
 use crate::evidence::Backend;
 use crate::workload::snapshot_trace::SnapshotTrace;
@@ -31,12 +31,25 @@ impl Run {
     }
 }
 
-/// One replay of a workload on the simulated card: `(settings, conf, capacity)`.
-pub type Replayer<'r> = dyn Fn(&Settings, &str, u64) -> Run + Sync + 'r;
+/// One replay of a workload on the simulated card: `(settings, conf,
+/// capacity, placement)`.
+pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Placement) -> Run + Sync + 'r;
 
-/// Replays `trace` on the simulated card under `settings` at `capacity`.
+/// Replays `trace` on the simulated card under `settings` at `capacity`
+/// (first-fit placement).
 pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> Run {
-    let device = SimDevice::new(capacity);
+    replay_placed(trace, settings, conf, capacity, Placement::FirstFit)
+}
+
+/// [`replay`] with segments placed by `placement`.
+pub fn replay_placed(
+    trace: &Trace,
+    settings: &Settings,
+    conf: &str,
+    capacity: u64,
+    placement: Placement,
+) -> Run {
+    let device = SimDevice::new(capacity).with_placement(placement);
     Run::new(conf, crate::workload::replay(trace, settings, device))
 }
 
@@ -81,7 +94,7 @@ pub fn replay_on(
 ) -> Result<Run, Error> {
     if spec == DeviceSpec::Sim {
         let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
-        return workload.with_replayer(|run| run(settings, conf, cap));
+        return workload.with_replayer(|run| run(settings, conf, cap, Placement::FirstFit));
     }
     let device = DeviceOpener {
         spec,

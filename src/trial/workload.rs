@@ -1,14 +1,15 @@
 //! The workload a command runs: a trace CSV, an RMM log or a snapshot's
 //! trace as recorded, or, for text-only evidence (an OOM message, summaries),
-//! a probe fitted to its figures ([`crate::workload::probe`]); where the
-//! capacity of its runs comes from; and the config it is compared against.
+//! an ensemble of probes fitted to its figures ([`crate::workload::probe`]);
+//! where the capacity of its runs comes from; and the config it is compared
+//! against.
 
-use super::run::{Replayer, replay, replay_snapshot};
+use super::run::{Replayer, replay, replay_placed, replay_snapshot};
 use crate::Error;
 use crate::conf::Settings;
 use crate::evidence::{Kind, Observation};
 use crate::workload::Trace;
-use crate::workload::probe::{self, Calibration, Figures, ReplayFigures, Target};
+use crate::workload::probe::{self, Ensemble, Figures, Target};
 use crate::workload::snapshot_trace::{SnapshotTrace, recorded_settings, traced_device};
 use serde::Serialize;
 
@@ -17,7 +18,7 @@ pub const DEFAULT_CAPACITY: u64 = 80 << 30;
 
 /// What a workload replays.
 pub enum Source {
-    /// A trace CSV, or a probe's generated trace.
+    /// A trace CSV, or the generated trace of the probe closest to text evidence.
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
     /// borrows them); replayed from the state the trace started in.
@@ -30,8 +31,9 @@ pub struct Workload {
     pub source: Source,
     /// The capacity the evidence implies (a snapshot's card, a probe's fit).
     pub implied_capacity: Option<u64>,
-    /// Set when the workload is a synthetic probe fitted to text evidence.
-    pub probe: Option<Calibration>,
+    /// Set for text evidence: the probes fitted to its figures (`source` is
+    /// the closest one's trace).
+    pub ensemble: Option<Ensemble>,
     /// The rule engine's recommended value for the text evidence (`None` for
     /// a trace, which holds no observations, or when no setting would help).
     pub advice: Option<String>,
@@ -101,7 +103,11 @@ impl Workload {
 
 /// The figures a probe must reproduce, from the most telling observation:
 /// the last caching-allocator OOM, else the last summary or stats dump.
-pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Option<Target> {
+pub fn probe_target(
+    observations: &[Observation],
+    capacity: Option<u64>,
+    current: &Settings,
+) -> Option<Target> {
     let oom = observations
         .iter()
         .rev()
@@ -124,17 +130,18 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
                 requested_bytes: o.requested_bytes,
             },
             capacity: capacity.unwrap_or(room),
+            settings: current.clone(),
         });
     }
     let dump = observations.iter().rev().find(|o| {
         matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats) && o.metrics.is_some()
     })?;
-    let current = |stat: &str| -> Option<u64> {
+    let now = |stat: &str| -> Option<u64> {
         let v = dump.metrics.as_ref()?.get(stat)?.get("all")?;
         u64::try_from(v.current.or(v.peak)?).ok()
     };
-    let allocated = current("allocated_bytes")?;
-    let reserved = current("reserved_bytes")?;
+    let allocated = now("allocated_bytes")?;
+    let reserved = now("reserved_bytes")?;
     Some(Target {
         observed: Figures {
             allocated_bytes: allocated,
@@ -142,6 +149,7 @@ pub fn probe_target(observations: &[Observation], capacity: Option<u64>) -> Opti
             requested_bytes: None,
         },
         capacity: capacity.unwrap_or(crate::device::NO_LIMIT),
+        settings: current.clone(),
     })
 }
 
@@ -152,7 +160,7 @@ impl Workload {
             input: name.to_string(),
             implied_capacity: trace.capacity_hint(),
             source: Source::Trace(trace),
-            probe: None,
+            ensemble: None,
             advice: None,
             recorded: None,
         }
@@ -182,7 +190,7 @@ impl Workload {
                     input: name.to_string(),
                     implied_capacity,
                     source: Source::Snapshot(data),
-                    probe: None,
+                    ensemble: None,
                     advice: None,
                     recorded,
                 });
@@ -195,7 +203,7 @@ impl Workload {
             crate::ingest::InputKind::Text => {}
         }
         let observations = crate::ingest::parse_bytes(name, &data)?;
-        let target = probe_target(&observations, capacity).ok_or_else(|| {
+        let target = probe_target(&observations, capacity, current).ok_or_else(|| {
             Error::Input(format!(
                 "{name}: no trace, and no OOM message or memory summary with allocated and reserved \
                  figures to fit a probe to"
@@ -219,25 +227,21 @@ impl Workload {
                 crate::units::human(big)
             )));
         }
-        let calibration = probe::calibrate(&target, 1, |trace, cap| {
-            let run = replay(trace, current, "", cap).figures;
-            ReplayFigures {
-                allocated_bytes: run.end_allocated_bytes,
-                reserved_bytes: run.end_reserved_bytes,
-                oom: run.oom.is_some(),
-            }
+        let ensemble = probe::fit_ensemble(&target, 1, |trace, cap| {
+            replay(trace, current, "", cap).figures
         })
         .ok_or_else(|| {
             Error::Input(format!(
                 "{name}: the evidence shows nothing allocated to fit a probe to"
             ))
         })?;
+        let closest = ensemble.best().map(|m| m.trace.clone()).unwrap_or_default();
         Ok(Workload {
             input: name.to_string(),
-            source: Source::Trace(calibration.trace.clone()),
+            source: Source::Trace(closest),
             implied_capacity: (target.capacity != crate::device::NO_LIMIT)
                 .then_some(target.capacity),
-            probe: Some(calibration),
+            ensemble: Some(ensemble),
             advice: rule_advice(observations, current_conf)?,
             recorded: None,
         })
@@ -313,11 +317,16 @@ impl Workload {
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap| replay(trace, s, conf, cap))),
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, placement| {
+                replay_placed(trace, s, conf, cap, placement)
+            })),
             Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
-                f(&|s, conf, cap| {
+                // The start state sits at its recorded addresses; later
+                // segments are placed by the policy.
+                f(&|s, conf, cap, placement| {
                     let device = crate::device::sim::SimDevice::new(cap)
-                        .with_recorded_addresses(st.recorded_addresses(false));
+                        .with_recorded_addresses(st.recorded_addresses(false))
+                        .with_placement(placement);
                     replay_snapshot(st, s, conf, device)
                 })
             }),
@@ -338,7 +347,7 @@ mod tests {
         o.free_bytes = Some(2_000);
         o.total_capacity_bytes = Some(20_000);
         o.requested_bytes = Some(4_000);
-        let t = probe_target(&[o], None).expect("target");
+        let t = probe_target(&[o], None, &Settings::default()).expect("target");
         assert_eq!(t.observed.reserved_bytes, 10_500);
         assert_eq!(t.capacity, 12_500);
         assert_eq!(t.observed.requested_bytes, Some(4_000));
@@ -362,10 +371,10 @@ mod tests {
         m.insert("allocated_bytes".into(), stat(184_648 * 1024));
         m.insert("reserved_bytes".into(), stat(235_520 * 1024));
         o.metrics = Some(m);
-        let t = probe_target(&[o], Some(1 << 30)).expect("target");
+        let t = probe_target(&[o], Some(1 << 30), &Settings::default()).expect("target");
         assert_eq!(t.observed.allocated_bytes, 184_648 * 1024);
         assert_eq!(t.observed.reserved_bytes, 235_520 * 1024);
         assert_eq!(t.capacity, 1 << 30);
-        assert!(probe_target(&[], None).is_none());
+        assert!(probe_target(&[], None, &Settings::default()).is_none());
     }
 }
