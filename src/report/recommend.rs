@@ -146,9 +146,14 @@ fn workloads_table(e: &Ensemble, judged: &[WorkloadJudgement]) -> Table {
         rows,
         note: Some(format!(
             "SYNTHETIC: no trace was given, so these workload shapes were fitted to the evidence \
-             ({}). Only those that reproduce it count: under the current config they run out of \
-             memory on the message's request with allocated and reserved within {:.0} %.",
+             ({}). Only those that reproduce it count: under the current config they {} with \
+             allocated and reserved within {:.0} %.",
             observed_text(e),
+            if e.observed.requested_bytes.is_some() {
+                "run out of memory on the message's request"
+            } else {
+                "run without an OOM"
+            },
             100.0 * crate::workload::probe::TOLERANCE
         )),
     }

@@ -704,11 +704,13 @@ mod tests {
     }
 
     /// The request appended for a printed "Tried to allocate" gets that
-    /// segment size back under the defaults.
+    /// segment size back under the defaults, also for a size read back from
+    /// two printed decimals ("4.42 GiB" is no whole number of 2 MiB pages).
     #[test]
     fn requests_print_as_the_message_did() {
         let s = Settings::default();
-        for printed in [2 << 20, 20 << 20, 22 << 20, 1006 << 20, 4531 << 20] {
+        let gib_4_42 = (4.42 * (1u64 << 30) as f64).round() as u64;
+        for printed in [2 << 20, 20 << 20, 22 << 20, 1006 << 20, 4532 << 20, gib_4_42] {
             assert_eq!(
                 printed_alloc_size(request_for(printed, &s), &s),
                 format_size(printed),
