@@ -77,3 +77,82 @@ fn replay_10m_events(bencher: divan::Bencher, conf: &str) {
             run.figures.peak_reserved_bytes
         });
 }
+
+/// The trace CSV of `shared/bench/gen_trace.py`, for comparing the in-process
+/// figures below with the whole `allocdoc replay` process on the same file:
+/// the file named by `ALLOCDOC_TRACE_CSV`, else a trace of the same shape made
+/// here (1 M events: steps of 12 activations and 20 small temporaries, every
+/// id new, a long-lived tensor every 200 steps).
+fn trace_csv() -> Vec<u8> {
+    if let Some(path) = std::env::var_os("ALLOCDOC_TRACE_CSV") {
+        return std::fs::read(&path).expect("ALLOCDOC_TRACE_CSV names a readable file");
+    }
+    const MIB: u64 = 1 << 20;
+    let mut rng = Rng(42);
+    let mut pick = |n: u64| rng.next() % n;
+    let mut out = String::from("action,id,size,stream\n");
+    let (mut rows, mut n) = (0, 0u64);
+    let mut alloc = |out: &mut String, rows: &mut usize, size: u64| {
+        n += 1;
+        *rows += 1;
+        out.push_str(&format!("alloc,t{n},{size},0\n"));
+        n
+    };
+    let free = |out: &mut String, rows: &mut usize, id: u64| {
+        *rows += 1;
+        out.push_str(&format!("free,t{id},,0\n"));
+    };
+    for _ in 0..8 {
+        alloc(&mut out, &mut rows, (1 + pick(64)) * MIB);
+    }
+    let mut step = 0;
+    while rows < 1_000_000 {
+        let len = [128, 256, 384, 512, 768, 1024, 1536, 2048][pick(8) as usize];
+        let acts: Vec<u64> = (0..12)
+            .map(|_| {
+                alloc(
+                    &mut out,
+                    &mut rows,
+                    len * [4096, 8192, 16384][pick(3) as usize] * 2,
+                )
+            })
+            .collect();
+        let small: Vec<u64> = (0..20)
+            .map(|_| alloc(&mut out, &mut rows, (1 + pick(2048)) * 512))
+            .collect();
+        for &id in acts[3..].iter().rev().chain(&small).chain(&acts[..3]) {
+            free(&mut out, &mut rows, id);
+        }
+        step += 1;
+        if step % 200 == 0 {
+            alloc(&mut out, &mut rows, len * 8192);
+        }
+    }
+    out.into_bytes()
+}
+
+/// `Trace::parse` of the trace CSV above (the `replay` command's reading).
+#[divan::bench(sample_count = 5, sample_size = 1)]
+fn parse_trace_csv(bencher: divan::Bencher) {
+    let csv = trace_csv();
+    let events = Trace::parse("trace.csv", &csv)
+        .expect("a valid trace")
+        .len();
+    bencher
+        .counter(ItemsCount::new(events))
+        .bench_local(|| Trace::parse("trace.csv", &csv).map(|t| t.len()));
+}
+
+/// The in-process replay of the trace CSV above under the defaults on an
+/// 80 GiB card: what `allocdoc replay FILE --capacity 80GiB` does after reading.
+#[divan::bench(sample_count = 5, sample_size = 1)]
+fn replay_trace_csv(bencher: divan::Bencher) {
+    let trace = Trace::parse("trace.csv", &trace_csv()).expect("a valid trace");
+    bencher
+        .counter(ItemsCount::new(trace.len()))
+        .bench_local(|| {
+            replay(&trace, &Settings::default(), SimDevice::new(CAPACITY))
+                .figures
+                .peak_reserved_bytes
+        });
+}

@@ -9,7 +9,7 @@
 
 use allocdoc::advise::space::space;
 use allocdoc::conf::{MIB, Settings};
-use allocdoc::trial::run::replay;
+use allocdoc::trial::run::replay_bounded;
 use allocdoc::trial::search;
 use allocdoc::trial::workload::distinct_request_sizes;
 use allocdoc::workload::Trace;
@@ -54,7 +54,7 @@ fn run_search(configs: usize, capacity: u64) -> usize {
         &base,
         capacity,
         Some(&sizes),
-        |s, cap| replay(trace, s, "", cap).figures,
+        |s, cap, stop| replay_bounded(trace, s, "", cap, stop).figures,
         |_| {},
     );
     r.ranked.len()

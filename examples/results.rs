@@ -74,11 +74,12 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
     let defaults = Settings::default();
     workload
         .with_replayer(|replay| {
-            let free = replay(&defaults, "", allocdoc::device::NO_LIMIT, FirstFit);
+            let free = replay(&defaults, "", allocdoc::device::NO_LIMIT, None, FirstFit);
             let default_min = search::min_capacity(
                 &free.figures,
                 allocdoc::device::NO_LIMIT,
-                |cap| replay(&defaults, "", cap, FirstFit).figures,
+                defaults.per_process_memory_fraction.is_none(),
+                |cap| replay(&defaults, "", cap, None, FirstFit).figures,
                 &|_| {},
             );
             let lo = free.figures.peak_allocated_bytes.min(default_min);
@@ -91,7 +92,7 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
             caps.dedup();
             // Only capacities where the default really fails make a row of this kind.
             caps.retain(|&c| {
-                !where_default_fails || replay(&defaults, "", c, FirstFit).figures.oom.is_some()
+                !where_default_fails || replay(&defaults, "", c, None, FirstFit).figures.oom.is_some()
             });
             let events = free.figures.events;
             for &capacity in &caps {
@@ -102,7 +103,7 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                 };
                 let _ = write!(out, "| {} | {events} | {shown} |", workload.input);
                 for c in COMPARED {
-                    let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity, FirstFit)));
+                    let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity, None, FirstFit)));
                 }
                 let r = recommend(
                     workload,
@@ -181,7 +182,8 @@ fn main() {
         for path in names {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
-            if let Ok(mut w) = Workload::load(&name, None, "", &Settings::default()) {
+            let limits = allocdoc::Limits::default();
+            if let Ok(mut w) = Workload::load(&name, None, "", &Settings::default(), &limits) {
                 w.input = path
                     .file_name()
                     .map_or(name.clone(), |f| f.to_string_lossy().into_owned());

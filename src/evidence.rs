@@ -308,3 +308,25 @@ pub struct Evidence {
     #[serde(skip)]
     pub notes: Vec<String>,
 }
+
+/// What the text around the evidence says about the environment, as the
+/// scanner found it (`advise::context` reads it): the first PyTorch version
+/// line, the first allocator config set in the text, and a few markers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TextClues {
+    /// Major and minor of the first version line (collect_env's "PyTorch
+    /// version:", pip's `torch==`, "torch 2.3.1"), when its major is 1 to 9.
+    pub torch_version: Option<(u16, u16)>,
+    /// The first `PYTORCH_*ALLOC_CONF=value` that is not PyTorch's own OOM
+    /// hint ("try setting PYTORCH_CUDA_ALLOC_CONF=…"), trailing `,`/`.` cut.
+    pub alloc_conf: Option<String>,
+    /// PyTorch's OOM hint "try setting max_split_size_mb" (1.10 and later).
+    pub max_split_hint: bool,
+    /// Windows paths (`C:\Users\…`, `\site-packages\torch`).
+    pub windows_paths: bool,
+    /// "expandable_segments not supported on this platform" (pytorch#122057).
+    pub expandable_unsupported: bool,
+    /// Components that share CUDA memory between processes (vLLM's custom
+    /// all-reduce, CuMemAllocator, torch_memory_saver).
+    pub ipc_user: bool,
+}

@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 pub mod evidence;
 pub mod ingest;
+pub mod limits;
 pub mod report;
 pub mod rules;
 pub mod snapshot;
@@ -21,3 +22,4 @@ pub mod units;
 pub mod workload;
 
 pub use error::Error;
+pub use limits::Limits;

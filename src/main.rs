@@ -3,7 +3,7 @@
 
 use allocdoc::app::{self, Outcome};
 use clap::{Parser, Subcommand};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -157,15 +157,82 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
     }
 }
 
+impl Command {
+    /// True when the command reads standard input (`-`, or no input given).
+    fn reads_stdin(&self) -> bool {
+        match self {
+            Command::Diagnose(o) => o.inputs.is_empty() || o.inputs.iter().any(|i| i == "-"),
+            Command::Parse(o) => o.inputs.is_empty() || o.inputs.iter().any(|i| i == "-"),
+            Command::Replay(o) => o.trace == "-",
+            Command::Recommend(o) => o.input == "-",
+            Command::Validate(o) => o.input == "-",
+            Command::Conf { .. } | Command::Rules(_) => false,
+        }
+    }
+}
+
+/// A one-line note for the first size on the command line written with a
+/// decimal-looking unit (`--capacity 24GB`): it is read as binary.
+fn decimal_size_note() -> Option<String> {
+    const SIZE_FLAGS: [&str; 2] = ["--capacity", "--max-input-bytes"];
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().enumerate().find_map(|(i, a)| {
+        let value = match a.split_once('=') {
+            Some((flag, v)) if SIZE_FLAGS.contains(&flag) => v,
+            _ if SIZE_FLAGS.contains(&a.as_str()) => args.get(i + 1)?,
+            _ => return None,
+        };
+        allocdoc::units::decimal_unit_note(value)
+    })
+}
+
+/// Writes what a command printed; a failed write is exit 2 with a message,
+/// but a reader that went away (`allocdoc … | head`) ends it quietly.
+fn write_out(text: &str, code: u8) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::from(code),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(code),
+        Err(e) => write_failed(&e),
+    }
+}
+
+fn write_failed(e: &std::io::Error) -> ExitCode {
+    let _ = writeln!(
+        std::io::stderr(),
+        "allocdoc: error: cannot write the output: {e}"
+    );
+    ExitCode::from(allocdoc::error::EXIT_INPUT as u8)
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        Err(e) if e.use_stderr() => {
             let _ = e.print();
-            // --help and --version are not errors; everything else is a usage error (2).
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            // Everything but --help and --version is a usage error (2).
+            return ExitCode::from(2);
+        }
+        // --help and --version go to standard output.
+        Err(e) => {
+            return match e.print() {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => write_failed(&e),
+                _ => ExitCode::SUCCESS,
+            };
         }
     };
+    let mut err = std::io::stderr().lock();
+    if let Some(note) = decimal_size_note() {
+        let _ = writeln!(err, "{note}");
+    }
+    if cli.command.reads_stdin() && std::io::stdin().is_terminal() {
+        let _ = writeln!(
+            err,
+            "allocdoc: reading standard input: paste the text, then press Ctrl-D on a new line \
+             (Ctrl-Z then Enter on Windows); Ctrl-C cancels"
+        );
+    }
+    drop(err);
     // On a terminal, lay tables out for its width; piped output keeps the
     // library's stable default.
     if let Some(columns) = comfy_table::Table::new().width() {
@@ -173,17 +240,15 @@ fn main() -> ExitCode {
     }
     match run(cli) {
         Ok(outcome) => {
+            let mut err = std::io::stderr().lock();
             for note in &outcome.stderr {
-                eprintln!("{note}");
+                let _ = writeln!(err, "{note}");
             }
-            let mut out = std::io::stdout().lock();
-            // A closed pipe (`allocdoc … | head`) is not an error worth a panic.
-            let _ = out.write_all(outcome.stdout.as_bytes());
-            let _ = out.flush();
-            ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)
+            drop(err);
+            write_out(&outcome.stdout, outcome.exit_code.clamp(0, 255) as u8)
         }
         Err(e) => {
-            eprintln!("allocdoc: error: {e}");
+            let _ = writeln!(std::io::stderr(), "allocdoc: error: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
     }

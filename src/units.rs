@@ -27,7 +27,10 @@ pub fn printed_size(value: f64, unit: &str) -> Option<u64> {
     }
 }
 
-/// Parses a SIZE argument: `24GiB`, `24G`, `23.5GiB`, `512MiB`, `80000000000`.
+/// Parses a size: `24GiB`, `24G`, `24gb`, `23.5GiB`, `512MiB`, `80000000000`.
+/// Units are binary whatever their case or spelling, as PyTorch prints them
+/// (`GB` is 2^30, see [`decimal_unit_note`]); a result past 2^64 - 1 is named
+/// as an overflow.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -39,12 +42,76 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("invalid size '{s}': expected a number with an optional unit, e.g. 24GiB, 23.5G or 80000000000"))?;
     let unit = unit.trim();
-    let unit = if unit.is_empty() { "B" } else { unit };
-    printed_size(value, unit).ok_or_else(|| {
-        format!(
-            "invalid size '{s}': unknown unit '{unit}' (use B, KiB, MiB, GiB, TiB or K, M, G, T)"
-        )
-    })
+    let multiplier = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" | "byte" | "bytes" => 1,
+        "k" | "kb" | "ki" | "kib" => 1 << 10,
+        "m" | "mb" | "mi" | "mib" => 1 << 20,
+        "g" | "gb" | "gi" | "gib" => 1 << 30,
+        "t" | "tb" | "ti" | "tib" => 1 << 40,
+        "p" | "pb" | "pi" | "pib" => 1 << 50,
+        _ => {
+            return Err(format!(
+                "invalid size '{s}': unknown unit '{unit}' (use B, KiB, MiB, GiB, TiB or K, M, G, T)"
+            ));
+        }
+    };
+    // Whole byte counts stay exact (an f64 holds integers only to 2^53).
+    if num.bytes().all(|b| b.is_ascii_digit()) {
+        return num
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(multiplier))
+            .ok_or_else(|| overflow(s));
+    }
+    let v = (value * multiplier as f64).round();
+    if v.is_finite() && v < 1.8446744073709552e19 {
+        Ok(v as u64)
+    } else {
+        Err(overflow(s))
+    }
+}
+
+fn overflow(s: &str) -> String {
+    format!(
+        "invalid size '{s}': overflows 64 bits (the largest size is 18446744073709551615 bytes, 16 EiB)"
+    )
+}
+
+/// The largest device size accepted: no card comes near 1 PiB.
+pub const MAX_DEVICE_SIZE: u64 = 1 << 50;
+
+/// Parses a device size (`--capacity`): [`parse_size`], refusing 0 and sizes
+/// over 1 PiB with the reason.
+pub fn parse_device_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(format!(
+            "invalid size '{s}': a device of 0 bytes holds nothing"
+        )),
+        n if n > MAX_DEVICE_SIZE => Err(format!(
+            "invalid size '{s}': {} is over 1 PiB, more than any GPU holds (a unit typo?)",
+            human(n)
+        )),
+        n => Ok(n),
+    }
+}
+
+/// A one-line note for a size written with a decimal-looking unit (`24GB`,
+/// `512mb`): read as binary, as PyTorch prints sizes; `None` for the rest.
+pub fn decimal_unit_note(s: &str) -> Option<String> {
+    let t = s.trim();
+    let unit = t.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.' || c == '_');
+    let letter = match unit.trim().to_ascii_lowercase().as_str() {
+        "kb" => "Ki",
+        "mb" => "Mi",
+        "gb" => "Gi",
+        "tb" => "Ti",
+        "pb" => "Pi",
+        _ => return None,
+    };
+    let bytes = parse_size(t).ok()?;
+    Some(format!(
+        "note: '{t}' is read as binary ({letter}B, {bytes} bytes), as PyTorch prints sizes; give a byte count for a decimal size"
+    ))
 }
 
 /// PyTorch's C++ `format_size` (c10/cuda/CUDACachingAllocator.cpp), used in
@@ -89,6 +156,66 @@ mod tests {
         assert_eq!(parse_size("23.5GiB").unwrap(), 25232932864);
         assert!(parse_size("24 parsecs").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn units_in_any_case_overflow_named_device_sizes_bounded() {
+        for s in ["24gb", "24g", "24GB", "24Gb", "24gib", "24 GiB"] {
+            assert_eq!(parse_size(s), Ok(25769803776), "{s}");
+        }
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        for s in [
+            "18446744073709551616",
+            "18446744073709551615K",
+            "16384PiB",
+            "1e30",
+        ] {
+            let e = parse_size(s).unwrap_err();
+            assert!(
+                e.contains("overflows 64 bits") || e.contains("unknown unit"),
+                "{s}: {e}"
+            );
+        }
+        assert!(
+            parse_size("18446744073709551616")
+                .unwrap_err()
+                .contains("overflows 64 bits")
+        );
+        assert!(
+            parse_size("16384PiB")
+                .unwrap_err()
+                .contains("overflows 64 bits")
+        );
+        assert!(
+            parse_size("99999999999999999999.5G")
+                .unwrap_err()
+                .contains("overflows 64 bits")
+        );
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(
+            parse_device_size("0")
+                .unwrap_err()
+                .contains("0 bytes holds nothing")
+        );
+        assert!(parse_device_size("0GiB").is_err());
+        assert_eq!(parse_device_size("1PiB"), Ok(1 << 50));
+        let e = parse_device_size("1025TiB").unwrap_err();
+        assert!(e.contains("over 1 PiB"), "{e}");
+        assert_eq!(parse_device_size("80GiB"), Ok(80 << 30));
+    }
+
+    #[test]
+    fn decimal_units_get_one_note() {
+        assert_eq!(
+            decimal_unit_note("24GB").as_deref(),
+            Some(
+                "note: '24GB' is read as binary (GiB, 25769803776 bytes), as PyTorch prints sizes; give a byte count for a decimal size"
+            )
+        );
+        assert!(decimal_unit_note("512mb").is_some());
+        for s in ["24GiB", "24G", "24g", "80000000000", "1.5TiB"] {
+            assert_eq!(decimal_unit_note(s), None, "{s}");
+        }
     }
 
     #[test]

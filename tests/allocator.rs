@@ -60,7 +60,7 @@ fn section_8_summary_2x_layout() {
     let stats = section_8_allocator().memory_stats();
     let expected = include_str!("../fixtures/allocator/summary_2x.txt");
     assert_eq!(
-        memory_summary(&stats, 0, false, TorchVersion::new(2, 6)),
+        memory_summary(&stats, 0, false, TorchVersion::new(2, 6)).unwrap(),
         expected
     );
 }
@@ -70,9 +70,29 @@ fn section_8_summary_1x_abbreviated_layout() {
     let stats = section_8_allocator().memory_stats();
     let expected = include_str!("../fixtures/allocator/summary_1x_abbreviated.txt");
     assert_eq!(
-        memory_summary(&stats, 0, true, TorchVersion::new(1, 13)),
+        memory_summary(&stats, 0, true, TorchVersion::new(1, 13)).unwrap(),
         expected
     );
+}
+
+/// PyTorch 1.4.0 through 1.9.0 print no "Oversize" rows (they came with
+/// max_split_size_mb in 1.10); the fixture is 1.9.0's own memory_summary run on
+/// these stats, and 1.4.0's function is the same.
+#[test]
+fn section_8_summary_before_1_10_has_no_oversize_rows() {
+    let stats = section_8_allocator().memory_stats();
+    let expected = include_str!("../fixtures/allocator/summary_1_4_to_1_9.txt");
+    for minor in 4..=9 {
+        let version = TorchVersion::new(1, minor);
+        assert_eq!(
+            memory_summary(&stats, 0, false, version).unwrap(),
+            expected,
+            "{version:?}"
+        );
+    }
+    let with_oversize = memory_summary(&stats, 0, false, TorchVersion::new(1, 10)).unwrap();
+    assert!(with_oversize.contains("| Oversize allocations  |       0    |"));
+    assert_eq!(with_oversize.lines().count(), expected.lines().count() + 4);
 }
 
 // ---- anchors.md §3.3: the devlog's lab cases ----------------------------------------
@@ -743,6 +763,43 @@ fn replay_text_runs_side_by_side() {
         .code(0);
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
     insta::assert_snapshot!(stdout);
+}
+
+/// `--summary` prints each version's own layout: no Oversize rows before 1.10,
+/// and no summary at all before 1.4, where memory_summary() did not exist.
+#[test]
+fn replay_summary_follows_the_version() {
+    let summary = |version: &str| {
+        allocdoc()
+            .args(["replay", DEVLOG, "--capacity", "200MiB", "--summary"])
+            .args(["--torch-version", version])
+            .assert()
+    };
+    for (version, oversize) in [
+        ("1.4", false),
+        ("1.9", false),
+        ("1.10", true),
+        ("2.6", true),
+    ] {
+        let out = summary(version).code(0);
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        assert!(stdout.contains("| GPU reserved segments |"), "{version}");
+        assert_eq!(
+            stdout.contains("Oversize GPU segments"),
+            oversize,
+            "{version}"
+        );
+    }
+    for version in ["1.0", "1.3"] {
+        let out = summary(version).code(2);
+        let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(
+            stderr.contains(&format!(
+                "--summary: memory_summary() does not exist in PyTorch {version} (it first appeared in 1.4)"
+            )),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]

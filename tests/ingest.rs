@@ -138,6 +138,7 @@ fn render(name: &str, format: Format) -> String {
     let out = app::parse::run(&app::parse::ParseOptions {
         inputs: vec![format!("fixtures/text/{name}")],
         format,
+        ..Default::default()
     })
     .unwrap();
     assert_eq!(out.exit_code, 0);
@@ -146,16 +147,34 @@ fn render(name: &str, format: Format) -> String {
 
 #[test]
 fn snapshots_of_what_users_read() {
-    for name in [
+    // Text and JSON for the first ones; JSON for the shapes of issue 15.
+    let text = 6;
+    for (i, name) in [
         "readme_example.log",
         "real_ranks_other_process.log",
         "constructed_async_fraction_rank.log",
         "real_summary_one_line_escaped.log",
         "issue_thc_legacy.log",
         "constructed_stats_cut.log",
-    ] {
+        "issue_async_short_comfyui_5818.log",
+        "constructed_async_short_log_then_traceback.log",
+        "issue_thc_check_alone.log",
+        "issue_th_host_lua_reallocate.log",
+        "constructed_fragment_in_prose.log",
+        "issue_ipex_xpu_repl.log",
+        "issue_exception_repr_inline.log",
+        "constructed_retyped_heads.log",
+        "constructed_summary_wrapped_80_1_9.log",
+        "constructed_summary_cut_in_active_allocs.log",
+        "issue_stats_wrapped_key.log",
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let stem = name.trim_end_matches(".log");
-        insta::assert_snapshot!(format!("{stem}.text"), render(name, Format::Text));
+        if i < text {
+            insta::assert_snapshot!(format!("{stem}.text"), render(name, Format::Text));
+        }
         insta::assert_snapshot!(format!("{stem}.json"), render(name, Format::Json));
     }
     insta::assert_snapshot!(
@@ -312,7 +331,9 @@ proptest! {
     }
 
     /// A hard wrap of the OOM messages at any width from 40 on changes no
-    /// figure and no era.
+    /// figure and no era. A message without its "out of memory" head (retyped,
+    /// IPEX's 4 GB refusal, a quoted fragment) has no anchor a wrap cannot
+    /// split: it may be lost, but every figure read is still its own.
     #[test]
     fn hard_wraps_keep_the_oom_figures(pick in any::<prop::sample::Index>(), width in 40usize..200) {
         let all: Vec<_> = oom_fixture_bodies()
@@ -330,7 +351,18 @@ proptest! {
         let text = String::from_utf8_lossy(data);
         let a = ingest::parse_bytes(name, text.as_bytes()).unwrap();
         let b = ingest::parse_bytes(name, hard_wrap(&text, width).as_bytes()).unwrap();
-        prop_assert_eq!(figures(&a), figures(&b), "{} at width {}", name, width);
+        let headless = text.lines().any(|l| {
+            (l.contains("Tried to allocate") || l.contains("total capacity;"))
+                && !l.contains("out of memory")
+        });
+        if headless {
+            let full = figures(&a);
+            for p in figures(&b) {
+                prop_assert!(full.iter().any(|f| subset(&p, f)), "{} at width {}:\n{}", name, width, p);
+            }
+        } else {
+            prop_assert_eq!(figures(&a), figures(&b), "{} at width {}", name, width);
+        }
     }
 }
 

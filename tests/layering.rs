@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 
 /// Every top-level module of the library, lowest first.
 const LAYERS: &[&str] = &[
-    // Foundations: sizes, errors, the evidence model.
+    // Foundations: sizes, errors, the limits of a run, the evidence model.
     "units",
     "error",
+    "limits",
     "evidence",
     // Models of PyTorch: its config, devices, the allocator port, snapshots,
     // reading inputs, the rule language, the workloads the allocator replays.

@@ -39,7 +39,7 @@ fn label(path: &Path) -> (String, String) {
 fn diagnose_file(path: &Path) -> Diagnosis {
     let mut ctx = Context::default();
     let name = path.to_string_lossy().into_owned();
-    let evidence = diagnose::read_inputs(&[name], &mut ctx).unwrap();
+    let evidence = diagnose::read_inputs(&[name], &allocdoc::Limits::default(), &mut ctx).unwrap();
     advise::diagnose(evidence, &ctx, &RuleSet::embedded().unwrap())
 }
 

@@ -921,6 +921,7 @@ fn protocol_0_and_1_pickles_are_detected_and_parsed_like_protocol_2() {
         let out = run(&ParseOptions {
             inputs: vec![format!("fixtures/snapshots/{name}")],
             format: Format::Json,
+            ..Default::default()
         })
         .unwrap();
         assert_eq!(out.exit_code, 0, "{name}");

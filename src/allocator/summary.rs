@@ -1,6 +1,7 @@
 //! `torch.cuda.memory_summary()` (torch/cuda/memory.py) rendered from a flat
 //! `memory_stats()` map, byte for byte: the 2.x layout, or the 1.x one
-//! (KB/MB units of width 7, no "Requested memory" rows). Spec: allocator.md §8.
+//! (KB/MB units of width 7, no "Requested memory" rows), which has no
+//! "Oversize" rows before 1.10. Spec: allocator.md §8.
 
 use crate::conf::TorchVersion;
 use std::collections::BTreeMap;
@@ -62,6 +63,20 @@ fn format_count(mut cnt: i64, pref: i64) -> String {
     format!("{cnt:7} {prefix} ")
 }
 
+/// PyTorch `version` has no `memory_summary()` to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("memory_summary() does not exist in PyTorch {}.{} (it first appeared in 1.4)", .0.major, .0.minor)]
+pub struct NoMemorySummary(pub TorchVersion);
+
+/// Whether PyTorch `version` has `memory_summary()`: it came with the
+/// allocator statistics in 1.4 (torch/cuda/memory.py; 1.3.1 has no such module).
+pub fn summary_exists(version: TorchVersion) -> Result<(), NoMemorySummary> {
+    if version < TorchVersion::new(1, 4) {
+        return Err(NoMemorySummary(version));
+    }
+    Ok(())
+}
+
 /// `memory_summary(device, abbreviated)` as PyTorch `version` prints it. A key
 /// missing from `stats` reads as 0 (PyTorch would raise KeyError).
 pub fn memory_summary(
@@ -69,8 +84,16 @@ pub fn memory_summary(
     device: u32,
     abbreviated: bool,
     version: TorchVersion,
-) -> String {
+) -> Result<String, NoMemorySummary> {
+    summary_exists(version)?;
     let modern = version >= TorchVersion::new(2, 0);
+    // The oversize rows came with max_split_size_mb in 1.10 (1.9.0's
+    // memory_summary ends after "Non-releasable allocs").
+    let oversize: &[(&str, &str)] = if version >= TorchVersion::new(1, 10) {
+        &OVERSIZE
+    } else {
+        &[]
+    };
     let get = |key: &str| stats.get(key).copied().unwrap_or(0);
     let mut lines: Vec<String> = vec![
         "=".repeat(75),
@@ -117,7 +140,7 @@ pub fn memory_summary(
             lines.push(row);
         }
     }
-    for (key, name) in OVERSIZE {
+    for &(key, name) in oversize {
         lines.push("-".repeat(75));
         let mut row = format!(" {name:<21} ");
         for column in COLUMNS {
@@ -127,7 +150,7 @@ pub fn memory_summary(
         lines.push(row);
     }
     lines.push("=".repeat(75));
-    format!("|{}|\n", lines.join("|\n|"))
+    Ok(format!("|{}|\n", lines.join("|\n|")))
 }
 
 #[cfg(test)]
@@ -141,5 +164,16 @@ mod tests {
         assert_eq!(format_size(786432, 786432, false), "    768 KB");
         assert_eq!(format_count(749_999, 749_999), " 749999   ");
         assert_eq!(format_count(750_000, 750_000), "    750 K ");
+    }
+
+    #[test]
+    fn no_summary_before_1_4() {
+        let stats = BTreeMap::new();
+        let e = memory_summary(&stats, 0, false, TorchVersion::new(1, 3)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "memory_summary() does not exist in PyTorch 1.3 (it first appeared in 1.4)"
+        );
+        assert!(memory_summary(&stats, 0, false, TorchVersion::new(1, 4)).is_ok());
     }
 }

@@ -32,6 +32,9 @@ pub struct DiagnoseOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
@@ -47,12 +50,12 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     {
         notes.push(format!("allocdoc: warning: {why}"));
     }
-    let evidence = read_inputs(&opts.inputs, &mut ctx)?;
+    let evidence = read_inputs(&opts.inputs, &opts.limits, &mut ctx)?;
     let d = advise::diagnose(evidence, &ctx, &rules);
     if let Some(path) = &opts.report {
         std::fs::write(
             path,
-            crate::report::diagnose::html(&d, pictures(&opts.inputs)),
+            crate::report::diagnose::html(&d, pictures(&opts.inputs, &opts.limits)),
         )
         .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
     }
@@ -64,14 +67,14 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String]) -> ReportViews {
+fn pictures(inputs: &[String], limits: &crate::limits::Limits) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
     for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = crate::ingest::read_input(name) else {
+        let Ok(data) = crate::ingest::read_input_with(name, limits) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
-            && let Ok(snap) = crate::snapshot::load(name, &data)
+            && let Ok(snap) = crate::snapshot::load_with(name, &data, limits)
         {
             views.add_snapshot(name, &snap);
         }
@@ -87,24 +90,15 @@ pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     }
 }
 
-/// Reads each input once: `ingest` parses it and [`Context::scan`] reads the
-/// surrounding text (versions, configs, platform) from the same bytes.
-pub fn read_inputs(inputs: &[String], ctx: &mut Context) -> Result<Evidence, Error> {
-    let stdin = [String::from("-")];
-    let inputs = if inputs.is_empty() {
-        &stdin[..]
-    } else {
-        inputs
-    };
-    let mut evidence = Evidence::default();
-    for name in inputs {
-        let data = crate::ingest::read_input(name)?;
-        if crate::ingest::detect(&data) == crate::ingest::InputKind::Text {
-            ctx.scan(&data);
-        }
-        let ev = crate::ingest::parse_input(name, &data)?;
-        evidence.observations.extend(ev.observations);
-        evidence.notes.extend(ev.notes);
-    }
+/// Reads each input once: `ingest` parses it and gathers the clues the
+/// surrounding text gives (versions, configs, platform) on the same pass.
+pub fn read_inputs(
+    inputs: &[String],
+    limits: &crate::limits::Limits,
+    ctx: &mut Context,
+) -> Result<Evidence, Error> {
+    let mut clues = crate::evidence::TextClues::default();
+    let evidence = crate::ingest::load_with(inputs, limits, &mut clues)?;
+    ctx.absorb(&clues);
     Ok(evidence)
 }

@@ -12,10 +12,14 @@ pub struct ParseOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
-    let ev = ingest::load(&opts.inputs)?;
+    let clues = &mut crate::evidence::TextClues::default();
+    let ev = ingest::load_with(&opts.inputs, &opts.limits, clues)?;
     let mut out = Outcome::ok(report::parse::render(&ev, &opts.inputs, opts.format));
     // In JSON the notes cannot go to stdout (the contract fixes its shape).
     if opts.format == Format::Json {

@@ -17,7 +17,7 @@ pub struct RecommendOptions {
     /// A trace CSV, an RMM replay log, a snapshot pickle, or text evidence (an OOM message, memory_summary()), which gets a fitted synthetic probe.
     pub input: String,
     /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an 80 GiB card).
-    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_size))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_device_size))]
     pub capacity: Option<u64>,
     /// The config in use today (default: PyTorch's defaults).
     #[cfg_attr(feature = "cli", arg(long))]
@@ -29,6 +29,9 @@ pub struct RecommendOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &RecommendOptions) -> Result<Outcome, Error> {
@@ -42,7 +45,13 @@ pub fn run_with_progress(
 ) -> Result<Outcome, Error> {
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
-    let workload = Workload::load(&opts.input, opts.capacity, &current_conf, &current)?;
+    let workload = Workload::load(
+        &opts.input,
+        opts.capacity,
+        &current_conf,
+        &current,
+        &opts.limits,
+    )?;
     let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
     let capacity = workload.capacity(opts.capacity);
     let mut result = recommend(&workload, capacity, &current_conf, &current, progress)?;

@@ -21,7 +21,7 @@ pub struct ReplayOptions {
     pub confs: Vec<String>,
     /// Device capacity, e.g. 24GiB (default: a snapshot's recorded OOM, else an
     /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
-    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_size))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_device_size))]
     pub capacity: Option<u64>,
     /// `sim` (default) or `cuda[:N]`: run the allocator on GPU N, which must have
     /// --capacity free (exit 3 when no CUDA driver or GPU is usable).
@@ -49,6 +49,9 @@ pub struct ReplayOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
@@ -98,6 +101,7 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         summary: opts.summary,
         pictures: opts.report.is_some(),
         history: opts.emit_snapshot.is_some(),
+        limits: opts.limits,
     };
     let replay = crate::trial::replay::replay(&plan)?;
     if let Some(path) = &opts.report {

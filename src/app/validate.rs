@@ -24,7 +24,7 @@ pub struct ValidateOptions {
     pub current: Option<String>,
     /// Device capacity, e.g. 24GiB (default: what the evidence implies, else an
     /// 80 GiB simulated card, or the free memory of the GPU with --device cuda).
-    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_size))]
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_device_size))]
     pub capacity: Option<u64>,
     /// `sim` (default) or `cuda[:N]`.
     #[cfg_attr(feature = "cli", arg(long, default_value = "sim"))]
@@ -36,6 +36,9 @@ pub struct ValidateOptions {
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
 }
 
 pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
@@ -43,7 +46,13 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let current_conf = opts.current.clone().unwrap_or_default();
     let current = parse_conf("--current", &current_conf)?;
     let candidate = parse_conf("--conf", &opts.conf)?;
-    let workload = Workload::load(&opts.input, opts.capacity, &current_conf, &current)?;
+    let workload = Workload::load(
+        &opts.input,
+        opts.capacity,
+        &current_conf,
+        &current,
+        &opts.limits,
+    )?;
     let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
     let v = validate::validate(
         &workload,

@@ -25,19 +25,20 @@
 //! - A `[rankN]` prefix sets `rank`; a `(VllmWorkerProcess pid=N)` prefix is
 //!   stripped from wrapped lines but names no rank.
 
+mod clues;
+mod input;
 mod oom;
 mod scan;
 mod stats;
 mod summary;
 mod text;
 
+pub use input::{Body, Bytes, Layer, Opened, Stream, layer_of, open, open_stream};
 pub use summary::SUMMARY_ROWS;
 
-use crate::Error;
-use crate::evidence::{Evidence, Observation};
-use crate::snapshot;
-use std::fs::File;
-use std::io::Read;
+use crate::evidence::{Evidence, Observation, TextClues};
+use crate::limits::Limits;
+use crate::{Error, snapshot};
 
 /// What an input holds, decided from its content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,24 +82,57 @@ pub fn detect(data: &[u8]) -> InputKind {
 /// Parses one input already in memory into observations and notes.
 pub fn parse_input(input_name: &str, data: &[u8]) -> Result<Evidence, Error> {
     let mut ev = Evidence::default();
-    match detect(data) {
-        InputKind::Pickle => ev.observations = snapshot::observations(input_name, data)?,
-        InputKind::TraceCsv => ev.notes.push(format!(
-            "{input_name}: a trace CSV (alloc/free events) holds no observations; replay it with `allocdoc replay` or `allocdoc recommend`"
-        )),
-        InputKind::RmmLog => ev.notes.push(format!(
-            "{input_name}: an RMM replay log holds no observations; replay it with `allocdoc replay` or `allocdoc recommend`"
-        )),
+    let kind = detect(data);
+    parse_whole(
+        input_name,
+        data,
+        kind,
+        &Limits::default(),
+        &mut TextClues::default(),
+        &mut ev,
+    )?;
+    Ok(ev)
+}
+
+/// Adds what one whole input of `kind` holds to `ev`.
+fn parse_whole(
+    input_name: &str,
+    data: &[u8],
+    kind: InputKind,
+    limits: &Limits,
+    clues: &mut TextClues,
+    ev: &mut Evidence,
+) -> Result<(), Error> {
+    match kind {
+        InputKind::Pickle => ev
+            .observations
+            .extend(snapshot::observations_with(input_name, data, limits)?),
+        InputKind::TraceCsv | InputKind::RmmLog => ev.notes.push(not_evidence(input_name, kind)),
         InputKind::Text => {
-            if looks_binary(data) {
-                ev.notes.push(format!(
-                    "{input_name}: does not look like text (many control bytes); scanned as text anyway"
-                ));
-            }
-            ev.observations = scan::scan(data, input_name);
+            binary_note(input_name, data, ev);
+            ev.observations
+                .extend(scan::scan_with_clues(data, input_name, clues));
         }
     }
-    Ok(ev)
+    Ok(())
+}
+
+fn not_evidence(input_name: &str, kind: InputKind) -> String {
+    let what = match kind {
+        InputKind::RmmLog => "an RMM replay log",
+        _ => "a trace CSV (alloc/free events)",
+    };
+    format!(
+        "{input_name}: {what} holds no observations; replay it with `allocdoc replay` or `allocdoc recommend`"
+    )
+}
+
+fn binary_note(input_name: &str, head: &[u8], ev: &mut Evidence) {
+    if looks_binary(head) {
+        ev.notes.push(format!(
+            "{input_name}: does not look like text (many control bytes); scanned as text anyway"
+        ));
+    }
 }
 
 /// Parses one input already in memory (text of any encoding, or a snapshot pickle).
@@ -116,77 +150,31 @@ fn looks_binary(data: &[u8]) -> bool {
     !head.is_empty() && ctrl * 16 > head.len()
 }
 
-/// An input's bytes: a memory map for files, a buffer for standard input.
-pub enum Bytes {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
-}
-
-/// Reads one input (a path, or `-` for standard input) without copying a file:
-/// every command reads its inputs through here, so errors read the same everywhere.
+/// Reads one input whole (a path, or `-` for standard input), decoded
+/// ([`open`]): every command that parses an input whole reads it through
+/// here, so errors read the same everywhere.
 pub fn read_input(name: &str) -> Result<Bytes, Error> {
-    let fail = |e: std::io::Error| Error::Input(format!("cannot read '{name}': {e}"));
-    if name == "-" {
-        return read_stdin().map_err(fail);
-    }
-    let meta = std::fs::metadata(name).map_err(fail)?;
-    if meta.is_dir() {
-        return Err(Error::Input(format!(
-            "cannot read '{name}': it is a directory (expected a log, a snapshot pickle or a trace CSV)"
-        )));
-    }
-    map_or_read(File::open(name).map_err(fail)?).map_err(fail)
+    read_input_with(name, &Limits::default())
 }
 
-/// Maps a regular, non-empty file; reads anything else (pipes, devices,
-/// empty files, which cannot be mapped).
-fn map_or_read(file: File) -> std::io::Result<Bytes> {
-    let meta = file.metadata()?;
-    if meta.is_file() && meta.len() > 0 {
-        // SAFETY: the map is read-only and private to this process; a file
-        // truncated while we read it can fault, as with every mmap-based
-        // reader (ripgrep makes the same trade); logs are not rewritten in place.
-        let map = unsafe { memmap2::Mmap::map(&file) }?;
-        // One pass front to back: let the kernel read ahead and drop behind.
-        #[cfg(unix)]
-        let _ = map.advise(memmap2::Advice::Sequential);
-        return Ok(Bytes::Mapped(map));
-    }
-    let mut buf = Vec::new();
-    (&file).read_to_end(&mut buf)?;
-    Ok(Bytes::Owned(buf))
-}
-
-/// Standard input: mapped when it is a redirected file (`< big.log`), so a
-/// multi-GB log costs no memory; a pipe is read into memory.
-fn read_stdin() -> std::io::Result<Bytes> {
-    #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        let fd = std::io::stdin().as_fd().try_clone_to_owned()?;
-        map_or_read(File::from(fd))
-    }
-    #[cfg(not(unix))]
-    {
-        let mut buf = Vec::new();
-        std::io::stdin().lock().read_to_end(&mut buf)?;
-        Ok(Bytes::Owned(buf))
-    }
+/// [`read_input`] within `limits`.
+pub fn read_input_with(name: &str, limits: &Limits) -> Result<Bytes, Error> {
+    open(name, limits)?.into_bytes()
 }
 
 /// Reads every input (paths; `-` or an empty list means standard input) and
 /// returns the observations found in all of them, in input order.
 pub fn load(inputs: &[String]) -> Result<Evidence, Error> {
+    load_with(inputs, &Limits::default(), &mut TextClues::default())
+}
+
+/// [`load`] within `limits`, also gathering what the text says about the
+/// environment into `clues` (on the same pass: text is read once).
+pub fn load_with(
+    inputs: &[String],
+    limits: &Limits,
+    clues: &mut TextClues,
+) -> Result<Evidence, Error> {
     let stdin = ["-".to_owned()];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -195,10 +183,27 @@ pub fn load(inputs: &[String]) -> Result<Evidence, Error> {
     };
     let mut all = Evidence::default();
     for name in inputs {
-        let bytes = read_input(name)?;
-        let ev = parse_input(name, &bytes)?;
-        all.observations.extend(ev.observations);
-        all.notes.extend(ev.notes);
+        read_opened(name, open(name, limits)?, limits, clues, &mut all)?;
     }
     Ok(all)
+}
+
+/// Adds what an opened input holds to `ev`: a stream is scanned chunk by
+/// chunk, a whole input parsed as its kind.
+pub fn read_opened(
+    name: &str,
+    opened: Opened,
+    limits: &Limits,
+    clues: &mut TextClues,
+    ev: &mut Evidence,
+) -> Result<(), Error> {
+    match opened.body {
+        Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, ev),
+        Body::Stream(mut stream) => {
+            binary_note(name, stream.head(), ev);
+            let found = scan::scan_stream(&mut stream, name, clues)?;
+            ev.observations.extend(found);
+            Ok(())
+        }
+    }
 }

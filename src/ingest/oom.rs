@@ -9,7 +9,9 @@
 //! complete: a message cut off yields the figures it holds and no others.
 
 use super::scan::Found;
-use super::text::{self, clean, exception_before, has_process_prefix, line_end, line_start};
+use super::text::{
+    self, clean, exception_before, has_process_prefix, line_end, line_start, shared_prefix,
+};
 use crate::evidence::{Backend, DeviceKind, Kind, Observation, OomSource, ProcessUse};
 use crate::units::printed_size;
 use regex::{Captures, Regex};
@@ -75,16 +77,29 @@ patterns! {
     COMPLETE = r"cached \)|Memory Management (?:and PYTORCH_\w*ALLOC_CONF|\( https?://[^\s)]*\))|unoccupied cached memory\.|more than 1EB memory\.";
     // What sits right before "out of memory" decides who ran out.
     LEAD_ALLOCATOR = r"(CUDA|HIP|XPU) $";
+    LEAD_RETYPED = r"(?i)\b(cuda|hip|xpu) $";
     LEAD_RUNTIME = r"(CUDA|HIP) (?:driver )?error : $";
     LEAD_NCCL = r"Cuda failure (?:\d+ )?'$";
     LEAD_MPS = r"MPS backend $";
     LEAD_THC = r"cuda runtime error \( ?2 ?\) : $";
+    // THC's THCudaCheck line (THCGeneral), printed before it raises LEAD_THC.
+    LEAD_THC_CHECK = r"THCudaCheck FAIL file=(\S+) line=(\d+) error=2 : $";
     // MPSAllocator.mm (its format_size prints binary "KB/MB/GB").
     MPS_ALLOCATED = "MPS allocated : MPS_SIZE";
     MPS_ALLOWED = "max allowed : MPS_SIZE";
     MPS_REQUESTED = "Tried to allocate MPS_SIZE";
-    // c10/core/impl/alloc_cpu.cpp.
-    HOST_REQUESTED = r"you tried to allocate (\d+) bytes";
+    // c10/core/impl/alloc_cpu.cpp prints bytes; TH's THAlloc/THRealloc before it
+    // printed `size / 1073741824` as "%dGB" (whole GiB, rounded down).
+    HOST_REQUESTED = r"you tried to (?:re)?allocate (\d+) (bytes|GB)";
+    // A head retyped by hand ("Cuda out of the memory."), which LEAD_ALLOCATOR misses.
+    RETYPED_HEAD = r"(?i)\b(cuda|hip|xpu) out of (?:the )?memory [.!:,]? $";
+    // IPEX's XPU allocator (csrc/gpu/runtime/CachingDeviceAllocator.cpp) refuses a
+    // block over 4 GB on platforms without 2D block arrays, then prints its figures.
+    IPEX_LIMIT = r"Current platform can NOT allocate memory block with size larger than \d+GB ! $";
+    // The parenthesised figures of a 1.x message quoted without their head.
+    FRAGMENT_OPEN = r"\(GPU \d+ ; SIZE $";
+    // cudaMallocAsync's message after its head (wrapped or not).
+    ASYNC_EXCEED = "would exceed allowed memory";
 }
 
 /// Reads the size captured as groups `i` (number) and `i + 1` (unit).
@@ -305,23 +320,24 @@ pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     const ANCHOR: &[u8] = b"out of memory";
     let line = hit_line(data, hit, ANCHOR.len(), ANCHOR);
     let before = line.before.clone();
-    if let Some(m) = LEAD_ALLOCATOR.captures(&before) {
+    let exact = LEAD_ALLOCATOR.captures(&before);
+    if let Some(m) = exact.as_ref().or(LEAD_RETYPED.captures(&before).as_ref()) {
         let lead = m.get(1)?;
-        let device = device_of(lead.as_str());
+        let device = device_of(&lead.as_str().to_ascii_uppercase());
         let after = line.after.as_str();
         // "CUDA out of memory." (or cut right there); prose like "CUDA out of memory errors" is not PyTorch's.
         let rest = after.get(ANCHOR.len()..).unwrap_or("");
-        if !(rest.is_empty() || rest.starts_with('.')) {
+        let plain = rest.is_empty() || rest.starts_with('.');
+        if !plain && !rest.starts_with([':', ',']) {
             return None;
         }
-        return Some(allocator(
-            data,
-            line,
-            lead.start(),
-            device,
-            input,
-            &before[..lead.start()],
-        ));
+        let at = lead.start();
+        let found = allocator(data, line, at, device, input, &before[..at]);
+        // A head retyped by hand ("Cuda out of memory:") counts when its figures follow.
+        if (exact.is_none() || !plain) && found.obs.requested_bytes.is_none() {
+            return None;
+        }
+        return Some(found);
     }
     let (source, lead) = if let Some(m) = LEAD_RUNTIME.captures(&before) {
         let device = if m.get(1)?.as_str() == "HIP" {
@@ -339,10 +355,33 @@ pub fn out_of_memory(data: &[u8], hit: usize, input: &str) -> Option<Found> {
         ((OomSource::Mps, Some(DeviceKind::Mps)), m.start())
     } else if let Some(m) = LEAD_THC.find(&before) {
         ((OomSource::LegacyThc, Some(DeviceKind::Cuda)), m.start())
+    } else if let Some(c) = LEAD_THC_CHECK.captures(&before) {
+        // The raise that follows the check names the same place: it is the report.
+        if thc_raised_later(data, hit, c.get(1)?.as_str(), c.get(2)?.as_str()) {
+            return None;
+        }
+        (
+            (OomSource::LegacyThc, Some(DeviceKind::Cuda)),
+            c.get(0)?.start(),
+        )
     } else {
         return None;
     };
     Some(non_allocator(data, line, lead, source, input))
+}
+
+/// Whether "cuda runtime error (2) : out of memory at FILE:LINE" follows a
+/// THCudaCheck line for FILE and LINE (THCudaCheck prints the check, then
+/// raises; a traceback may stand between).
+fn thc_raised_later(data: &[u8], hit: usize, file: &str, line: &str) -> bool {
+    const RAISE: &[u8] = b"cuda runtime error (2) : out of memory at ";
+    let window = &data[hit..data.len().min(hit + 64 * 1024)];
+    let place = format!("{file}:{line}");
+    memchr::memmem::find_iter(window, RAISE).any(|at| {
+        window[at + RAISE.len()..]
+            .strip_prefix(place.as_bytes())
+            .is_some_and(|rest| !rest.first().is_some_and(u8::is_ascii_digit))
+    })
 }
 
 /// NCCL prints "NCCL WARN Cuda failure 'out of memory'"; start at "NCCL" when it is there.
@@ -351,21 +390,115 @@ fn nccl_start(before: &str, lead: usize) -> usize {
 }
 
 /// A hit on "Tried to allocate" that no "out of memory" hit consumed: a wrap
-/// split "CUDA out of memory." over the lines above, or the head is lost.
+/// split "CUDA out of memory." over the lines above, the head was retyped or
+/// is IPEX's 4 GB refusal, or the head is lost. Also the hit on "total
+/// capacity;" (see [`fragment`]), which the scanner sends here.
 pub fn tried_to_allocate(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    if data[hit..].starts_with(b"total capacity;") {
+        return fragment(data, hit, input);
+    }
     if let Some(found) = wrapped_head(data, hit, input) {
         return Some(found);
     }
-    // The head is lost: read what is there, marked truncated.
     let line = hit_line(data, hit, 0, b"out of memory");
     let before = line.before.clone();
-    let at = before.len();
-    let mut found = allocator(data, line, at, DeviceKind::Cuda, input, &before);
+    // A head typed by hand still names the device.
+    if let Some(c) = RETYPED_HEAD.captures(&before) {
+        let (whole, word) = (c.get(0)?, c.get(1)?);
+        let device = device_of(&word.as_str().to_ascii_uppercase());
+        let at = whole.start();
+        return Some(allocator(data, line, at, device, input, &before[..at]));
+    }
+    if let Some(m) = IPEX_LIMIT.find(&before) {
+        let at = m.start();
+        return Some(allocator(
+            data,
+            line,
+            at,
+            DeviceKind::Xpu,
+            input,
+            &before[..at],
+        ));
+    }
+    // The head is lost: read what is there.
+    let found = headless(data, line, before.len(), input);
     found.obs.requested_bytes?;
-    found.obs.device_kind = None;
-    found.obs.exception = None;
-    found.obs.truncated = true;
     Some(found)
+}
+
+/// A hit on "total capacity;" that no message consumed: the parenthesised
+/// figures of a 1.x-layout message quoted without their head ("… (GPU 0; 15.75
+/// GiB total capacity; 79.11 MiB already allocated; …)").
+pub fn fragment(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    if let Some(at) = request_split_above(data, hit) {
+        return tried_to_allocate(data, at, input);
+    }
+    let line = hit_line(data, hit, 0, b"Tried to allocate");
+    let at = FRAGMENT_OPEN.find(&line.before)?.start();
+    let mut found = headless(data, line, at, input);
+    found.obs.total_capacity_bytes?;
+    // The prose around the quote is not part of the message.
+    if let Some(m) = found.obs.message.as_mut()
+        && let Some(close) = m.find(')')
+    {
+        m.truncate(close + 1);
+    }
+    Some(found)
+}
+
+/// Where "Tried to allocate" starts on a line above `hit` when a hard wrap
+/// split it, so the figures up to `hit` are the rest of that message.
+fn request_split_above(data: &[u8], hit: usize) -> Option<usize> {
+    const PHRASE: &[u8] = b"Tried to allocate";
+    static SPLIT: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r"^Tried to allocate\s*\d+(?:\.\d+)?\s*\w+\s*\(GPU\s*\d+\s*;\s*\d+(?:\.\d+)?\s*\w+\s*$",
+        )
+        .unwrap()
+    });
+    let ls = line_start(data, hit);
+    let mut start = ls;
+    // A 40-column wrap spreads the phrase and the first two figures over three lines.
+    for _ in 0..3 {
+        start = line_start(data, start.checked_sub(1)?);
+        let first_end = line_end(data, start);
+        let first = &data[start..first_end];
+        let first = first.strip_suffix(b"\r").unwrap_or(first);
+        // The wrap left the start of the phrase at the very end of that line.
+        let tail = first.len().saturating_sub(PHRASE.len());
+        let Some(from) = (tail..first.len()).find(|&i| PHRASE.starts_with(&first[i..])) else {
+            continue;
+        };
+        let mut joined: Vec<u8> = first[from..].to_vec();
+        let mut p = first_end + 1;
+        while p <= ls {
+            let e = line_end(data, p).min(hit);
+            joined.extend(data[p..e].iter().filter(|&&b| b != b'\r'));
+            p = e + 1;
+        }
+        let joined = std::str::from_utf8(&joined).ok()?;
+        return SPLIT.is_match(joined).then_some(start + from);
+    }
+    None
+}
+
+/// A native message whose head is lost, read from `at` in `line.before`,
+/// marked truncated and with no exception. Its device is unknown ("GPU 0" is
+/// printed for CUDA, HIP and XPU alike), except that only IPEX's XPU allocator
+/// prints "reserved in total by PyTorch" without a free figure.
+fn headless(data: &[u8], line: HitLine, at: usize, input: &str) -> Found {
+    let before = line.before[..at].to_owned();
+    let mut found = allocator(data, line, at, DeviceKind::Cuda, input, &before);
+    let o = &mut found.obs;
+    if o.reserved_bytes.is_some() && o.free_bytes.is_none() {
+        o.device_kind = Some(DeviceKind::Xpu);
+        o.format_era = None;
+    } else {
+        o.device_kind = None;
+    }
+    o.exception = None;
+    o.truncated = true;
+    found
 }
 
 /// Looks on the two lines above `hit` for a "CUDA out of memory." that a wrap
@@ -417,15 +550,6 @@ fn wrapped_head(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     None
 }
 
-/// Length of the log prefix two lines share (`[rank2]: `), ending at a separator.
-fn shared_prefix(a: &str, b: &str) -> usize {
-    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
-    while !b.is_char_boundary(n) {
-        n -= 1;
-    }
-    b[..n].rfind([':', ' ', ']', ')']).map_or(0, |i| i + 1)
-}
-
 /// The caching allocator's message (native backend).
 fn allocator(
     data: &[u8],
@@ -467,11 +591,12 @@ fn allocator(
         .collect();
     obs.format_era = era(t, obs.exception.as_deref(), device).map(str::to_owned);
     obs.message = Some(msg.first_line(first_len));
-    Found {
+    let found = Found {
         obs,
         start: msg.start,
         end: msg.end,
-    }
+    };
+    comfy_fold(data, found, &msg.prefix)
 }
 
 /// Whether a native message is whole: 1.4-1.9 messages end at the closing
@@ -539,12 +664,26 @@ fn era(t: &str, exception: Option<&str>, device: DeviceKind) -> Option<&'static 
 }
 
 /// "Allocation on device N would exceed allowed memory. (out of memory)" and
-/// its lines: the cudaMallocAsync backend.
+/// its lines: the cudaMallocAsync backend. The hit is on its head or, when a
+/// wrap split the head, on "would exceed allowed memory".
 pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
-    const ANCHOR: &[u8] = b"would exceed allowed memory";
-    let line = hit_line(data, hit, ANCHOR.len(), b"would exceed allowed memory");
-    let lead = line.before.rfind("Allocation on device")?;
+    const HEAD: &str = "Allocation on device";
+    let on_head = data[hit..].starts_with(HEAD.as_bytes());
+    let anchor_len = if on_head {
+        HEAD.len()
+    } else {
+        "would exceed allowed memory".len()
+    };
+    let line = hit_line(data, hit, anchor_len, HEAD.as_bytes());
+    let lead = if on_head {
+        line.before.len()
+    } else {
+        line.before.rfind(HEAD)?
+    };
     let before = line.before[..lead].to_owned();
+    // Nothing after the head on its line: the short form, unless a wrap moved the rest down.
+    let bare = on_head && line.after[HEAD.len()..].trim().is_empty();
+    let line_end = line.bound;
     let complete = |t: &str| ASYNC_FRACTION.is_match(t);
     let ending = Ending {
         complete: &complete,
@@ -552,6 +691,9 @@ pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     };
     let (msg, first_len) = gather(data, line, lead, &ending);
     let t = msg.text.as_str();
+    if !ASYNC_EXCEED.is_match(t) {
+        return async_short_form(data, input, &before, msg, line_end).filter(|_| bare);
+    }
     let mut obs = oom_observation(data, input, &before, &msg);
     obs.device_kind = Some(DeviceKind::Cuda);
     obs.backend = Some(Backend::CudaMallocAsync);
@@ -565,11 +707,98 @@ pub fn malloc_async(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     // Without a fraction the limit is SIZE_MAX ("17179869184.00 GiB"): no cap was set.
     obs.allowed_bytes = size(&ASYNC_FRACTION, t).filter(|&b| b < 1 << 60);
     obs.message = Some(msg.first_line(first_len));
-    Some(Found {
+    Some(comfy_fold(
+        data,
+        Found {
+            obs,
+            start: msg.start,
+            end: msg.end,
+        },
+        &msg.prefix,
+    ))
+}
+
+/// "Allocation on device " and nothing more: cudaMallocAsync streams the device
+/// index, a `c10::DeviceIndex` (int8_t), as a character, so device 0 is a NUL
+/// byte that ends the message when Python turns it into a string (pytorch#168369,
+/// the native allocator's twin was pytorch#123984). No figures survive; it counts
+/// only where its class, or ComfyUI's log line or error report, introduces it.
+fn async_short_form(
+    data: &[u8],
+    input: &str,
+    before: &str,
+    msg: Message,
+    line_end: usize,
+) -> Option<Found> {
+    static REPORT_TYPE: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"Exception Type:\**\s*([A-Za-z_][\w.]*OutOfMemoryError)").unwrap()
+    });
+    let lead_in = before.trim_end();
+    let mut obs = oom_observation(data, input, before, &msg);
+    let introduced = obs
+        .exception
+        .as_deref()
+        .is_some_and(|e| OOM_CLASSES.contains(&e));
+    if lead_in.ends_with("**Exception Message:**") && msg.start > 0 {
+        // ComfyUI's error report names the class on the line above.
+        let prev = clean(&data[line_start(data, msg.start - 1)..msg.start - 1]);
+        obs.exception = Some(REPORT_TYPE.captures(&prev)?.get(1)?.as_str().to_owned());
+    } else if !introduced && !lead_in.ends_with(COMFY_LOG) {
+        return None;
+    }
+    obs.device_kind = Some(DeviceKind::Cuda);
+    obs.backend = Some(Backend::CudaMallocAsync);
+    obs.format_era = Some("cudaMallocAsync".to_owned());
+    obs.truncated = true;
+    obs.message = Some("Allocation on device".to_owned());
+    let found = Found {
         obs,
         start: msg.start,
-        end: msg.end,
-    })
+        end: line_end,
+    };
+    Some(comfy_fold(data, found, &msg.prefix))
+}
+
+/// What ComfyUI logs before a failed node's exception message.
+const COMFY_LOG: &str = "!!! Exception during processing !!!";
+
+/// ComfyUI logs a failed node's message ("!!! Exception during processing !!!
+/// <message>") and then its traceback, whose last line is the same message
+/// under its class: one failure. The found message then extends over that
+/// line, which also names the class.
+fn comfy_fold(data: &[u8], mut found: Found, prefix: &str) -> Found {
+    const WINDOW: usize = 64 * 1024;
+    if !prefix.trim_end().ends_with(COMFY_LOG) || found.end >= data.len() {
+        return found;
+    }
+    let Some(message) = found.obs.message.clone() else {
+        return found;
+    };
+    // Compare the start of the message (its first line may be shortened).
+    let key = &message[..text::ceil_boundary(&message, message.len().min(48))];
+    let key = key.trim_end_matches('…').trim_end();
+    let limit = data.len().min(found.end + WINDOW);
+    let mut pos = found.end + 1;
+    let mut in_traceback = false;
+    while pos < limit {
+        let le = line_end(data, pos);
+        let l = clean(&data[pos..le]);
+        if !in_traceback {
+            if !l.contains("Traceback (most recent call last)") {
+                return found;
+            }
+            in_traceback = true;
+        } else if let Some(at) = l.find(key)
+            && let Some((class, _)) = exception_before(&l[..at])
+            && OOM_CLASSES.contains(&class.as_str())
+        {
+            found.end = le;
+            found.obs.exception.get_or_insert(class);
+            return found;
+        }
+        pos = le + 1;
+    }
+    found
 }
 
 /// Which library a non-allocator anchor names.
@@ -591,13 +820,18 @@ pub fn library(
 ) -> Option<Found> {
     let line = hit_line(data, hit, anchor_len, b"\n");
     let before = line.before.as_str();
-    if matches!(lib, Library::Host) && !before.trim_end().ends_with("CPUAllocator:") {
+    // "$ Torch: " is TH's THError prefix (THAlloc, before the c10 CPU allocator).
+    let th = before.trim_end().strip_suffix("$ Torch:").map(str::len);
+    if matches!(lib, Library::Host) && th.is_none() && !before.trim_end().ends_with("CPUAllocator:")
+    {
         return None;
     }
-    // Start after the exception class when it is close to the anchor.
+    // Start after the exception class when it is close to the anchor, else at TH's prefix.
     let lead = text::exception_in(before)
         .filter(|&(_, _, end)| before.len() - end <= 80)
-        .map_or(before.len(), |(_, _, end)| end);
+        .map(|(_, _, end)| end)
+        .or(th)
+        .unwrap_or(before.len());
     let lead = before.len() - before[lead..].trim_start().len();
     let source = match lib {
         Library::Cublas => (OomSource::Cublas, Some(DeviceKind::Cuda)),
@@ -646,9 +880,14 @@ fn non_allocator(
         // THC, the allocator before 1.0 (allocator.md §7.2).
         OomSource::LegacyThc => obs.format_era = Some("pre-1.0".to_owned()),
         OomSource::Host => {
-            obs.requested_bytes = HOST_REQUESTED
-                .captures(t)
-                .and_then(|c| c.get(1)?.as_str().parse().ok());
+            obs.requested_bytes = HOST_REQUESTED.captures(t).and_then(|c| {
+                let n: u64 = c.get(1)?.as_str().parse().ok()?;
+                match c.get(2)?.as_str() {
+                    // Whole GiB rounded down: "0GB" says only "under 1 GiB".
+                    "GB" => n.checked_mul(1 << 30).filter(|&b| b > 0),
+                    _ => Some(n),
+                }
+            });
             obs.truncated = !complete(t);
         }
         _ => {}

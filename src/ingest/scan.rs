@@ -1,12 +1,32 @@
 //! The text scanner. One Aho-Corasick pass (SIMD "Teddy" prefilter) over the
-//! whole buffer finds the anchor strings; only the few bytes around a hit are
-//! decoded and handed to the parser for that kind of evidence. Lines are
-//! counted only up to each hit, so a log without evidence costs one pass.
+//! input finds the anchor strings; only the few bytes around a hit are
+//! decoded and handed to the parser for that kind of evidence, or checked for
+//! a clue about the environment ([`super::clues`]). Lines are counted only up
+//! to each hit, so a log without evidence costs one pass.
+//!
+//! Each parser sees only the window of [`REACH`] bytes on either side of its
+//! hit. A mapped file is scanned in one span; a stream (standard input, a
+//! pipe, a decompressed file) is scanned in chunks that keep [`BACK`] bytes
+//! behind the scan and [`REACH`] ahead of it, so both see the same windows
+//! and find the same evidence, and a stream costs a bounded buffer.
 
+use super::clues::{self, Clue};
+use super::input::Stream;
 use super::{oom, stats, summary};
-use crate::evidence::{Kind, Observation};
+use crate::Error;
+use crate::evidence::{Kind, Observation, TextClues};
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 use std::sync::LazyLock;
+
+/// How far from its hit a parser may read: 40 hard-wrapped lines of an OOM
+/// message, a 64-line table, a 256 KiB `memory_stats()` dump, each line at
+/// most `MAX_LINE` (16 KiB), all fit.
+pub const REACH: usize = 1 << 20;
+/// Bytes a stream keeps behind the scan position: a parser's window, and the
+/// 64 KiB a chained exception may put between two copies of a message.
+const BACK: usize = REACH + (128 << 10);
+/// Bytes a stream reads ahead per step.
+const CHUNK: usize = 16 << 20;
 
 /// What a parser found: the observation and the byte range it covered.
 pub struct Found {
@@ -22,11 +42,13 @@ enum Anchor {
     MallocAsync,
     Library(oom::Library),
     Summary,
+    /// A `memory_stats()` key; the parser's hit is the quote before it.
     Stats,
+    Clue(Clue),
 }
 
 /// Stat families and scalar keys of `memory_stats()` (allocator.md §4.2); a
-/// quote before the name keeps prose ("segment.") from hitting.
+/// quote must stand before the name, which keeps prose ("segment.") out.
 const STATS_KEYS: [&str; 17] = [
     "active.",
     "active_bytes.",
@@ -56,8 +78,10 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
         kinds.push(a);
     };
     add("would exceed allowed memory", Anchor::MallocAsync);
+    add("Allocation on device", Anchor::MallocAsync);
     add("out of memory", Anchor::OutOfMemory);
     add("Tried to allocate", Anchor::TriedToAllocate);
+    add("total capacity;", Anchor::TriedToAllocate);
     add(
         "CUBLAS_STATUS_ALLOC_FAILED",
         Anchor::Library(Library::Cublas),
@@ -75,16 +99,23 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
     add("memory summary, device ID", Anchor::Summary);
     for row in [
         "Allocated memory ",
-        "GPU reserved memory",
-        "Non-releasable memory",
+        "GPU reserved ",
+        "Non-releasable ",
+        "Oversize ",
         "Cur Usage",
     ] {
         add(row, Anchor::Summary);
     }
     for key in STATS_KEYS {
-        add(&format!("'{key}"), Anchor::Stats);
-        add(&format!("\"{key}"), Anchor::Stats);
+        add(key, Anchor::Stats);
     }
+    // Clues last: where an evidence anchor starts at the same byte, it wins.
+    for (p, clue) in clues::ANCHORS {
+        add(p, Anchor::Clue(clue));
+    }
+    // Teddy, the SIMD prefilter, takes at most 64 patterns; past that the
+    // scan runs several times slower.
+    debug_assert!(patterns.len() <= 64, "{} anchors", patterns.len());
     let ac = AhoCorasick::builder()
         .match_kind(MatchKind::LeftmostFirst)
         .build(&patterns)
@@ -92,68 +123,196 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
     (ac, kinds)
 });
 
+/// Every observation in a text buffer, in order; the clues of the text go
+/// into `clues`.
+pub fn scan_with_clues(data: &[u8], input: &str, clues: &mut TextClues) -> Vec<Observation> {
+    let mut s = Scanner::new(input, clues);
+    s.span(data, 0, data.len());
+    s.out
+}
+
+/// Every observation in a stream, read in chunks (see the module doc).
+pub fn scan_stream(
+    stream: &mut Stream,
+    input: &str,
+    clues: &mut TextClues,
+) -> Result<Vec<Observation>, Error> {
+    scan_chunks(stream, input, clues, CHUNK)
+}
+
+/// [`scan_stream`] reading `chunk` bytes ahead per step.
+fn scan_chunks(
+    stream: &mut Stream,
+    input: &str,
+    clues: &mut TextClues,
+    chunk: usize,
+) -> Result<Vec<Observation>, Error> {
+    let mut s = Scanner::new(input, clues);
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let from = s.next - s.base;
+        let more = stream.fill(&mut buf, from + REACH + chunk)?;
+        let limit = if more { buf.len() - REACH } else { buf.len() };
+        s.span(&buf, s.base, s.base + limit.max(from));
+        if !more {
+            return Ok(s.out);
+        }
+        // Keep BACK bytes behind where the next search starts.
+        let keep = s.next.saturating_sub(BACK).max(s.base);
+        s.lines.advance(&buf, s.base, keep);
+        let drop = keep - s.base;
+        buf.copy_within(drop.., 0);
+        buf.truncate(buf.len() - drop);
+        s.base = keep;
+    }
+}
+
+/// The scan's state, in absolute input offsets.
+struct Scanner<'c> {
+    input: &'c str,
+    clues: &'c mut TextClues,
+    finder: clues::Finder,
+    out: Vec<Observation>,
+    lines: LineCounter,
+    /// Offset of the buffer's first byte.
+    base: usize,
+    /// Where the scan stands: past the last hit, or past what it parsed
+    /// (a summary table is never read back above it).
+    pos: usize,
+    /// Where the next search starts: every anchor before it has been seen.
+    next: usize,
+    last_oom: Option<(usize, usize)>, // (index in out, end offset)
+}
+
+impl<'c> Scanner<'c> {
+    fn new(input: &'c str, clues: &'c mut TextClues) -> Self {
+        Scanner {
+            input,
+            clues,
+            finder: clues::Finder::default(),
+            out: Vec::new(),
+            lines: LineCounter { pos: 0, line: 1 },
+            base: 0,
+            pos: 0,
+            next: 0,
+            last_oom: None,
+        }
+    }
+
+    /// Handles every hit that starts before `limit`; `buf` holds the input
+    /// from offset `base` on, and at least [`REACH`] bytes past `limit`
+    /// unless the input ends first.
+    fn span(&mut self, buf: &[u8], base: usize, limit: usize) {
+        let (ac, kinds) = &*ANCHORS;
+        while self.next < limit {
+            let Some(m) = ac.find(Input::new(buf).span(self.next - base..buf.len())) else {
+                break;
+            };
+            let at = m.start() + base;
+            if at >= limit {
+                break;
+            }
+            self.next = at + 1;
+            let anchor = kinds[m.pattern().as_usize()];
+            let hit = match anchor {
+                // Clues count everywhere, in what a parser took too (PyTorch's
+                // hints in an OOM message).
+                Anchor::Clue(clue) => {
+                    self.finder.hit(clue, buf, m.start(), m.len(), self.clues);
+                    continue;
+                }
+                // A stats key counts only behind a quote the scan has not passed.
+                Anchor::Stats => match m.start().checked_sub(1) {
+                    Some(q) if q + base >= self.pos && matches!(buf[q], b'\'' | b'"') => q,
+                    _ => continue,
+                },
+                // Evidence inside what a parser took is part of that evidence.
+                _ if at < self.pos => continue,
+                _ => m.start(),
+            };
+            let Some(f) = self.parse(buf, base, hit, m.len(), anchor) else {
+                self.pos = hit + base + 1;
+                continue;
+            };
+            self.pos = f.end.max(hit + base + 1);
+            self.push(buf, base, f);
+        }
+        self.next = self.next.max(limit);
+    }
+
+    /// Runs the parser of `anchor` on the window around its hit at `hit` (in
+    /// `buf`); the result's offsets are absolute.
+    fn parse(
+        &mut self,
+        buf: &[u8],
+        base: usize,
+        hit: usize,
+        len: usize,
+        anchor: Anchor,
+    ) -> Option<Found> {
+        let lo = hit.saturating_sub(REACH);
+        let w = &buf[lo..buf.len().min(hit + REACH)];
+        let (h, input) = (hit - lo, self.input);
+        let floor = (self.pos.max(base) - base).saturating_sub(lo);
+        let mut f = match anchor {
+            Anchor::OutOfMemory => oom::out_of_memory(w, h, input),
+            Anchor::TriedToAllocate => oom::tried_to_allocate(w, h, input),
+            Anchor::MallocAsync => oom::malloc_async(w, h, input),
+            Anchor::Library(lib) => oom::library(w, h, len, lib, input),
+            Anchor::Summary => summary::summary(w, h, floor, input),
+            Anchor::Stats => stats::stats(w, h, input),
+            Anchor::Clue(_) => None,
+        }?;
+        f.start += lo + base;
+        f.end += lo + base;
+        Some(f)
+    }
+
+    fn push(&mut self, buf: &[u8], base: usize, mut f: Found) {
+        f.obs.line = Some(self.lines.line_of(buf, base, f.start));
+        if f.obs.kind == Kind::Oom {
+            if let Some((i, end)) = self.last_oom
+                && is_chained_repeat(buf, base, &self.out[i], end, &f)
+            {
+                return;
+            }
+            self.last_oom = Some((self.out.len(), f.end));
+        }
+        self.out.push(f.obs);
+    }
+}
+
 /// 1-based line numbers for offsets visited mostly in increasing order.
-struct LineCounter<'a> {
-    data: &'a [u8],
+struct LineCounter {
     pos: usize,
     line: u64,
 }
 
-impl LineCounter<'_> {
-    fn line_of(&mut self, off: usize) -> u64 {
-        let off = off.min(self.data.len());
+impl LineCounter {
+    /// The line of absolute offset `off`, which `buf` (from `base`) holds,
+    /// as does everything between it and the last offset asked for.
+    fn line_of(&mut self, buf: &[u8], base: usize, off: usize) -> u64 {
         let count = |s: &[u8]| memchr::memchr_iter(b'\n', s).count() as u64;
+        let (a, b) = (
+            self.pos.min(off).saturating_sub(base),
+            self.pos.max(off).saturating_sub(base),
+        );
+        let n = count(buf.get(a..b).unwrap_or_default());
         if off >= self.pos {
-            self.line += count(&self.data[self.pos..off]);
+            self.line += n;
         } else {
-            self.line -= count(&self.data[off..self.pos]);
+            self.line -= n;
         }
         self.pos = off;
         self.line
     }
-}
 
-/// Every observation in a text buffer, in order.
-pub fn scan(data: &[u8], input: &str) -> Vec<Observation> {
-    let (ac, kinds) = &*ANCHORS;
-    let mut out: Vec<Observation> = Vec::new();
-    let mut lines = LineCounter {
-        data,
-        pos: 0,
-        line: 1,
-    };
-    let mut pos = 0;
-    let mut last_oom: Option<(usize, usize)> = None; // (index in out, end offset)
-    while pos < data.len() {
-        let Some(m) = ac.find(Input::new(data).span(pos..data.len())) else {
-            break;
-        };
-        let hit = m.start();
-        let found = match kinds[m.pattern().as_usize()] {
-            Anchor::OutOfMemory => oom::out_of_memory(data, hit, input),
-            Anchor::TriedToAllocate => oom::tried_to_allocate(data, hit, input),
-            Anchor::MallocAsync => oom::malloc_async(data, hit, input),
-            Anchor::Library(lib) => oom::library(data, hit, m.len(), lib, input),
-            Anchor::Summary => summary::summary(data, hit, pos, input),
-            Anchor::Stats => stats::stats(data, hit, input),
-        };
-        let Some(mut f) = found else {
-            pos = hit + 1;
-            continue;
-        };
-        pos = f.end.max(hit + 1);
-        f.obs.line = Some(lines.line_of(f.start));
-        if f.obs.kind == Kind::Oom {
-            if let Some((i, end)) = last_oom
-                && is_chained_repeat(data, &out[i], end, &f)
-            {
-                continue;
-            }
-            last_oom = Some((out.len(), f.end));
+    /// Counts up to `off` before the bytes below it are dropped.
+    fn advance(&mut self, buf: &[u8], base: usize, off: usize) {
+        if off > self.pos {
+            self.line_of(buf, base, off);
         }
-        out.push(f.obs);
     }
-    out
 }
 
 /// Python prints a chained exception's message again under "During handling
@@ -162,7 +321,13 @@ pub fn scan(data: &[u8], input: &str) -> Vec<Observation> {
 /// class, and a wrap may cut its first line elsewhere) with such a line
 /// between is one OOM. Identical messages without it
 /// (ranks, retries, iterations) all count.
-fn is_chained_repeat(data: &[u8], prev: &Observation, prev_end: usize, next: &Found) -> bool {
+fn is_chained_repeat(
+    buf: &[u8],
+    base: usize,
+    prev: &Observation,
+    prev_end: usize,
+    next: &Found,
+) -> bool {
     let same = Observation {
         line: prev.line,
         exception: prev.exception.clone(),
@@ -173,11 +338,67 @@ fn is_chained_repeat(data: &[u8], prev: &Observation, prev_end: usize, next: &Fo
     if !same || next.start < prev_end || next.start - prev_end > 64 * 1024 {
         return false;
     }
-    let gap: Vec<u8> = data[prev_end..next.start]
+    let gap: Vec<u8> = buf
+        .get(prev_end.saturating_sub(base)..next.start - base)
+        .unwrap_or_default()
         .iter()
         .copied()
         .filter(|&b| b != b'\n' && b != b'\r')
         .collect();
     memchr::memmem::find(&gap, b"During handling of the above exception").is_some()
         || memchr::memmem::find(&gap, b"The above exception was the direct cause").is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A few MiB of log with every kind of evidence and clue, repeated at
+    /// shifting offsets, so that small chunks cut through each of them.
+    fn log() -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/text/");
+        let piece = |name: &str| std::fs::read(format!("{dir}{name}")).expect("fixture");
+        let pieces = [
+            piece("constructed_2_4_every_clause.log"),
+            piece("constructed_summary_2x_full.log"),
+            piece("constructed_chained_same_message.log"),
+            piece("constructed_hard_wrap_80.log"),
+            b"PyTorch version: 2.3.1+cu121\nPYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128\n\
+              File \"C:\\Users\\me\\train.py\", line 3\nvllm custom_all_reduce\n"
+                .to_vec(),
+        ];
+        let mut out = Vec::new();
+        let mut i = 0usize;
+        while out.len() < 5 << 20 {
+            out.extend(std::iter::repeat_n(b'.', i * 7919 % 4093));
+            out.push(b'\n');
+            out.extend_from_slice(&pieces[i % pieces.len()]);
+            i += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn a_stream_in_small_chunks_finds_what_one_span_finds() {
+        let data = log();
+        let mut whole_clues = TextClues::default();
+        let whole = scan_with_clues(&data, "log", &mut whole_clues);
+        assert!(whole.len() > 300, "{}", whole.len());
+        assert_eq!(whole_clues.torch_version, Some((2, 3)));
+        assert!(whole_clues.windows_paths && whole_clues.ipc_user);
+        for chunk in [4099, 65536, 3 << 20] {
+            let reader = Box::new(std::io::Cursor::new(data.clone()));
+            let opened =
+                super::super::open_stream("log", reader, &crate::limits::Limits::default())
+                    .unwrap();
+            let super::super::Body::Stream(mut stream) = opened.body else {
+                panic!("a stream");
+            };
+            let mut clues = TextClues::default();
+            let got = scan_chunks(&mut stream, "log", &mut clues, chunk).unwrap();
+            assert_eq!(got.len(), whole.len(), "chunk {chunk}");
+            assert!(got == whole, "chunk {chunk}");
+            assert_eq!(clues, whole_clues, "chunk {chunk}");
+        }
+    }
 }

@@ -3,8 +3,9 @@
 //! cut off. Flattened keys `stat.pool.metric` go to `metrics`.
 
 use super::scan::Found;
-use super::text::{clean, line_start, rank_in};
+use super::text::{clean, line_end, line_start, rank_in, shared_prefix};
 use crate::evidence::{Kind, Metrics, Observation, StatValues};
+use std::borrow::Cow;
 
 /// A dump has at most a few hundred keys; stop reading after this many bytes.
 const MAX_DUMP: usize = 256 * 1024;
@@ -64,15 +65,29 @@ fn classify(key: &str) -> Option<Key<'_>> {
 
 /// One `'key': value` / `"key": value` / `('key', value)` pair at `pos`:
 /// returns the key, the value and the offset after the value. A value that
-/// runs into the end of the data may be cut and is not returned.
-fn pair(d: &[u8], pos: usize) -> Option<(&str, i64, usize)> {
+/// runs into the end of the data may be cut and is not returned. A hard wrap
+/// may have broken the key or the number over two lines (`'inactive_split.all.al`
+/// / `located'`): the pieces are joined.
+fn pair(d: &[u8], pos: usize) -> Option<(Cow<'_, str>, i64, usize)> {
     let q = *d.get(pos)?;
     if q != b'\'' && q != b'"' {
         return None;
     }
     let ks = pos + 1;
     let klen = d.get(ks..)?.iter().take(96).position(|&b| b == q)?;
-    let key = std::str::from_utf8(&d[ks..ks + klen]).ok()?;
+    let raw = std::str::from_utf8(&d[ks..ks + klen]).ok()?;
+    let key = match raw.find('\n') {
+        // One wrap inside the key: the rest follows the prefix the lines share.
+        Some(at) => {
+            let rest = wrap_resume(d, ks + at).checked_sub(ks)?;
+            Cow::Owned(format!(
+                "{}{}",
+                raw[..at].trim_end_matches('\r'),
+                raw.get(rest..)?
+            ))
+        }
+        None => Cow::Borrowed(raw),
+    };
     if key.is_empty()
         || !key
             .bytes()
@@ -81,9 +96,14 @@ fn pair(d: &[u8], pos: usize) -> Option<(&str, i64, usize)> {
         return None;
     }
     let mut i = ks + klen + 1;
+    // Whitespace, and across a line break the log prefix both lines carry.
     let skip_ws = |i: &mut usize| {
-        while d.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
-            *i += 1;
+        while let Some(&b) = d.get(*i).filter(|b| b.is_ascii_whitespace()) {
+            *i = if b == b'\n' {
+                wrap_resume(d, *i)
+            } else {
+                *i + 1
+            };
         }
     };
     skip_ws(&mut i);
@@ -92,14 +112,8 @@ fn pair(d: &[u8], pos: usize) -> Option<(&str, i64, usize)> {
     }
     i += 1;
     skip_ws(&mut i);
-    let vs = i;
-    if d.get(i) == Some(&b'-') {
-        i += 1;
-    }
-    while d.get(i).is_some_and(u8::is_ascii_digit) {
-        i += 1;
-    }
-    let value: i64 = std::str::from_utf8(&d[vs..i]).ok()?.parse().ok()?;
+    let (value, after) = number(d, i)?;
+    i = after;
     // JSON floats of integral values ("3.0").
     if d.get(i) == Some(&b'.') && d.get(i + 1) == Some(&b'0') {
         i += 2;
@@ -108,6 +122,58 @@ fn pair(d: &[u8], pos: usize) -> Option<(&str, i64, usize)> {
         Some(b',' | b'}' | b')' | b']' | b' ' | b'\n' | b'\r' | b'\t') => Some((key, value, i)),
         _ => None,
     }
+}
+
+/// Where a line that a hard wrap continued resumes after the `\n` at `nl`:
+/// past the log prefix it shares with the line before (written on every
+/// physical line after the wrap).
+fn wrap_resume(d: &[u8], nl: usize) -> usize {
+    let text = |r: std::ops::Range<usize>| std::str::from_utf8(&d[r]).ok();
+    let shared = text(line_start(d, nl)..nl)
+        .zip(text(nl + 1..line_end(d, nl + 1)))
+        .map_or(0, |(a, b)| shared_prefix(a.trim_end_matches('\r'), b));
+    nl + 1 + shared
+}
+
+/// An integer at `i` and the offset after it. A line break right after a
+/// digit followed by a digit (past a shared log prefix) is a hard wrap inside
+/// the number; followed by a closing bracket it ends a pretty-printed dump;
+/// followed by anything else, or by the end of the data, it may have cut the
+/// number, so nothing is returned.
+fn number(d: &[u8], mut i: usize) -> Option<(i64, usize)> {
+    let negative = d.get(i) == Some(&b'-');
+    if negative {
+        i += 1;
+    }
+    let mut value: i64 = 0;
+    let mut digits = 0;
+    loop {
+        match d.get(i) {
+            Some(&b) if b.is_ascii_digit() => {
+                value = value.checked_mul(10)?.checked_add(i64::from(b - b'0'))?;
+                digits += 1;
+                i += 1;
+            }
+            Some(b'\r' | b'\n') if digits > 0 => {
+                let nl = if d.get(i) == Some(&b'\r') { i + 1 } else { i };
+                if d.get(nl) != Some(&b'\n') {
+                    break;
+                }
+                let next = wrap_resume(d, nl);
+                if d.get(next).is_some_and(u8::is_ascii_digit) {
+                    i = next;
+                    continue;
+                }
+                let closing = d.get(next..)?.iter().find(|b| !b.is_ascii_whitespace());
+                if !matches!(closing, Some(b'}' | b']' | b')')) {
+                    return None;
+                }
+                break;
+            }
+            _ => break,
+        }
+    }
+    (digits > 0).then_some((if negative { -value } else { value }, i))
 }
 
 /// Skips separators between pairs; across a newline, also a log prefix.
@@ -154,7 +220,7 @@ pub fn stats(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     while let Some((key, value, after)) = pair(d, pos) {
         pairs += 1;
         end = after;
-        match classify(key) {
+        match classify(&key) {
             Some(Key::Stat(stat, pool, metric)) => {
                 let v: &mut StatValues = metrics
                     .entry(stat.to_owned())
@@ -206,10 +272,24 @@ mod tests {
     #[test]
     fn reads_pairs_and_refuses_cut_values() {
         let d = b"'num_ooms': 3, 'x': 4";
-        assert_eq!(pair(d, 0), Some(("num_ooms", 3, 13)));
+        assert_eq!(pair(d, 0), Some(("num_ooms".into(), 3, 13)));
         // "4" runs into the end: it may be "42" cut.
         assert_eq!(pair(d, 15), None);
-        assert_eq!(pair(b"(\"a.b\", -1)", 1), Some(("a.b", -1, 10)));
+        assert_eq!(pair(b"(\"a.b\", -1)", 1), Some(("a.b".into(), -1, 10)));
+        // Hard wraps inside a key and inside a number.
+        let d = b"('inactive_split.all.al\nlocated', 24\r\n17), ";
+        assert_eq!(
+            pair(d, 1),
+            Some(("inactive_split.all.allocated".into(), 2417, 40))
+        );
+        // A line break then the end: the number may go on.
+        assert_eq!(pair(b"'a': 12\n", 0), None);
+        assert_eq!(pair(b"'a': 12\n}", 0), Some(("a".into(), 12, 7)));
+        // The wrapped rest after a log prefix written on both lines.
+        let d = b"[rank7]: ('a.b', 15440\n[rank7]: 6559744), ('c.d', 1)";
+        assert_eq!(pair(d, 10), Some(("a.b".into(), 154406559744, 39)));
+        let d = b"[rank7]: ('inactive_split.all.al\n[rank7]: located', 3)";
+        assert_eq!(pair(d, 10).map(|p| p.1), Some(3));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! contract says; a table cut at its head or tail keeps its whole rows.
 
 use super::scan::Found;
-use super::text::{clean, line_end, line_start, rank_in};
+use super::text::{clean, line_end, line_start, rank_in, shared_prefix};
 use crate::evidence::{Kind, Metrics, Observation, StatValues};
 use crate::units::unit_multiplier;
 
@@ -94,11 +94,81 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
             })
             .collect();
     }
-    // A printed table line is 77 characters plus a log prefix.
-    if le - ls > MAX_TABLE_LINE {
+    // A printed table line is 77 characters plus a log prefix, and every piece
+    // of one a hard wrap cut holds a bar (the last piece its closing one).
+    let has_bar =
+        |s: usize, e: usize| e - s <= MAX_TABLE_LINE && memchr::memchr(b'|', &data[s..e]).is_some();
+    if !has_bar(ls, le) {
         return Vec::new();
     }
-    let line = |s: usize| {
+    // Start where the table above the hit starts (a wrapped table has up to
+    // twice as many physical lines; the pieces a wrap cut off are not table
+    // lines alone, but never more than three in a row), then rebuild the
+    // table lines downwards.
+    let mut s = ls;
+    let mut pieces = 0;
+    for _ in 0..2 * MAX_LINES {
+        if s <= floor {
+            break;
+        }
+        let p = line_start(data, s - 1).max(floor);
+        if !has_bar(p, s - 1) {
+            break;
+        }
+        if is_table_line(&clean(&data[p..s - 1])) {
+            pieces = 0;
+        } else {
+            pieces += 1;
+            if pieces > 3 {
+                break;
+            }
+        }
+        s = p;
+    }
+    let mut lines: Vec<(TableLine, bool)> = Vec::new();
+    let mut at_hit = None;
+    while s < data.len() && lines.len() < 3 * MAX_LINES {
+        let l = logical_line(data, s);
+        let is_table = is_table_line(&l.text);
+        if l.start <= ls && ls <= l.end {
+            at_hit = Some(lines.len());
+        }
+        if at_hit.is_some() && !is_table {
+            break;
+        }
+        s = l.end + 1;
+        lines.push((l, is_table));
+    }
+    let Some(at_hit) = at_hit.filter(|&i| lines.get(i).is_some_and(|(_, t)| *t)) else {
+        return Vec::new();
+    };
+    // The run of table lines through the hit, from its last header on (a
+    // table cut at the head may follow another one's tail), with the border
+    // above that header.
+    let mut first = lines[..at_hit]
+        .iter()
+        .rposition(|(_, t)| !t)
+        .map_or(0, |i| i + 1);
+    if let Some(h) = lines[first..=at_hit]
+        .iter()
+        .rposition(|(l, _)| l.text.contains("memory summary"))
+    {
+        let h = first + h;
+        let top = h
+            .checked_sub(1)
+            .filter(|&t| t >= first && body(&lines[t].0.text).is_some_and(|b| is_border(b, '=')));
+        first = top.unwrap_or(h);
+    }
+    lines.truncate(MAX_LINES + first);
+    lines.drain(..first);
+    lines.into_iter().map(|(l, _)| l).collect()
+}
+
+/// The table line starting at physical line `s`. A line a hard wrap cut (its
+/// table part short of 77 characters) is joined with the pieces below it when
+/// that makes exactly one whole line, bar to bar; otherwise it stays as it is.
+fn logical_line(data: &[u8], s: usize) -> TableLine {
+    let physical = |s: usize| {
         let e = line_end(data, s);
         TableLine {
             // Too long to be a table line: left empty, so it ends the table.
@@ -111,46 +181,42 @@ fn table_lines(data: &[u8], hit: usize, floor: usize) -> Vec<TableLine> {
             end: e,
         }
     };
-    let mut lines = Vec::new();
-    let first = line(ls);
-    if !is_table_line(&first.text) {
-        return lines;
+    let first = physical(s);
+    if is_whole(&first.text) || !first.text.contains('|') {
+        return first;
     }
-    // Walk back over a head the hit did not land on (a cut table starts mid-way).
-    let mut back = Vec::new();
-    let mut s = ls;
-    let mut header = first.text.contains("memory summary");
-    while !header && s > floor && back.len() < MAX_LINES {
-        let prev = line(line_start(data, s - 1).max(floor));
-        if prev.start < floor || !is_table_line(&prev.text) {
+    let mut joined = first.text.clone();
+    let mut end = first.end;
+    // A 77-character line wrapped at 20 columns or more has at most four pieces.
+    for _ in 0..3 {
+        if end >= data.len() {
             break;
         }
-        header = prev.text.contains("memory summary");
-        s = prev.start;
-        back.push(prev);
-    }
-    if header {
-        // The top border above the header line.
-        let top = if back.is_empty() { ls } else { s };
-        if top > floor {
-            let prev = line(line_start(data, top - 1).max(floor));
-            if body(&prev.text).is_some_and(|b| is_border(b, '=')) {
-                back.push(prev);
+        let next = physical(end + 1);
+        // A prefix written on every physical line (after the wrap) is not the table's.
+        let shared = shared_prefix(&first.text, &next.text);
+        let log_prefix = first.text.find('|').is_some_and(|bar| shared <= bar);
+        joined.push_str(&next.text[if log_prefix { shared } else { 0 }..]);
+        end = next.end;
+        // The line must start in the first piece, or the pieces are not one line.
+        match joined.trim_end().len().checked_sub(TABLE_WIDTH) {
+            Some(at) if at >= first.text.len() => break,
+            Some(_) if is_whole(&joined) => {
+                return TableLine {
+                    text: joined,
+                    start: s,
+                    end,
+                };
             }
+            _ => {}
         }
     }
-    lines.extend(back.into_iter().rev());
-    lines.push(first);
-    let mut next = le + 1;
-    while next < data.len() && lines.len() < MAX_LINES {
-        let l = line(next);
-        if !is_table_line(&l.text) {
-            break;
-        }
-        next = l.end + 1;
-        lines.push(l);
-    }
-    lines
+    first
+}
+
+/// A whole printed table line: its last 77 characters run bar to bar.
+fn is_whole(text: &str) -> bool {
+    body(text).is_some_and(|b| b.len() == TABLE_WIDTH && b.starts_with('|') && b.ends_with('|'))
 }
 
 /// A cell: `14324 MiB`, `0 B`, `387`, `1234 K`; `None` when cut or malformed.
@@ -298,19 +364,33 @@ pub fn summary(data: &[u8], hit: usize, floor: usize, input: &str) -> Option<Fou
     let last = used.last()?;
     obs.line = None;
     obs.truncated = !header || !closed || cut_row;
-    obs.format_era = if metrics.contains_key("requested_bytes") || units_2x {
-        Some("2.0+".to_owned())
-    } else if units_1x {
-        Some("1.x".to_owned())
-    } else {
-        None
-    };
+    obs.format_era = era(&metrics, units_1x, units_2x, closed).map(str::to_owned);
     obs.metrics = Some(metrics);
     Some(Found {
         obs,
         start: first.start,
         end: last.end.max(hit + 1).min(data.len()),
     })
+}
+
+/// The PyTorch versions a table's layout allows: memory_summary() exists from
+/// 1.4; 2.0 changed the units to KiB/MiB and added "Requested memory"; 1.10
+/// added the "Oversize" rows after "Non-releasable allocs" (1.9.0's
+/// torch/cuda/memory.py closes the table there).
+fn era(metrics: &Metrics, units_1x: bool, units_2x: bool, closed: bool) -> Option<&'static str> {
+    let oversize =
+        metrics.contains_key("oversize_allocations") || metrics.contains_key("oversize_segments");
+    if metrics.contains_key("requested_bytes") || units_2x {
+        Some("2.0+")
+    } else if closed && !oversize && metrics.contains_key("inactive_split") {
+        Some("1.4-1.9")
+    } else if units_1x && oversize {
+        Some("1.10-1.13")
+    } else if units_1x {
+        Some("1.4-1.13")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

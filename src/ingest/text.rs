@@ -119,8 +119,11 @@ fn entity(s: &str) -> Option<(char, usize)> {
 }
 
 static RANK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\[[Rr]ank\s*(\d{1,6})\]").unwrap());
-static EXCEPTION: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception))\s*:\s*$").unwrap());
+/// A class name right before a message: `RuntimeError: ` as a traceback
+/// prints it, or `RuntimeError('` as its repr does in a logged exception.
+static EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception))(?:\s*:\s*|\(['"])$"#).unwrap()
+});
 /// A per-process log prefix that marks another process's line.
 static PROCESS_PREFIX: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*(?:\[[Rr]ank\s*\d+\]|\([A-Za-z]\w* pid=\d+\))").unwrap());
@@ -130,8 +133,8 @@ pub fn rank_in(prefix: &str) -> Option<u32> {
     RANK.captures(prefix)?.get(1)?.as_str().parse().ok()
 }
 
-/// The exception class printed right before a message (`torch.OutOfMemoryError: `),
-/// and where it starts in `before`.
+/// The exception class printed right before a message (`torch.OutOfMemoryError: `,
+/// or the repr `RuntimeError('`), and where it starts in `before`.
 pub fn exception_before(before: &str) -> Option<(String, usize)> {
     let m = EXCEPTION.captures(before)?.get(1)?;
     Some((m.as_str().to_owned(), m.start()))
@@ -151,6 +154,15 @@ pub fn exception_in(s: &str) -> Option<(String, usize, usize)> {
 /// True when a line starts with a per-process prefix (rank, worker pid).
 pub fn has_process_prefix(line: &str) -> bool {
     PROCESS_PREFIX.is_match(line)
+}
+
+/// Length of the log prefix two lines share (`[rank2]: `), ending at a separator.
+pub fn shared_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !b.is_char_boundary(n) {
+        n -= 1;
+    }
+    b[..n].rfind([':', ' ', ']', ')']).map_or(0, |i| i + 1)
 }
 
 /// Index of the first char boundary at or after `i`.
@@ -198,6 +210,9 @@ mod tests {
         assert_eq!(rank_in("(VllmWorkerProcess pid=3) "), None);
         let (e, at) = exception_before("[rank0]: torch.OutOfMemoryError: ").unwrap();
         assert_eq!((e.as_str(), at), ("torch.OutOfMemoryError", 9));
+        let (e, at) = exception_before("in the train loop: RuntimeError('").unwrap();
+        assert_eq!((e.as_str(), at), ("RuntimeError", 19));
+        assert!(exception_before("RuntimeError(x").is_none());
         assert!(has_process_prefix("[rank1]: x"));
         assert!(has_process_prefix("(VllmWorkerProcess pid=1689) ERROR"));
         assert!(!has_process_prefix("memory in use."));

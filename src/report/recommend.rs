@@ -29,9 +29,10 @@ fn conf_label(conf: &str) -> &str {
 }
 
 fn oom_cell(r: &Run) -> String {
-    match &r.figures.oom {
-        Some(o) => format!("event {} ({})", o.event_index, human(o.requested_bytes)),
-        None => "none".to_string(),
+    match (&r.figures.oom, r.figures.stopped_early_at_event) {
+        (Some(o), _) => format!("event {} ({})", o.event_index, human(o.requested_bytes)),
+        (None, Some(at)) => format!("none to event {at}, stopped"),
+        (None, None) => "none".to_string(),
     }
 }
 
@@ -53,16 +54,21 @@ const RUN_HEADERS: [&str; 8] = [
 
 fn run_row(label: String, run: &Run, flag: Option<String>) -> TableRow {
     let r = &run.figures;
+    // A run stopped early shows the figures up to its stop: lower bounds.
+    let at_least = |v: String| match r.stopped_early_at_event {
+        Some(_) => format!("≥ {v}"),
+        None => v,
+    };
     TableRow {
         cells: vec![
             label,
             oom_cell(run),
-            human(r.peak_reserved_bytes),
-            human(r.peak_allocated_bytes),
-            r.device_allocs.to_string(),
-            r.device_frees.to_string(),
-            r.alloc_retries.to_string(),
-            r.synchronizations.to_string(),
+            at_least(human(r.peak_reserved_bytes)),
+            at_least(human(r.peak_allocated_bytes)),
+            at_least(r.device_allocs.to_string()),
+            at_least(r.device_frees.to_string()),
+            at_least(r.alloc_retries.to_string()),
+            at_least(r.synchronizations.to_string()),
         ],
         flag,
     }
@@ -270,7 +276,16 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
         tables.push(runs_table(
             &format!("Best {} of {} configs, ranked", SHOWN.min(r.candidates.len()), r.candidates.len()),
             ranked,
-            Some("Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree (mallocs, frees), retries and synchronisations.".into()),
+            Some(format!(
+                "Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree (mallocs, frees), retries and synchronisations.{}",
+                match r.search.configs_stopped_early {
+                    0 => String::new(),
+                    n => format!(
+                        " {n} configs stopped once their reserved memory passed the best finished run's peak (figures marked ≥ are as of the stop); they rank after the {} that finished.",
+                        r.search.configs_finished
+                    ),
+                }
+            )),
         ));
     }
     let mut rows = vec![run_row(

@@ -3,41 +3,136 @@
 //! it ([`evidence`]).
 
 pub mod evidence;
-mod grow;
+pub(crate) mod grow;
 pub mod model;
 pub mod pickle;
 
 use crate::Error;
 use crate::evidence::Observation;
+use crate::limits::{Limit, Limits};
 pub use model::Snapshot;
 
-/// True when `data` is a pickle: the PROTO opcode with protocol 2..=5, or,
-/// protocols 0 and 1 having no PROTO opcode, a dict or list opened as
-/// `pickle.dump` opens them (`(d` / `(l` in protocol 0; `}` / `]` then a memo
-/// put or MARK in protocol 1) that also decodes completely, so that a text
-/// log starting with `(` or `]` stays text.
-pub fn is_pickle(data: &[u8]) -> bool {
+/// How an input's first bytes read as a pickle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// The PROTO opcode of protocols 2 to 5, or the exact opening
+    /// `pickle.dump` writes in protocols 0 and 1: a dict or list memoized as
+    /// entry 0 (`(dp0\n`, `(lp0\n`, `}q\x00`, `]q\x00`).
+    Certain,
+    /// A header-less start a pickle may have (a MARK, a container, a GLOBAL):
+    /// only a whole decode tells it from text starting the same way.
+    Possible,
+    No,
+}
+
+fn opening(data: &[u8]) -> Opening {
     match data {
-        [0x80, protocol, ..] => (2..=5).contains(protocol),
-        [b'(', b'd' | b'l', ..] | [b'}' | b']', b'q' | b'r' | b'(', ..] => {
-            pickle::decode(data).is_ok()
+        [0x80, protocol, ..] if (2..=5).contains(protocol) => Opening::Certain,
+        [b'}' | b']', b'q', 0, ..] => Opening::Certain,
+        [b'(', b'd' | b'l', b'p', rest @ ..]
+            if rest
+                .iter()
+                .position(|b| !b.is_ascii_digit())
+                .is_some_and(|n| n > 0 && rest[n] == b'\n') =>
+        {
+            Opening::Certain
         }
-        _ => false,
+        [b'(', ..]
+        | [b'}' | b']', b'q' | b'r' | b'(', ..]
+        | [b'c', b'A'..=b'Z' | b'a'..=b'z' | b'_', ..] => Opening::Possible,
+        _ => Opening::No,
     }
 }
 
-/// Decodes and models a snapshot; errors name the input and the byte offset or
-/// the path of the bad field.
+/// Limits for telling a header-less pickle from text: a real one nests a
+/// few levels deep, text read as opcodes opens a MARK per `(`.
+const SNIFF: pickle::Limits = pickle::Limits {
+    max_marks: 256,
+    max_values: 1 << 30,
+};
+
+/// True when `data` is a pickle: its opening is certain, or it decodes to
+/// its STOP (a pickle that would call code included: loading it then
+/// refuses it, naming the callable), so that a text log starting with `(`,
+/// `]` or `c` stays text.
+pub fn is_pickle(data: &[u8]) -> bool {
+    match opening(data) {
+        Opening::Certain => true,
+        Opening::Possible => matches!(
+            pickle::decode_whole(data, SNIFF),
+            Ok(()) | Err(pickle::DecodeError::Code { .. })
+        ),
+        Opening::No => false,
+    }
+}
+
+/// True when an input whose first bytes are `head` may be a pickle: read
+/// it whole and ask [`is_pickle`]. For streams, whose end is not read yet:
+/// a pickle's head decodes up to an opcode cut near its end, where text
+/// that starts like one fails early (`(Training…` reads as a MARK and a
+/// string of 1.8 GB).
+pub fn may_be_pickle(head: &[u8]) -> bool {
+    match opening(head) {
+        Opening::Certain => true,
+        Opening::Possible => match pickle::decode_whole(head, SNIFF) {
+            Ok(()) | Err(pickle::DecodeError::Code { .. }) => true,
+            Err(pickle::DecodeError::Truncated { offset, .. }) => offset >= head.len() / 2,
+            Err(_) => false,
+        },
+        Opening::No => false,
+    }
+}
+
+/// Decodes and models a snapshot with the default [`Limits`].
 pub fn load<'a>(input_name: &str, data: &'a [u8]) -> Result<Snapshot<'a>, Error> {
-    let p = pickle::decode(data)
-        .map_err(|e| Error::Input(format!("{input_name}: not a readable snapshot pickle: {e}")))?;
-    Snapshot::from_pickle(p)
-        .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
+    load_with(input_name, data, &Limits::default())
+}
+
+/// Decodes and models a snapshot within `limits`; errors name the input and
+/// the byte offset or the path of the bad field, or the limit and its flag.
+pub fn load_with<'a>(
+    input_name: &str,
+    data: &'a [u8],
+    limits: &Limits,
+) -> Result<Snapshot<'a>, Error> {
+    let decode_limits = pickle::Limits {
+        max_values: limits.max_objects,
+        ..pickle::Limits::default()
+    };
+    let p = pickle::decode_with(data, decode_limits).map_err(|e| match e {
+        pickle::DecodeError::Limit { offset, what, .. } if what == pickle::VALUES => {
+            limits.exceeded(input_name, Limit::Objects, &format!("at byte {offset}"))
+        }
+        pickle::DecodeError::Memory { .. } => Error::Input(format!("{input_name}: {e}")),
+        _ => Error::Input(format!("{input_name}: not a readable snapshot pickle: {e}")),
+    })?;
+    Snapshot::from_pickle(p, limits.max_blocks).map_err(|e| match e {
+        model::BuildError::Model(e) => {
+            Error::Input(format!("{input_name}: not a torch memory snapshot: {e}"))
+        }
+        model::BuildError::Blocks(n) => limits.exceeded(
+            input_name,
+            Limit::Blocks,
+            &format!("its segments list {n} blocks"),
+        ),
+        model::BuildError::Memory(bytes) => {
+            crate::limits::out_of_memory(input_name, "the snapshot's blocks", bytes)
+        }
+    })
 }
 
 /// One `snapshot` observation per device present in the snapshot.
 pub fn observations(input_name: &str, data: &[u8]) -> Result<Vec<Observation>, Error> {
-    let snap = load(input_name, data)?;
+    observations_with(input_name, data, &Limits::default())
+}
+
+/// [`observations`] within `limits`.
+pub fn observations_with(
+    input_name: &str,
+    data: &[u8],
+    limits: &Limits,
+) -> Result<Vec<Observation>, Error> {
+    let snap = load_with(input_name, data, limits)?;
     evidence::device_observations(input_name, &snap)
         .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
 }

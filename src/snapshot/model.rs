@@ -6,7 +6,7 @@
 //! no `is_expandable`, legacy `history` on blocks) and new ones (extra keys are
 //! ignored) alike (allocator.md §9).
 
-use super::grow::{Prefault, reserved};
+use super::grow::Prefault;
 use super::pickle::{Pickle, V};
 use std::ops::Range;
 use thiserror::Error;
@@ -16,6 +16,24 @@ use thiserror::Error;
 pub struct ModelError {
     pub path: String,
     pub problem: String,
+}
+
+/// Why a snapshot model could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildError {
+    /// A field is missing or of the wrong type.
+    Model(ModelError),
+    /// The segments list this many blocks in all, over the limit (a block
+    /// list shared by several segments counts once per segment).
+    Blocks(u64),
+    /// The system refused this many bytes for the model.
+    Memory(usize),
+}
+
+impl From<ModelError> for BuildError {
+    fn from(e: ModelError) -> Self {
+        BuildError::Model(e)
+    }
 }
 
 fn err(path: impl Into<String>, problem: impl Into<String>) -> ModelError {
@@ -144,8 +162,11 @@ pub struct Frame<'s> {
 }
 
 impl<'a> Snapshot<'a> {
-    /// Builds the model over a decoded pickle.
-    pub fn from_pickle(pickle: Pickle<'a>) -> Result<Snapshot<'a>, ModelError> {
+    /// Builds the model over a decoded pickle, expanding at most
+    /// `max_blocks` blocks. A pickle stores a shared object once, so a small
+    /// file whose segments all share one long block list would expand
+    /// quadratically: the blocks are counted before any is built.
+    pub fn from_pickle(pickle: Pickle<'a>, max_blocks: u64) -> Result<Snapshot<'a>, BuildError> {
         let root = pickle.root;
         let (form, segs_v, traces_v, settings, annotations) = if pickle.dict(root).is_some() {
             let segs = pickle
@@ -168,17 +189,32 @@ impl<'a> Snapshot<'a> {
             return Err(err(
                 "snapshot",
                 "the pickle holds neither a snapshot dict nor a list of segments",
-            ));
+            )
+            .into());
         };
 
         let seg_items = pickle
             .items(segs_v)
             .ok_or_else(|| err("segments", "not a list"))?;
         let mut reader = Reader::new();
-        let mut segments = Vec::with_capacity(seg_items.len());
+        let mut total = 0u64;
+        for (i, &s) in seg_items.iter().enumerate() {
+            let path = || format!("segments[{i}]");
+            let listed = reader.seg.value(&pickle, s, &path, SegKey::Blocks)?;
+            total = total.saturating_add(
+                listed
+                    .and_then(|b| pickle.items(b))
+                    .map_or(0, |b| b.len() as u64),
+            );
+        }
+        if total > max_blocks {
+            return Err(BuildError::Blocks(total));
+        }
+        let mut segments = Vec::new();
+        try_room(&mut segments, seg_items.len())?;
         let mut segments_ahead = Prefault::default();
-        // Every block is a dict, so the arena's size bounds their number.
-        let mut blocks = reserved(pickle.object_count());
+        let mut blocks = Vec::new();
+        try_room(&mut blocks, total as usize)?;
         for (i, &s) in seg_items.iter().enumerate() {
             segments_ahead.ahead(&mut segments, 1);
             segments.push(reader.segment(&pickle, s, i, &mut blocks)?);
@@ -311,6 +347,12 @@ impl<'a> Snapshot<'a> {
     }
 }
 
+/// Exactly `n` items of room in an empty vector, or the bytes refused.
+fn try_room<T>(v: &mut Vec<T>, n: usize) -> Result<(), BuildError> {
+    v.try_reserve_exact(n)
+        .map_err(|_| BuildError::Memory(n.saturating_mul(size_of::<T>())))
+}
+
 /// Resolves dict keys to known fields. Keys are shared str objects, so each
 /// distinct key object is compared as text once and then by arena id; dicts
 /// of one key shape share one resolved field list.
@@ -439,7 +481,7 @@ fn stream_of(p: &Pickle, v: V) -> u64 {
     p.u64(v).or_else(|| p.i64(v).map(|i| i as u64)).unwrap_or(0)
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum SegKey {
     Address,
     TotalSize,

@@ -175,6 +175,15 @@ pub enum DecodeError {
         what: &'static str,
         limit: u64,
     },
+    /// The system refused memory the input asked for (never an abort).
+    #[error(
+        "byte {offset}: not enough memory for the {what} (the system refused {bytes} more bytes)"
+    )]
+    Memory {
+        offset: usize,
+        what: &'static str,
+        bytes: usize,
+    },
 }
 
 impl DecodeError {
@@ -186,7 +195,8 @@ impl DecodeError {
             | DecodeError::UnknownOpcode { offset, .. }
             | DecodeError::Protocol { offset, .. }
             | DecodeError::Malformed { offset, .. }
-            | DecodeError::Limit { offset, .. } => *offset,
+            | DecodeError::Limit { offset, .. }
+            | DecodeError::Memory { offset, .. } => *offset,
         }
     }
 }
@@ -232,6 +242,9 @@ pub struct Pickle<'a> {
     pub protocol: u8,
 }
 
+/// What a [`DecodeError::Limit`] on [`Limits::max_values`] names.
+pub const VALUES: &str = "number of values";
+
 /// Decodes with the default [`Limits`].
 pub fn decode(data: &[u8]) -> Result<Pickle<'_>, DecodeError> {
     decode_with(data, Limits::default())
@@ -240,13 +253,26 @@ pub fn decode(data: &[u8]) -> Result<Pickle<'_>, DecodeError> {
 /// Decodes `data` (one pickle; trailing bytes after STOP are ignored, as
 /// `pickle.loads` does).
 pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeError> {
+    decoder(data, limits, false).run().map_err(|e| *e)
+}
+
+/// Decodes `data` to its STOP, stepping over the opcodes that would call
+/// code instead of refusing at the first: protocols 0 and 1 have no header,
+/// so only a whole decode tells a pickle from text that starts like one.
+/// A pickle that holds code is still an error, [`DecodeError::Code`] for its
+/// first such opcode, but only once the input proved to be a pickle.
+pub fn decode_whole(data: &[u8], limits: Limits) -> Result<(), DecodeError> {
+    decoder(data, limits, true).run().map(drop).map_err(|e| *e)
+}
+
+fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<'_> {
     // Reserve from the input's actual size (not a declared length): torch
     // snapshots hold up to one pooled value per 3 bytes and one object per
     // 16. Only touched pages count, so an overestimate costs address space,
     // not memory, while an underestimate costs a copy of the whole pool; if
     // the address space is refused, start from a smaller guess and grow.
     let n = data.len();
-    let d = Decoder {
+    Decoder {
         data,
         pos: 0,
         stack: Vec::new(),
@@ -269,8 +295,9 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
         last_shape: u32::MAX,
         values: 0,
         limits,
-    };
-    d.run().map_err(|e| *e)
+        defer_code,
+        code: None,
+    }
 }
 
 /// An index into a side table (texts, bytes, big ints).
@@ -323,6 +350,15 @@ struct Memo {
     sparse: HashMap<u64, V>,
 }
 
+/// Why the memo could not take an entry.
+#[derive(Debug)]
+enum MemoFull {
+    /// Its table of non-object values is full (the limit).
+    Values(u64),
+    /// The system refused this many more bytes.
+    Memory(usize),
+}
+
 /// Memo entries kept in [`Memo::early`].
 const EARLY: usize = 256;
 
@@ -341,8 +377,11 @@ impl Default for Memo {
 
 impl Memo {
     #[inline(always)]
-    fn put(&mut self, idx: u64, v: V) -> Result<(), u64> {
+    fn put(&mut self, idx: u64, v: V) -> Result<(), MemoFull> {
         if idx > self.len {
+            self.sparse
+                .try_reserve(1)
+                .map_err(|_| MemoFull::Memory(size_of::<(u64, V)>()))?;
             self.sparse.insert(idx, v);
             return Ok(());
         }
@@ -369,8 +408,11 @@ impl Memo {
     }
 
     #[cold]
-    fn densify_then_put(&mut self, idx: u64, v: V) -> Result<(), u64> {
+    fn densify_then_put(&mut self, idx: u64, v: V) -> Result<(), MemoFull> {
+        let refused = |more: usize| MemoFull::Memory(more * size_of::<u32>());
         if self.dense.is_empty() {
+            let all = self.len as usize + 1;
+            self.dense.try_reserve(all).map_err(|_| refused(all))?;
             for (i, &(first, id)) in self.runs.iter().enumerate() {
                 let end = self.runs.get(i + 1).map_or(self.len, |r| r.0);
                 self.dense.extend((0..end - first).map(|j| id + j as u32));
@@ -383,7 +425,8 @@ impl Memo {
                 let i = u32::try_from(self.values.len())
                     .ok()
                     .filter(|&i| i < MEMO_VALUE)
-                    .ok_or(u64::from(MEMO_VALUE))?;
+                    .ok_or(MemoFull::Values(u64::from(MEMO_VALUE)))?;
+                self.values.try_reserve(1).map_err(|_| refused(2))?;
                 self.values.push(v);
                 i | MEMO_VALUE
             }
@@ -391,6 +434,7 @@ impl Memo {
         if idx < self.len {
             self.dense[idx as usize] = entry;
         } else {
+            self.dense.try_reserve(1).map_err(|_| refused(1))?;
             self.dense.push(entry);
             self.len += 1;
         }
@@ -432,6 +476,9 @@ struct Decoder<'a> {
     /// Values counted so far against [`Limits::max_values`].
     values: u64,
     limits: Limits,
+    /// Step over code opcodes (see [`decode_whole`]), keeping the first in `code`.
+    defer_code: bool,
+    code: Option<DecodeError>,
 }
 
 /// Opcode names as `pickletools` spells them (used in errors).
@@ -641,6 +688,9 @@ impl<'a> Decoder<'a> {
                 }
                 b'.' => {
                     self.p.root = self.pop(at, op)?;
+                    if let Some(code) = self.code.take() {
+                        return Err(Box::new(code));
+                    }
                     return Ok(self.p);
                 }
                 b'0' => {
@@ -783,7 +833,7 @@ impl<'a> Decoder<'a> {
                 b'c' | b'i' => {
                     let module = self.line(at, op)?;
                     let name = self.line(at, op)?;
-                    return Err(Box::new(DecodeError::Code {
+                    let code = DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable: format!(
@@ -791,7 +841,18 @@ impl<'a> Decoder<'a> {
                             String::from_utf8_lossy(module),
                             String::from_utf8_lossy(name)
                         ),
-                    }));
+                    };
+                    // `find_class` imports a dotted module and looks a name up in
+                    // it: anything else is text that happens to start with `c`.
+                    if self.defer_code && !(is_dotted_name(module) && is_dotted_name(name)) {
+                        return Err(self.malformed(at, op, "not a module and a name"));
+                    }
+                    self.step_over(
+                        code,
+                        if op == b'i' { Pops::Mark } else { Pops::N(0) },
+                        at,
+                        op,
+                    )?;
                 }
                 0x93 => {
                     let n = self.stack.len();
@@ -804,11 +865,12 @@ impl<'a> Decoder<'a> {
                         }
                         _ => "an object missing from the stack".into(),
                     };
-                    return Err(Box::new(DecodeError::Code {
+                    let code = DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable,
-                    }));
+                    };
+                    self.step_over(code, Pops::N(2), at, op)?;
                 }
                 b'R' | 0x81 | 0x92 | b'b' | b'o' | b'Q' => {
                     // The callable (or the object BUILD would update) sits below the
@@ -823,19 +885,32 @@ impl<'a> Decoder<'a> {
                         .and_then(|i| self.stack.get(i))
                         .map(|v| self.describe(*v))
                         .unwrap_or_else(|| "an object missing from the stack".into());
-                    return Err(Box::new(DecodeError::Code {
+                    let code = DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable,
-                    }));
+                    };
+                    // What each leaves in place of its operands: one result,
+                    // except BUILD, which updates the object below its state.
+                    let pops = match op {
+                        b'o' => Pops::Mark,
+                        0x92 => Pops::N(3),
+                        b'R' | 0x81 => Pops::N(2),
+                        _ => Pops::N(1),
+                    };
+                    self.step_over(code, pops, at, op)?;
+                    if op == b'b' {
+                        self.pop(at, op)?;
+                    }
                 }
                 b'P' => {
                     let id = self.line(at, op)?;
-                    return Err(Box::new(DecodeError::Code {
+                    let code = DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
                         callable: format!("persistent_load({:?})", String::from_utf8_lossy(id)),
-                    }));
+                    };
+                    self.step_over(code, Pops::N(0), at, op)?;
                 }
                 0x82..=0x84 => {
                     let n = match op {
@@ -843,12 +918,13 @@ impl<'a> Decoder<'a> {
                         0x83 => 2,
                         _ => 4,
                     };
-                    let code = self.le_u64(n, at, op)?;
-                    return Err(Box::new(DecodeError::Code {
+                    let ext = self.le_u64(n, at, op)?;
+                    let code = DecodeError::Code {
                         offset: at,
                         opcode: opcode_name(op),
-                        callable: format!("the copyreg extension registered as code {code}"),
-                    }));
+                        callable: format!("the copyreg extension registered as code {ext}"),
+                    };
+                    self.step_over(code, Pops::N(0), at, op)?;
                 }
                 _ => {
                     return Err(Box::new(DecodeError::UnknownOpcode {
@@ -858,6 +934,29 @@ impl<'a> Decoder<'a> {
                 }
             }
         }
+    }
+
+    /// An opcode that would call code: refused at once, or, decoding a whole
+    /// header-less pickle, recorded and stepped over: its operands popped and
+    /// a None pushed in place of what it would have made.
+    #[cold]
+    fn step_over(&mut self, code: DecodeError, pops: Pops, at: usize, op: u8) -> Res<()> {
+        if !self.defer_code {
+            return Err(Box::new(code));
+        }
+        match pops {
+            Pops::Mark => {
+                let m = self.pop_mark(at, op)?;
+                self.stack.truncate(m);
+            }
+            Pops::N(n) => {
+                for _ in 0..n {
+                    self.pop(at, op)?;
+                }
+            }
+        }
+        self.code.get_or_insert(code);
+        self.push(V::NONE, at)
     }
 
     /// The bulk of a snapshot: memo gets and ints (dict keys and values),
@@ -1024,7 +1123,7 @@ impl<'a> Decoder<'a> {
     fn too_many_values(&self, at: usize) -> Fail {
         Box::new(DecodeError::Limit {
             offset: at,
-            what: "number of values",
+            what: VALUES,
             limit: self.limits.max_values,
         })
     }
@@ -1044,8 +1143,7 @@ impl<'a> Decoder<'a> {
     fn grow_stack(&mut self, at: usize) -> Res<()> {
         let more = self.stack.capacity().max(256);
         self.count(more as u64, at)?;
-        self.stack.reserve_exact(more);
-        Ok(())
+        room(&mut self.stack, more, at, "stack")
     }
 
     /// The stack index below which the innermost MARK protects the stack.
@@ -1087,6 +1185,7 @@ impl<'a> Decoder<'a> {
             }));
         }
         self.count(2, at)?;
+        room(&mut self.p.slots, 1, at, "objects")?;
         self.slots_ahead.ahead(&mut self.p.slots, 1);
         self.p.slots.push(slot);
         Ok(V::object(id as u32))
@@ -1153,6 +1252,7 @@ impl<'a> Decoder<'a> {
         let start = self.p.pool.len() as u64;
         let len = self.checked_len(self.stack.len().saturating_sub(from) as u64, at)?;
         self.count(len.into(), at)?;
+        room(&mut self.p.pool, len as usize, at, "container items")?;
         self.pool_ahead.ahead(&mut self.p.pool, len as usize);
         self.p.pool.extend(self.stack.drain(from..));
         let v = self.alloc(
@@ -1200,11 +1300,13 @@ impl<'a> Decoder<'a> {
         let id = target.id().unwrap_or(u32::MAX) as usize;
         let n = self.stack.len().saturating_sub(from);
         self.count(n as u64, at)?;
+        room(&mut self.p.pool, n, at, "container items")?;
         self.pool_ahead.ahead(&mut self.p.pool, n);
         let pool_end = self.p.pool.len() as u64;
         match c.layout {
             Layout::Owned => {
                 if let Some(items) = self.p.owned.get_mut(c.start as usize) {
+                    room(items, n, at, "container items")?;
                     items.extend(self.stack.drain(from..));
                 }
             }
@@ -1245,12 +1347,16 @@ impl<'a> Decoder<'a> {
             }
             Layout::Pool | Layout::Shaped => {
                 // Other objects were built since: give it a vector of its own.
-                let mut items = match self.p.dict_of(&c) {
-                    Some(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
-                    None => self.p.items_of(&c).to_vec(),
-                };
+                let mut items = Vec::new();
+                let had = self.p.dict_of(&c).map_or(c.len as usize, |d| 2 * d.len());
+                room(&mut items, had + n, at, "container items")?;
+                match self.p.dict_of(&c) {
+                    Some(pairs) => items.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
+                    None => items.extend_from_slice(self.p.items_of(&c)),
+                }
                 items.extend(self.stack.drain(from..));
                 let start = self.p.owned.len() as u64;
+                room(&mut self.p.owned, 1, at, "container items")?;
                 self.p.owned.push(items);
                 self.p.slots[id] = Slot::Container(Container {
                     kind,
@@ -1325,11 +1431,18 @@ impl<'a> Decoder<'a> {
     #[inline(always)]
     fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Res<()> {
         self.count(1, at)?;
-        self.memo.put(idx, v).map_err(|limit| {
-            Box::new(DecodeError::Limit {
-                offset: at,
-                what: "memoized non-object values",
-                limit,
+        self.memo.put(idx, v).map_err(|full| {
+            Box::new(match full {
+                MemoFull::Values(limit) => DecodeError::Limit {
+                    offset: at,
+                    what: "memoized non-object values",
+                    limit,
+                },
+                MemoFull::Memory(bytes) => DecodeError::Memory {
+                    offset: at,
+                    what: "memo",
+                    bytes,
+                },
             })
         })
     }
@@ -1357,6 +1470,7 @@ impl<'a> Decoder<'a> {
     fn text(&mut self, s: std::borrow::Cow<'a, str>, at: usize) -> Res<V> {
         let i = side_index(self.p.texts.len(), at)?;
         let v = self.alloc(Slot::Str(i), at)?;
+        room(&mut self.p.texts, 1, at, "strings")?;
         self.p.texts.push(s);
         Ok(v)
     }
@@ -1364,6 +1478,7 @@ impl<'a> Decoder<'a> {
     fn bytes(&mut self, b: &'a [u8], at: usize) -> Res<V> {
         let i = side_index(self.p.bytes.len(), at)?;
         let v = self.alloc(Slot::Bytes(i), at)?;
+        room(&mut self.p.bytes, 1, at, "byte strings")?;
         self.p.bytes.push(b);
         Ok(v)
     }
@@ -1371,6 +1486,7 @@ impl<'a> Decoder<'a> {
     fn bigint(&mut self, le: Box<[u8]>, at: usize) -> Res<V> {
         let i = side_index(self.p.bigints.len(), at)?;
         let v = self.alloc(Slot::BigInt(i), at)?;
+        room(&mut self.p.bigints, 1, at, "wide ints")?;
         self.p.bigints.push(le);
         Ok(v)
     }
@@ -1434,6 +1550,48 @@ impl<'a> Decoder<'a> {
             other => format!("{other:?}"),
         }
     }
+}
+
+/// Room for `more` items in `v`, or [`DecodeError::Memory`] when the system
+/// refuses it: every vector sized by the input grows through here, so an
+/// input too big for the machine is an error, never an abort.
+#[inline(always)]
+fn room<T>(v: &mut Vec<T>, more: usize, at: usize, what: &'static str) -> Res<()> {
+    if v.capacity() - v.len() >= more {
+        return Ok(());
+    }
+    grow(v, more, at, what)
+}
+
+#[cold]
+#[inline(never)]
+fn grow<T>(v: &mut Vec<T>, more: usize, at: usize, what: &'static str) -> Res<()> {
+    v.try_reserve(more).map_err(|_| {
+        Box::new(DecodeError::Memory {
+            offset: at,
+            what,
+            bytes: more.saturating_mul(size_of::<T>()),
+        })
+    })
+}
+
+/// What a code opcode takes off the stack.
+#[derive(Clone, Copy)]
+enum Pops {
+    /// Everything down to the innermost MARK, and the MARK.
+    Mark,
+    N(usize),
+}
+
+/// A Python dotted name (`os`, `os.path`, `__builtin__`, `Foo.bar`), as the
+/// text-form GLOBAL and INST name a module and a callable.
+fn is_dotted_name(s: &[u8]) -> bool {
+    !s.is_empty()
+        && s.split(|&b| b == b'.').all(|part| {
+            part.first()
+                .is_some_and(|&c| c.is_ascii_alphabetic() || c == b'_')
+                && part.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
+        })
 }
 
 /// Little-endian two's complement to an inline value, when it fits in i64 or u64.

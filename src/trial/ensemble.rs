@@ -81,8 +81,9 @@ pub fn ending_text(m: &Calibration) -> String {
 /// A replayer of one member's trace on the simulated card.
 fn member_replayer(
     m: &Calibration,
-) -> impl Fn(&Settings, &str, u64, crate::device::sim::Placement) -> super::Run + Sync + '_ {
-    move |s, conf, cap, placement| replay_placed(&m.trace, s, conf, cap, placement)
+) -> impl Fn(&Settings, &str, u64, Option<u64>, crate::device::sim::Placement) -> super::Run + Sync + '_
+{
+    move |s, conf, cap, _, placement| replay_placed(&m.trace, s, conf, cap, placement)
 }
 
 fn judge_member(
@@ -352,6 +353,10 @@ pub struct EnsembleSearch {
     /// The smallest capacity at which the first config runs every plausible
     /// workload (bisected to 1 MiB).
     pub needed_capacity_bytes: Option<u64>,
+    /// What the searches replayed, summed over the plausible workloads
+    /// (`configs` is the space's size).
+    #[serde(skip)]
+    pub pruning: search::Pruning,
     #[serde(skip)]
     pub capacity: u64,
 }
@@ -363,7 +368,7 @@ pub const PLACEMENT_CHECKED: usize = 5;
 /// without limit).
 fn capacity_needed(run: impl Fn(u64) -> RunFigures) -> u64 {
     let free = run(crate::device::NO_LIMIT);
-    search::min_capacity(&free, crate::device::NO_LIMIT, run, &|_| {})
+    search::min_capacity(&free, crate::device::NO_LIMIT, true, run, &|_| {})
 }
 
 /// Replays every config of `candidates` on every plausible workload of `e`,
@@ -379,8 +384,8 @@ pub fn search(
     let cap = e.capacity;
     let total = candidates.len() * plausible.len();
     let done = AtomicUsize::new(0);
-    // Each workload's runs, in `candidates` order.
-    let per_member: Vec<Vec<RunFigures>> = plausible
+    // Each workload's runs, in `candidates` order, and what its search replayed.
+    let per_member: Vec<(Vec<RunFigures>, search::Pruning)> = plausible
         .iter()
         .map(|m| {
             let sizes = super::workload::distinct_request_sizes(&m.trace);
@@ -389,7 +394,8 @@ pub fn search(
                 current,
                 cap,
                 Some(&sizes),
-                |s, c| replay(&m.trace, s, "", c).figures,
+                // Every run to its end: a run stopped early is no verdict on a workload.
+                |s, c, _| replay(&m.trace, s, "", c).figures,
                 |p| {
                     if let Progress::Candidates { .. } = p {
                         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -397,7 +403,7 @@ pub fn search(
                     }
                 },
             );
-            candidates
+            let runs = candidates
                 .iter()
                 .map(|c| {
                     r.ranked
@@ -406,14 +412,24 @@ pub fn search(
                         .map(|(_, f)| f.clone())
                         .unwrap_or_default()
                 })
-                .collect()
+                .collect();
+            (runs, r.pruning)
         })
         .collect();
+    let pruning = per_member
+        .iter()
+        .fold(search::Pruning::default(), |sum, (_, p)| search::Pruning {
+            configs: p.configs,
+            replays: sum.replays + p.replays,
+            configs_finished: sum.configs_finished + p.configs_finished,
+            configs_stopped_early: sum.configs_stopped_early + p.configs_stopped_early,
+            bisection_replays: sum.bisection_replays + p.bisection_replays,
+        });
     let mut ranked: Vec<(RankedConfig, f64, u64)> = candidates
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let runs: Vec<RunFigures> = per_member.iter().map(|r| r[i].clone()).collect();
+            let runs: Vec<RunFigures> = per_member.iter().map(|(r, _)| r[i].clone()).collect();
             let fails_on = plausible
                 .iter()
                 .zip(&runs)
@@ -515,6 +531,7 @@ pub fn search(
         } else {
             needed_capacity_bytes
         },
+        pruning,
         capacity: cap,
     }
 }

@@ -82,7 +82,7 @@ pub fn ooms(
 ) -> Ooms {
     let mut out = [first_fit_oom; 3];
     for (slot, &placement) in out.iter_mut().zip(&Placement::ALL).skip(1) {
-        *slot = replay(settings, "", capacity, placement)
+        *slot = replay(settings, "", capacity, None, placement)
             .figures
             .oom
             .is_some();

@@ -8,7 +8,7 @@
 use super::ensemble::{self, EnsembleSearch};
 use super::placement::{self, Fate, PolicyOutcome};
 use super::run::{Replayer, Run};
-use super::search::{self, Progress};
+use super::search::{self, Progress, Pruning};
 use super::validate::{Basis, EXIT_UNCERTAIN, Strength, Verdict, config_name};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
@@ -72,6 +72,8 @@ pub struct RecommendResult {
     pub placement: Vec<PlacedConfig>,
     /// Why parts are missing (no rule advice, no GC thresholds, …).
     pub notes: Vec<String>,
+    /// What the search replayed and what its bounds spared.
+    pub search: Pruning,
     #[serde(skip)]
     pub probe: Option<crate::workload::probe::Ensemble>,
     /// The PyTorch version the current config was read for (the trace
@@ -120,9 +122,10 @@ fn search_with(
         );
     }
     let space = crate::advise::space::space(with_gc);
-    let mut current_run = replay(current, current_conf, cap, FirstFit);
+    // The current config runs in full: it is reported beside the winner.
+    let mut current_run = replay(current, current_conf, cap, None, FirstFit);
     current_run.conf = current_conf.to_string();
-    let (candidates, recommendation, min_capacity_bytes, verdict, ensemble, placement) =
+    let (candidates, recommendation, min_capacity_bytes, verdict, ensemble, placement, pruning) =
         match &workload.ensemble {
             Some(e) => {
                 let found = ensemble::search(e, space, current, progress);
@@ -139,7 +142,8 @@ fn search_with(
                         figures: r.runs.first().cloned().unwrap_or_default(),
                     })
                     .collect();
-                (runs, recommendation, min, verdict, Some(found), Vec::new())
+                let pruning = found.pruning;
+                (runs, recommendation, min, verdict, Some(found), Vec::new(), pruning)
             }
             None => {
                 let sizes = workload.request_sizes();
@@ -148,7 +152,7 @@ fn search_with(
                     current,
                     cap,
                     sizes.as_deref(),
-                    |settings, cap| replay(settings, "", cap, FirstFit).figures,
+                    |settings, cap, stop| replay(settings, "", cap, stop, FirstFit).figures,
                     progress,
                 );
                 recorded_verdict(result, replay, (current, &current_run), cap)
@@ -157,7 +161,7 @@ fn search_with(
     let advice = match &workload.advice {
         Some(value) => crate::conf::parse(value, current.version)
             .ok()
-            .map(|p| replay(&p.settings, value, cap, FirstFit)),
+            .map(|p| replay(&p.settings, value, cap, None, FirstFit)),
         None => {
             notes.push(if workload.ensemble.is_some() {
                 "the rule engine recommends no allocator setting for this evidence".to_string()
@@ -184,6 +188,7 @@ fn search_with(
         ensemble,
         placement,
         notes,
+        search: pruning,
         probe: workload.ensemble.clone(),
         torch_version: current.version,
     }
@@ -196,6 +201,7 @@ type Found = (
     Verdict,
     Option<EnsembleSearch>,
     Vec<PlacedConfig>,
+    Pruning,
 );
 
 /// A recorded workload's search, its best configs checked under every
@@ -220,7 +226,7 @@ fn recorded_verdict(
         .ranked
         .iter()
         .take(ensemble::PLACEMENT_CHECKED)
-        .take_while(|(_, f)| f.oom.is_none());
+        .take_while(|(_, f)| f.oom.is_none() && f.stopped_early_at_event.is_none());
     let placed: Vec<(usize, PlacedConfig, Fate)> = avoiding
         .enumerate()
         .map(|(i, (c, _))| {
@@ -245,7 +251,7 @@ fn recorded_verdict(
             finding,
             exit_code: 1,
         };
-        return (runs, None, None, verdict, None, Vec::new());
+        return (runs, None, None, verdict, None, Vec::new(), result.pruning);
     };
     let robust = placed.iter().find(|(_, _, fate)| *fate == Fate::Avoids);
     let (pick, strength) = match robust {
@@ -263,7 +269,8 @@ fn recorded_verdict(
         Some(search::min_capacity(
             &chosen.figures,
             cap,
-            |c| replay(&settings, "", c, crate::device::sim::Placement::FirstFit).figures,
+            true,
+            |c| replay(&settings, "", c, None, crate::device::sim::Placement::FirstFit).figures,
             &|_| {},
         ))
     };
@@ -308,7 +315,7 @@ fn recorded_verdict(
     };
     let recommendation = Some(Recommendation::new(chosen.conf.clone()));
     let placement = placed.into_iter().map(|(_, p, _)| p).collect();
-    (runs, recommendation, min, verdict, None, placement)
+    (runs, recommendation, min, verdict, None, placement, result.pruning)
 }
 
 /// "X does best: it avoids the OOM the current config hits; it still runs with Y".

@@ -8,7 +8,7 @@ use super::run::{DeviceOpener, conf_name, parse_native_conf};
 use super::views::{SegmentsAt, segment_map};
 use super::workload::DEFAULT_CAPACITY;
 use crate::Error;
-use crate::allocator::summary::memory_summary;
+use crate::allocator::summary::{NoMemorySummary, memory_summary, summary_exists};
 use crate::conf::{Settings, TorchVersion};
 use crate::device::sim::SimDevice;
 use crate::device::{Device, DeviceSpec};
@@ -34,6 +34,7 @@ pub struct Plan {
     pub pictures: bool,
     /// Keep the last run's trace entries (for `--emit-snapshot`).
     pub history: bool,
+    pub limits: crate::limits::Limits,
 }
 
 /// One config's run.
@@ -81,7 +82,7 @@ impl Plan {
 
 /// Loads the input, parses every config and replays the input under each.
 pub fn replay(plan: &Plan) -> Result<Replay, Error> {
-    let data = crate::ingest::read_input(&plan.input)?;
+    let data = crate::ingest::read_input_with(&plan.input, &plan.limits)?;
     let name = match plan.input.as_str() {
         "" | "-" => "<stdin>".to_string(),
         path => path.to_string(),
@@ -208,7 +209,7 @@ pub fn emitted_snapshot(replay: &Replay) -> Result<Option<Vec<u8>>, Error> {
 fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Error> {
     use crate::workload::snapshot_trace::{self as st, CapacitySource};
     let version = plan.torch_version;
-    let snap = crate::snapshot::load(&name, data)?;
+    let snap = crate::snapshot::load_with(&name, data, &plan.limits)?;
     let device = st::traced_device(&snap).ok_or_else(|| {
         Error::Input(format!(
             "{name}: the snapshot has no trace to replay (record one with torch.cuda.memory._record_memory_history())"
@@ -312,11 +313,16 @@ fn run_one(
     options: ReplayOptions,
     replay: &DeviceReplay,
 ) -> Result<ReplayRun, Error> {
+    let usage = |e: NoMemorySummary| Error::Usage(format!("--summary: {e}"));
+    // Before any replay: a version without memory_summary() is a usage error.
+    if summary.is_some() {
+        summary_exists(settings.version).map_err(usage)?;
+    }
     let result = replay(settings, open.open()?, options)?;
     let (summary_at_peak, summary_at_end) = match summary {
         Some(device) => {
             let render = |stats: &std::collections::BTreeMap<String, i64>| {
-                memory_summary(stats, device, false, settings.version)
+                memory_summary(stats, device, false, settings.version).map_err(usage)
             };
             let at_peak = match result.figures.peak_event_index {
                 Some(index) => {
@@ -324,11 +330,11 @@ fn run_one(
                         stop_after: Some(index + 1),
                         ..ReplayOptions::default()
                     };
-                    Some(render(&replay(settings, open.open()?, options)?.stats))
+                    Some(render(&replay(settings, open.open()?, options)?.stats)?)
                 }
                 None => None,
             };
-            (at_peak, Some(render(&result.stats)))
+            (at_peak, Some(render(&result.stats)?))
         }
         None => (None, None),
     };

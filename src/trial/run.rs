@@ -32,13 +32,26 @@ impl Run {
 }
 
 /// One replay of a workload on the simulated card: `(settings, conf,
-/// capacity, placement)`.
-pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Placement) -> Run + Sync + 'r;
+/// capacity, stop_above_reserved, placement)`; the bound
+/// ([`ReplayOptions::stop_above_reserved`]) is kept by trace replays and
+/// ignored by snapshot replays, which run to the end.
+pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Option<u64>, Placement) -> Run + Sync + 'r;
 
 /// Replays `trace` on the simulated card under `settings` at `capacity`
 /// (first-fit placement).
 pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> Run {
-    replay_placed(trace, settings, conf, capacity, Placement::FirstFit)
+    replay_bounded(trace, settings, conf, capacity, None)
+}
+
+/// [`replay`], stopping once reserved memory passes `stop_above_reserved`.
+pub fn replay_bounded(
+    trace: &Trace,
+    settings: &Settings,
+    conf: &str,
+    capacity: u64,
+    stop_above_reserved: Option<u64>,
+) -> Run {
+    replay_on_card(trace, settings, conf, SimDevice::new(capacity), stop_above_reserved)
 }
 
 /// [`replay`] with segments placed by `placement`.
@@ -50,7 +63,24 @@ pub fn replay_placed(
     placement: Placement,
 ) -> Run {
     let device = SimDevice::new(capacity).with_placement(placement);
-    Run::new(conf, crate::workload::replay(trace, settings, device))
+    replay_on_card(trace, settings, conf, device, None)
+}
+
+fn replay_on_card(
+    trace: &Trace,
+    settings: &Settings,
+    conf: &str,
+    device: SimDevice,
+    stop_above_reserved: Option<u64>,
+) -> Run {
+    let options = ReplayOptions {
+        stop_above_reserved,
+        ..ReplayOptions::default()
+    };
+    Run::new(
+        conf,
+        crate::workload::replay_with(trace, settings, device, options),
+    )
 }
 
 /// Replays a snapshot's trace from the state it started in; a start state that
@@ -94,7 +124,8 @@ pub fn replay_on(
 ) -> Result<Run, Error> {
     if spec == DeviceSpec::Sim {
         let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
-        return workload.with_replayer(|run| run(settings, conf, cap, Placement::FirstFit));
+        return workload
+            .with_replayer(|run| run(settings, conf, cap, None, Placement::FirstFit));
     }
     let device = DeviceOpener {
         spec,
@@ -108,9 +139,11 @@ pub fn replay_on(
             conf,
             crate::workload::replay(trace, settings, device),
         )),
-        Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st, _| {
-            replay_snapshot(st, settings, conf, device)
-        }),
+        Source::Snapshot(data, limits) => {
+            with_snapshot_trace(&workload.input, data, limits, |st, _| {
+                replay_snapshot(st, settings, conf, device)
+            })
+        }
     }
 }
 

@@ -69,11 +69,13 @@ pub fn of_workload(
                 options,
             ))
         }),
-        Source::Snapshot(data) => with_snapshot_trace(&workload.input, data, |st, _| {
-            replayed(runs, |settings, options| {
-                Ok(replay_on_sim(st, settings, capacity, false, options)?.0)
-            })
-        })?,
+        Source::Snapshot(data, limits) => {
+            with_snapshot_trace(&workload.input, data, limits, |st, _| {
+                replayed(runs, |settings, options| {
+                    Ok(replay_on_sim(st, settings, capacity, false, options)?.0)
+                })
+            })?
+        }
     }
 }
 

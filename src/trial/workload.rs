@@ -4,9 +4,10 @@
 //! where the capacity of its runs comes from; and the config it is compared
 //! against.
 
-use super::run::{Replayer, replay, replay_placed, replay_snapshot};
+use super::run::{Replayer, replay, replay_bounded, replay_placed, replay_snapshot};
 use crate::Error;
 use crate::conf::Settings;
+use crate::device::sim::Placement;
 use crate::evidence::{Kind, Observation};
 use crate::workload::Trace;
 use crate::workload::probe::{self, Ensemble, Figures, Target};
@@ -21,8 +22,9 @@ pub enum Source {
     /// A trace CSV, or the generated trace of the probe closest to text evidence.
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
-    /// borrows them); replayed from the state the trace started in.
-    Snapshot(crate::ingest::Bytes),
+    /// borrows them) with the limits it is decoded within; replayed from the
+    /// state the trace started in.
+    Snapshot(crate::ingest::Bytes, crate::limits::Limits),
 }
 
 /// What gets replayed for an input.
@@ -173,8 +175,10 @@ impl Workload {
         capacity: Option<u64>,
         current_conf: &str,
         current: &Settings,
+        limits: &crate::limits::Limits,
     ) -> Result<Workload, Error> {
-        let data = crate::ingest::read_input(if input.is_empty() { "-" } else { input })?;
+        let data =
+            crate::ingest::read_input_with(if input.is_empty() { "-" } else { input }, limits)?;
         let name = if input.is_empty() { "-" } else { input };
         match crate::ingest::detect(&data) {
             crate::ingest::InputKind::TraceCsv => {
@@ -183,13 +187,13 @@ impl Workload {
             crate::ingest::InputKind::Pickle => {
                 // Decode once now so a snapshot without a trace fails here, with its reason.
                 let (recorded, implied_capacity) =
-                    with_snapshot_trace(name, &data, |st, recorded| {
+                    with_snapshot_trace(name, &data, limits, |st, recorded| {
                         (recorded.cloned(), st.recorded_capacity())
                     })?;
                 return Ok(Workload {
                     input: name.to_string(),
                     implied_capacity,
-                    source: Source::Snapshot(data),
+                    source: Source::Snapshot(data, *limits),
                     ensemble: None,
                     advice: None,
                     recorded,
@@ -200,7 +204,12 @@ impl Workload {
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
                 return Ok(Workload::recorded(name, trace));
             }
-            crate::ingest::InputKind::Text => {}
+            crate::ingest::InputKind::Text => {
+                // A trace CSV whose header is quoted (RFC 4180): `ingest::detect` reads only plain headers.
+                if let Some(trace) = crate::workload::detect_trace(name, &data)? {
+                    return Ok(Workload::recorded(name, trace));
+                }
+            }
         }
         let observations = crate::ingest::parse_bytes(name, &data)?;
         let target = probe_target(&observations, capacity, current).ok_or_else(|| {
@@ -272,9 +281,10 @@ fn rule_advice(
 pub(crate) fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
+    limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
-    let snap = crate::snapshot::load(name, data)?;
+    let snap = crate::snapshot::load_with(name, data, limits)?;
     let device = traced_device(&snap).ok_or_else(|| {
         Error::Input(format!(
             "{name}: the snapshot has no trace to replay: record it with \
@@ -310,26 +320,31 @@ impl Workload {
     pub fn request_sizes(&self) -> Option<Vec<u64>> {
         match &self.source {
             Source::Trace(trace) => Some(distinct_request_sizes(trace)),
-            Source::Snapshot(_) => None,
+            Source::Snapshot(..) => None,
         }
     }
 
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap, placement| {
-                replay_placed(trace, s, conf, cap, placement)
+            // A bound is kept only with first-fit placement: the other
+            // policies check a verdict, so they run to the end.
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop, placement| match placement {
+                Placement::FirstFit => replay_bounded(trace, s, conf, cap, stop),
+                other => replay_placed(trace, s, conf, cap, other),
             })),
-            Source::Snapshot(data) => with_snapshot_trace(&self.input, data, |st, _| {
-                // The start state sits at its recorded addresses; later
-                // segments are placed by the policy.
-                f(&|s, conf, cap, placement| {
-                    let device = crate::device::sim::SimDevice::new(cap)
-                        .with_recorded_addresses(st.recorded_addresses(false))
-                        .with_placement(placement);
-                    replay_snapshot(st, s, conf, device)
+            Source::Snapshot(data, limits) => {
+                with_snapshot_trace(&self.input, data, limits, |st, _| {
+                    // The start state sits at its recorded addresses; later
+                    // segments are placed by the policy.
+                    f(&|s, conf, cap, _, placement| {
+                        let device = crate::device::sim::SimDevice::new(cap)
+                            .with_recorded_addresses(st.recorded_addresses(false))
+                            .with_placement(placement);
+                        replay_snapshot(st, s, conf, device)
+                    })
                 })
-            }),
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
 
+pub(crate) mod csv;
 pub mod probe;
 pub mod replay;
 pub mod rmm;

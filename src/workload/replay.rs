@@ -36,6 +36,10 @@ pub struct ReplayOptions {
     /// Record the allocator's trace entries (`_record_memory_history`), for
     /// `replay --emit-snapshot`.
     pub history: bool,
+    /// Stop once reserved memory passes this many bytes: the run then ranks
+    /// below one that already finished with that peak (the config search's
+    /// bound, [`RunFigures::stopped_early_at_event`]).
+    pub stop_above_reserved: Option<u64>,
 }
 
 /// A replayed run's figures: what every command reports, and what the
@@ -69,6 +73,11 @@ pub struct RunFigures {
     /// Allocated bytes when reserved memory first reached its peak.
     #[serde(skip)]
     pub allocated_at_peak_reserved: u64,
+    /// The event after which the run stopped because reserved memory passed
+    /// [`ReplayOptions::stop_above_reserved`]: the figures are those of the
+    /// events up to it (the peak reserved already above the bound).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_early_at_event: Option<u64>,
 }
 
 impl RunFigures {
@@ -131,6 +140,8 @@ pub(crate) struct RunEnd {
     /// The driver work of the run (without what seeding a start state took).
     pub counters: DeviceCounters,
     pub history: Vec<crate::allocator::TraceEntry>,
+    /// See [`RunFigures::stopped_early_at_event`].
+    pub stopped_early_at_event: Option<u64>,
 }
 
 impl RunResult {
@@ -159,6 +170,7 @@ impl RunResult {
                 end_reserved_bytes: stat("reserved_bytes.all.current"),
                 peak_event_index: end.peak_event_index,
                 allocated_at_peak_reserved: end.allocated_at_peak_reserved,
+                stopped_early_at_event: end.stopped_early_at_event,
             },
             stats,
             counters: end.counters,
@@ -193,8 +205,9 @@ impl Peaks {
         }
     }
 
+    /// Takes the figures after event `index`; returns the reserved peak so far.
     #[inline]
-    pub fn observe(&mut self, index: u64, stats: &DeviceStats) {
+    pub fn observe(&mut self, index: u64, stats: &DeviceStats) -> u64 {
         let allocated = stats.allocated_bytes.all().current;
         let reserved = stats.reserved_bytes.all().current;
         if allocated > self.peak_allocated {
@@ -211,6 +224,7 @@ impl Peaks {
                 reserved: reserved as u64,
             });
         }
+        self.peak_reserved as u64
     }
 }
 
@@ -232,7 +246,10 @@ pub fn replay_with<D: Device>(
         allocator.record_history();
     }
     let mut addresses: Vec<u64> = vec![0; trace.ids() as usize];
+    crate::snapshot::grow::advise_huge(&mut addresses);
     let mut peaks = Peaks::new(options.timeline, trace.len());
+    let stop_above = options.stop_above_reserved.unwrap_or(u64::MAX);
+    let mut stopped_early_at_event = None;
     let mut oom = None;
     let limit = options.stop_after.unwrap_or(u64::MAX);
     for (index, event) in trace.events().iter().enumerate() {
@@ -267,7 +284,10 @@ pub fn replay_with<D: Device>(
             Event::SynchronizeStream { stream } => allocator.synchronize_stream(stream),
             Event::EmptyCache => allocator.empty_cache(),
         }
-        peaks.observe(index as u64, allocator.stats());
+        if peaks.observe(index as u64, allocator.stats()) > stop_above {
+            stopped_early_at_event = Some(index as u64);
+            break;
+        }
     }
     let end = RunEnd {
         events: trace.len() as u64,
@@ -277,6 +297,7 @@ pub fn replay_with<D: Device>(
         timeline: peaks.timeline,
         counters: allocator.device().counters(),
         history: allocator.take_trace(),
+        stopped_early_at_event,
     };
     RunResult::new(&allocator, capacity_bytes, end)
 }
@@ -352,5 +373,23 @@ mod tests {
         );
         assert_eq!(ok(100, 50).rank(&ok(200, 1)), Ordering::Less);
         assert_eq!(ok(100, 2).rank(&ok(100, 3)), Ordering::Less);
+    }
+
+    #[test]
+    fn a_run_stops_once_reserved_passes_the_bound() {
+        let t = trace(
+            "action,id,size,stream\nalloc,a,1048576,0\nalloc,b,4194304,0\nalloc,c,4194304,0\nfree,c,,\n",
+        );
+        let options = ReplayOptions {
+            stop_above_reserved: Some(10 * MIB),
+            ..ReplayOptions::default()
+        };
+        let run = replay_with(&t, &Settings::default(), SimDevice::new(1 << 30), options);
+        // 2 MiB, then 22 MiB (a 20 MiB segment for b): stopped after event 1.
+        assert_eq!(run.figures.stopped_early_at_event, Some(1));
+        assert_eq!(run.figures.peak_reserved_bytes, 22 * MIB);
+        assert!(run.figures.oom.is_none());
+        let full = replay(&t, &Settings::default(), SimDevice::new(1 << 30));
+        assert_eq!(full.figures.stopped_early_at_event, None);
     }
 }

@@ -7,9 +7,10 @@
 //! pointers freed without a logged allocation (the log started while they were
 //! live) listed so the replay can place them before the first event.
 
+use super::csv;
 use super::trace::{Event, Trace};
 use crate::Error;
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// The header RMM writes (`logging_resource_adaptor::header()`).
 pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
@@ -44,83 +45,82 @@ pub struct RmmLog {
     pub streams: Vec<u64>,
 }
 
+/// The header's column names.
+const COLUMNS: [&str; 6] = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"];
+
 /// True when `text` starts with RMM's log header (after blank and `#` comment
 /// lines, which the parser skips as trace CSVs do).
 pub fn is_rmm_log(text: &[u8]) -> bool {
-    text.split(|&b| b == b'\n')
-        .map(<[u8]>::trim_ascii)
-        .find(|l| !l.is_empty() && !l.starts_with(b"#"))
-        .is_some_and(|first| first == HEADER.as_bytes())
+    csv::starts_with_header(text, &COLUMNS)
 }
 
 /// `0x7f8a40000000`, `7f8a40000000` (hex as RMM prints pointers) or a decimal stream id.
-fn parse_handle(s: &str) -> Option<u64> {
-    let s = s.trim();
-    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None if s.is_empty() || s == "(nil)" => Some(0),
-        None => s.parse().ok().or_else(|| u64::from_str_radix(s, 16).ok()),
+fn parse_handle(s: &[u8]) -> Option<u64> {
+    let hex = |h: &[u8]| {
+        std::str::from_utf8(h)
+            .ok()
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+    };
+    match s.strip_prefix(b"0x").or_else(|| s.strip_prefix(b"0X")) {
+        Some(digits) => hex(digits),
+        None if s.is_empty() || s == b"(nil)" => Some(0),
+        None => csv::parse_u64(s).or_else(|| hex(s)),
     }
 }
 
-/// Parses a whole log. Errors name the input and the line.
+/// Parses a whole log (a UTF-8 byte order mark and RFC 4180 quoting are
+/// read, as in trace CSVs). Errors name the input and the line.
 pub fn parse(input_name: &str, text: &[u8]) -> Result<RmmLog, Error> {
-    let bad = |line: u64, what: &str| Error::Input(format!("{input_name}:{line}: {what}"));
+    let bad = |line: usize, what: &str| Error::Input(format!("{input_name}:{line}: {what}"));
     let mut log = RmmLog {
         streams: vec![0],
         ..RmmLog::default()
     };
-    let mut live: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut header = false;
-    for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
-        let line = i as u64 + 1;
-        let raw = raw.trim_ascii();
-        if raw.is_empty() || raw.starts_with(b"#") {
-            continue;
+    let mut live: FxHashSet<u64> = FxHashSet::default();
+    let mut seen: FxHashSet<u64> = FxHashSet::default();
+    // Stream handle → dense number (0 stays the default stream).
+    let mut stream_numbers: FxHashMap<u64, u32> = FxHashMap::from_iter([(0, 0)]);
+    let mut records = csv::Records::new(csv::strip_bom(text));
+    match records.next_record::<6>() {
+        Some(Ok(header)) if csv::is_header(&header, &COLUMNS) => {}
+        Some(Ok(header)) => {
+            return Err(bad(
+                header.line,
+                &format!("expected the RMM log header `{HEADER}`"),
+            ));
         }
-        if !header {
-            header = true;
-            if raw != HEADER.as_bytes() {
-                return Err(bad(
-                    line,
-                    &format!("expected the RMM log header `{HEADER}`"),
-                ));
-            }
-            continue;
-        }
-        let row = std::str::from_utf8(raw).map_err(|_| bad(line, "not UTF-8 text"))?;
-        let mut cols = row.split(',');
-        let (Some(_thread), Some(_time), Some(action), Some(ptr), Some(size), stream) = (
-            cols.next(),
-            cols.next(),
-            cols.next(),
-            cols.next(),
-            cols.next(),
-            cols.next(),
-        ) else {
+        Some(Err(e)) => return Err(bad(e.line, e.what)),
+        None => return Ok(log),
+    }
+    while let Some(record) = records.next_record::<6>() {
+        let record = record.map_err(|e| bad(e.line, e.what))?;
+        let line = record.line;
+        if record.count < 5 {
             return Err(bad(line, "expected 6 comma-separated columns"));
-        };
-        let action = match action.trim() {
-            "allocate" => RmmAction::Allocate,
-            "free" | "deallocate" => RmmAction::Free,
-            "allocate failure" => RmmAction::AllocateFailure,
-            other => return Err(bad(line, &format!("unknown action `{other}`"))),
+        }
+        let [_thread, _time, action, ptr, size, stream] = record.fields;
+        let action = match action {
+            b"allocate" => RmmAction::Allocate,
+            b"free" | b"deallocate" => RmmAction::Free,
+            b"allocate failure" => RmmAction::AllocateFailure,
+            other => {
+                let other = String::from_utf8_lossy(other);
+                return Err(bad(line, &format!("unknown action `{other}`")));
+            }
         };
         let pointer = parse_handle(ptr).ok_or_else(|| bad(line, "bad pointer"))?;
-        let size = size
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| bad(line, "size is not a byte count"))?;
-        let handle = parse_handle(stream.unwrap_or("0")).ok_or_else(|| bad(line, "bad stream"))?;
-        let stream = match log.streams.iter().position(|&s| s == handle) {
-            Some(n) => n,
+        let size = csv::parse_u64(size).ok_or_else(|| bad(line, "size is not a byte count"))?;
+        let handle = parse_handle(stream).ok_or_else(|| bad(line, "bad stream"))?;
+        let stream = match stream_numbers.get(&handle) {
+            Some(&n) => n,
             None => {
+                let n =
+                    u32::try_from(log.streams.len()).map_err(|_| bad(line, "too many streams"))?;
                 log.streams.push(handle);
-                log.streams.len() - 1
+                stream_numbers.insert(handle, n);
+                n
             }
         };
-        let stream = u32::try_from(stream).map_err(|_| bad(line, "too many streams"))?;
         match action {
             RmmAction::Allocate => {
                 live.insert(pointer);
@@ -138,7 +138,7 @@ pub fn parse(input_name: &str, text: &[u8]) -> Result<RmmLog, Error> {
             pointer,
             size,
             stream,
-            line,
+            line: line as u64,
         });
     }
     Ok(log)
@@ -153,7 +153,7 @@ impl RmmLog {
     pub fn to_trace(&self) -> Result<(Trace, RmmSkipped), Error> {
         let mut events = Vec::with_capacity(self.events.len() + self.live_at_start.len());
         // Pointer → dense id of the live allocation at that pointer.
-        let mut live: HashMap<u64, u32> = HashMap::new();
+        let mut live: FxHashMap<u64, u32> = FxHashMap::default();
         let mut next = 0u32;
         let mut alloc = |events: &mut Vec<Event>, size: u64, stream: u32| {
             let id = next;
@@ -258,6 +258,21 @@ mod tests {
                 failed_allocations: 1,
                 unmatched_frees: 0
             }
+        );
+    }
+
+    #[test]
+    fn reads_a_byte_order_mark_and_quoted_fields() {
+        let quoted = format!(
+            "\u{feff}{}",
+            LOG.replace("allocate failure", "\"allocate failure\"")
+                .replace(",0x2\n", ",\"0x2\"\n")
+        );
+        assert!(quoted.contains(",\"allocate failure\",") && quoted.contains(",\"0x2\"\n"));
+        assert!(is_rmm_log(quoted.as_bytes()));
+        assert_eq!(
+            parse("q.csv", quoted.as_bytes()).unwrap(),
+            parse("rmm.csv", LOG.as_bytes()).unwrap()
         );
     }
 

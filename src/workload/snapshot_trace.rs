@@ -1059,6 +1059,7 @@ pub fn replay_on<D: Device>(
         timeline: run.timeline,
         counters: since(alloc.device().counters(), run.seeded_counters),
         history: run.history,
+        stopped_early_at_event: None,
     };
     let result = RunResult::new(&alloc, capacity, end);
     Ok((result, run.fidelity))

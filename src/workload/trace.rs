@@ -6,8 +6,10 @@
 //! allocation ID as used on STREAM (its free then waits for that stream), and
 //! `synchronize,,,STREAM` says the work queued on STREAM so far has finished.
 
+use super::csv;
 use crate::Error;
-use std::collections::HashMap;
+use crate::snapshot::grow::{Prefault, advise_huge, reserved};
+use rustc_hash::FxHashMap;
 
 /// The header line every trace CSV starts with.
 pub const HEADER: &str = "action,id,size,stream";
@@ -87,116 +89,366 @@ impl Trace {
     }
 
     /// Parses a trace CSV; `name` is used in error messages (`name:line: …`).
+    /// A UTF-8 byte order mark and RFC 4180 quoting are read (see [`super::csv`]).
     pub fn parse(name: &str, data: &[u8]) -> Result<Trace, Error> {
-        let text = std::str::from_utf8(data).map_err(|e| {
+        let data = csv::strip_bom(data);
+        let fail = |line: usize, what: &str, text: &[u8]| {
             Error::Input(format!(
-                "{name}: byte {}: expected UTF-8 text in a trace CSV",
-                e.valid_up_to()
+                "{name}:{line}: {what}, found {:?}",
+                String::from_utf8_lossy(text)
             ))
-        })?;
-        let mut interned: HashMap<&str, u32> = HashMap::new();
-        let mut live: Vec<bool> = Vec::new();
-        let mut events = Vec::with_capacity(text.len() / 24);
-        let mut header_seen = false;
-        for (index, raw) in text.lines().enumerate() {
-            let line_no = index + 1;
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
+        };
+        let mut records = csv::Records::new(data);
+        let header = match records.next_record::<4>() {
+            Some(Ok(header)) => header,
+            Some(Err(e)) => return Err(fail(e.line, e.what, e.text(data))),
+            None => {
+                return Err(Error::Input(format!(
+                    "{name}: expected a trace CSV starting with the header {HEADER:?}"
+                )));
             }
-            let err =
-                |what: &str| Error::Input(format!("{name}:{line_no}: {what}, found {line:?}"));
-            if !header_seen {
-                if line != HEADER {
-                    return Err(err(&format!("expected the header line {HEADER:?}")));
-                }
-                header_seen = true;
-                continue;
-            }
-            let mut fields = line.split(',');
-            let action = fields.next().unwrap_or("").trim();
-            let id = fields.next().unwrap_or("").trim();
-            let size = fields.next().unwrap_or("").trim();
-            let stream = fields.next().unwrap_or("").trim();
-            if fields.next().is_some() {
-                return Err(err("expected 4 fields (action,id,size,stream)"));
-            }
-            let stream = if stream.is_empty() {
-                0
-            } else {
-                stream
-                    .parse::<u64>()
-                    .map_err(|_| err("expected an integer stream (or nothing for 0)"))?
-            };
-            let mut live_id = |must_be_live: bool| -> Result<u32, Error> {
-                if id.is_empty() {
-                    return Err(err("expected an id"));
-                }
-                let next = interned.len() as u32;
-                let dense = *interned.entry(id).or_insert(next);
-                if dense as usize >= live.len() {
-                    live.push(false);
-                }
-                let is_live = live[dense as usize];
-                if must_be_live && !is_live {
-                    return Err(err(&format!(
-                        "expected the id of a live allocation, '{id}' is not allocated"
-                    )));
-                }
-                if !must_be_live && is_live {
-                    return Err(err(&format!(
-                        "expected a new id, '{id}' is still allocated (free it first)"
-                    )));
-                }
-                Ok(dense)
-            };
-            let event = match action {
-                "alloc" => {
-                    let id = live_id(false)?;
-                    let size = size
-                        .parse::<u64>()
-                        .map_err(|_| err("expected a size in bytes for alloc"))?;
-                    live[id as usize] = true;
-                    Event::Alloc { id, size, stream }
-                }
-                "free" => {
-                    let id = live_id(true)?;
-                    live[id as usize] = false;
-                    Event::Free { id }
-                }
-                "record_stream" => Event::RecordStream {
-                    id: live_id(true)?,
-                    stream,
-                },
-                "empty_cache" => Event::EmptyCache,
-                "synchronize" => Event::SynchronizeStream { stream },
-                _ => {
-                    return Err(err(
-                        "expected an action: alloc, free, empty_cache (or record_stream, synchronize)",
-                    ));
-                }
-            };
-            events.push(event);
+        };
+        if !csv::is_header(&header, &COLUMNS) {
+            let what = format!("expected the header line {HEADER:?}");
+            return Err(fail(header.line, &what, header.text));
         }
-        if !header_seen {
-            return Err(Error::Input(format!(
-                "{name}: expected a trace CSV starting with the header {HEADER:?}"
-            )));
+        // One event a line at most: the line count bounds the events and the dense ids.
+        let lines = memchr::memchr_iter(b'\n', data).count() + 1;
+        let mut reader = Reader::new(lines);
+        loop {
+            let (pos, line) = records.position();
+            match reader.canonical_row(data, pos) {
+                Some(Ok(next)) => records.skip_line(next),
+                Some(Err(e)) => {
+                    let id = canonical_id(data, pos);
+                    return Err(fail(line, &e.describe(id), csv::line_at(data, pos)));
+                }
+                None => {
+                    let Some(record) = records.next_record::<4>() else {
+                        break;
+                    };
+                    let record = record.map_err(|e| fail(e.line, e.what, e.text(data)))?;
+                    reader.row(&record).map_err(|e| {
+                        let [_, id, ..] = record.fields;
+                        fail(record.line, &e.describe(id), record.text)
+                    })?;
+                }
+            }
         }
         Ok(Trace {
-            ids: live.len() as u32,
-            events,
+            ids: reader.ids.live.len() as u32,
+            events: reader.events,
             capacity_hint: None,
         })
     }
 }
 
-/// Whether `data` is a trace CSV: its first line that is not blank or a comment is the header.
+/// The header's column names.
+const COLUMNS: [&str; 4] = ["action", "id", "size", "stream"];
+
+/// What is wrong with a row (turned into a message only on the error path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowError {
+    Fields,
+    Stream,
+    Size,
+    NoId,
+    NotLive,
+    StillLive,
+    TooManyIds,
+    Action,
+}
+
+impl RowError {
+    fn describe(self, id: &[u8]) -> String {
+        let id = String::from_utf8_lossy(id);
+        match self {
+            RowError::Fields => "expected 4 fields (action,id,size,stream)".into(),
+            RowError::Stream => "expected an integer stream (or nothing for 0)".into(),
+            RowError::Size => "expected a size in bytes for alloc".into(),
+            RowError::NoId => "expected an id".into(),
+            RowError::NotLive => {
+                format!("expected the id of a live allocation, '{id}' is not allocated")
+            }
+            RowError::StillLive => {
+                format!("expected a new id, '{id}' is still allocated (free it first)")
+            }
+            RowError::TooManyIds => format!("expected fewer than {} distinct ids", u32::MAX),
+            RowError::Action => {
+                "expected an action: alloc, free, empty_cache (or record_stream, synchronize)"
+                    .into()
+            }
+        }
+    }
+}
+
+/// Turns rows into events, checking liveness as it goes.
+struct Reader<'a> {
+    ids: Ids<'a>,
+    events: Vec<Event>,
+    /// Faults the events' pages in 2 MiB at a time (a 1 M-event trace is 24 MB of them).
+    ahead: Prefault,
+}
+
+impl<'a> Reader<'a> {
+    fn new(lines: usize) -> Self {
+        Reader {
+            ids: Ids::new(lines),
+            events: huge(reserved(lines)),
+            ahead: Prefault::default(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, event: Event) {
+        self.ahead.ahead(&mut self.events, 1);
+        self.events.push(event);
+    }
+
+    /// A row as a record: any spacing, quoting, missing fields; the errors.
+    fn row(&mut self, record: &csv::Record<'a, 4>) -> Result<(), RowError> {
+        if record.count > 4 {
+            return Err(RowError::Fields);
+        }
+        let [action, id, size, stream] = record.fields;
+        let stream = if stream.is_empty() {
+            0
+        } else {
+            csv::parse_u64(stream).ok_or(RowError::Stream)?
+        };
+        match action {
+            b"alloc" => self.alloc(id, csv::parse_u64(size), stream),
+            b"free" => self.free(id),
+            b"record_stream" => {
+                let id = self.ids.get(id, true)?;
+                self.push(Event::RecordStream { id, stream });
+                Ok(())
+            }
+            b"empty_cache" => {
+                self.push(Event::EmptyCache);
+                Ok(())
+            }
+            b"synchronize" => {
+                self.push(Event::SynchronizeStream { stream });
+                Ok(())
+            }
+            _ => Err(RowError::Action),
+        }
+    }
+
+    /// A row at `pos` as generators write them, `alloc,ID,SIZE,STREAM` or
+    /// `free,ID,,STREAM` with nothing around the fields, read in one pass over
+    /// its bytes; returns where the next line starts. `None`, with nothing
+    /// read, for anything else (and at the end): the record reader takes it.
+    #[inline]
+    fn canonical_row(&mut self, data: &'a [u8], pos: usize) -> Option<Result<usize, RowError>> {
+        let alloc = data.get(pos..pos + 6) == Some(b"alloc,");
+        if !alloc && data.get(pos..pos + 5) != Some(b"free,") {
+            return None;
+        }
+        let id_start = pos + if alloc { 6 } else { 5 };
+        // The id ends at a comma; a space, control byte or quote leaves the row to the record reader.
+        let mut at = id_start;
+        let id_end = loop {
+            let word = csv::word_at(data, at);
+            let stop = csv::byte_mask(word, b',')
+                | csv::byte_mask(word, b'"')
+                | csv::below_mask(word, b' ' + 1);
+            if stop != 0 {
+                break at + (stop.trailing_zeros() / 8) as usize;
+            }
+            at += 8;
+        };
+        if id_end == id_start || data.get(id_end) != Some(&b',') {
+            return None;
+        }
+        let id = &data[id_start..id_end];
+        at = id_end + 1;
+        let size = if alloc {
+            let (size, end) = canonical_number(data, at);
+            at = end;
+            Some(size?)
+        } else {
+            None
+        };
+        if data.get(at) != Some(&b',') {
+            return None;
+        }
+        let (stream, end) = canonical_number(data, at + 1);
+        let stream = if end == at + 1 { 0 } else { stream? };
+        at = end;
+        let next = match data.get(at) {
+            None => at,
+            Some(b'\n') => at + 1,
+            Some(b'\r') if data.get(at + 1) == Some(&b'\n') => at + 2,
+            Some(_) => return None,
+        };
+        Some(
+            match size {
+                Some(_) => self.alloc(id, size, stream),
+                None => self.free(id),
+            }
+            .map(|()| next),
+        )
+    }
+
+    #[inline]
+    fn alloc(&mut self, id: &'a [u8], size: Option<u64>, stream: u64) -> Result<(), RowError> {
+        let id = self.ids.get(id, false)?;
+        let size = size.ok_or(RowError::Size)?;
+        self.ids.live[id as usize] = true;
+        self.push(Event::Alloc { id, size, stream });
+        Ok(())
+    }
+
+    #[inline]
+    fn free(&mut self, id: &'a [u8]) -> Result<(), RowError> {
+        let id = self.ids.get(id, true)?;
+        self.ids.live[id as usize] = false;
+        self.push(Event::Free { id });
+        Ok(())
+    }
+}
+
+/// The digits from `from` on: their value (`None` when there are none or
+/// more than 19, which could overflow) and where they end.
+#[inline]
+fn canonical_number(data: &[u8], from: usize) -> (Option<u64>, usize) {
+    let mut n: u64 = 0;
+    let mut at = from;
+    while let Some(d) = data
+        .get(at)
+        .map(|b| b.wrapping_sub(b'0'))
+        .filter(|&d| d <= 9)
+    {
+        n = n.wrapping_mul(10).wrapping_add(u64::from(d));
+        at += 1;
+    }
+    (((1..=19).contains(&(at - from))).then_some(n), at)
+}
+
+/// The id of the canonical row at `pos` (for messages).
+fn canonical_id(data: &[u8], pos: usize) -> &[u8] {
+    let line = csv::line_at(data, pos);
+    line.split(|&b| b == b',').nth(1).unwrap_or(b"")
+}
+
+/// Ids interned to dense numbers in order of first use. Ids that are a fixed
+/// prefix and a decimal number (`t1`, `t2`, … or `17`: what generators and
+/// recorders write) index a table by their number, without hashing; any other
+/// id goes through an Fx hash map keyed by its bytes in the input.
+struct Ids<'a> {
+    /// What comes before the number in numbered ids: the first id that ends in a digit sets it.
+    prefix: Option<&'a [u8]>,
+    /// Number → dense id + 1 (0: not seen); numbers past its end are hashed,
+    /// so the table stays within the input's size (a line per id at least).
+    by_number: Vec<u32>,
+    by_name: FxHashMap<&'a [u8], u32>,
+    /// Per dense id: allocated now.
+    live: Vec<bool>,
+}
+
+impl<'a> Ids<'a> {
+    fn new(lines: usize) -> Self {
+        Ids {
+            prefix: None,
+            // Zeroed pages are mapped on first touch: only the numbers in use cost memory.
+            by_number: huge(vec![0; lines + 1024]),
+            by_name: FxHashMap::default(),
+            live: huge(reserved(lines)),
+        }
+    }
+
+    /// The dense id of `id`, which must be live (`free`, `record_stream`) or not (`alloc`).
+    #[inline]
+    fn get(&mut self, id: &'a [u8], must_be_live: bool) -> Result<u32, RowError> {
+        if id.is_empty() {
+            return Err(RowError::NoId);
+        }
+        let dense = match self.number(id) {
+            Some(n) => match self.by_number[n] {
+                0 => {
+                    let dense = self.next_dense()?;
+                    self.by_number[n] = dense + 1;
+                    dense
+                }
+                known => known - 1,
+            },
+            None => self.named(id)?,
+        };
+        match (self.live[dense as usize], must_be_live) {
+            (false, true) => Err(RowError::NotLive),
+            (true, false) => Err(RowError::StillLive),
+            _ => Ok(dense),
+        }
+    }
+
+    /// The dense id of an id that is not numbered (kept out of line: the numbered path is hot).
+    #[inline(never)]
+    fn named(&mut self, id: &'a [u8]) -> Result<u32, RowError> {
+        if let Some(&dense) = self.by_name.get(id) {
+            return Ok(dense);
+        }
+        let dense = self.next_dense()?;
+        self.by_name.insert(id, dense);
+        Ok(dense)
+    }
+
+    fn next_dense(&mut self) -> Result<u32, RowError> {
+        // Below u32::MAX: the number table stores dense + 1.
+        let dense = u32::try_from(self.live.len())
+            .ok()
+            .filter(|&d| d < u32::MAX)
+            .ok_or(RowError::TooManyIds)?;
+        self.live.push(false);
+        Ok(dense)
+    }
+
+    /// The number of a numbered id below the table's limit. Only the shortest
+    /// spelling of a number counts (`t01` is hashed), so each table slot
+    /// stands for one id.
+    #[inline]
+    fn number(&mut self, id: &'a [u8]) -> Option<usize> {
+        let prefix = match self.prefix {
+            Some(prefix) => prefix,
+            None => {
+                let digits = id.iter().rev().take_while(|b| b.is_ascii_digit()).count();
+                if digits == 0 {
+                    return None;
+                }
+                *self.prefix.insert(&id[..id.len() - digits])
+            }
+        };
+        // Prefixes are a few bytes: a byte loop beats a call to memcmp.
+        if id.len() <= prefix.len() || prefix.iter().zip(id).any(|(p, b)| p != b) {
+            return None;
+        }
+        let digits = &id[prefix.len()..];
+        if digits.len() > 9 || (digits[0] == b'0' && digits.len() > 1) {
+            return None;
+        }
+        let mut n: usize = 0;
+        for &b in digits {
+            let d = b.wrapping_sub(b'0');
+            if d > 9 {
+                return None;
+            }
+            n = n * 10 + usize::from(d);
+        }
+        (n < self.by_number.len()).then_some(n)
+    }
+}
+
+/// `v`, backed by 2 MiB pages where it is big enough.
+fn huge<T>(mut v: Vec<T>) -> Vec<T> {
+    advise_huge(&mut v);
+    v
+}
+
+/// Whether `data` is a trace CSV: its first record that is not blank or a
+/// comment is the header (after a byte order mark, quoted or not).
 pub fn is_trace_csv(data: &[u8]) -> bool {
-    data.split(|&b| b == b'\n')
-        .map(|l| l.trim_ascii())
-        .find(|l| !l.is_empty() && !l.starts_with(b"#"))
-        .is_some_and(|l| l == HEADER.as_bytes())
+    csv::starts_with_header(data, &COLUMNS)
 }
 
 #[cfg(test)]

@@ -90,6 +90,7 @@ fn capacity_for(t: &Trace, rng: &mut Rng) -> Option<(u64, u64, u64)> {
     let need = min_capacity(
         &free.figures,
         allocdoc::device::NO_LIMIT,
+        true,
         |cap| replay(t, &defaults, "", cap).figures,
         &|_| {},
     );

@@ -1,0 +1,132 @@
+//! The memory budget of one run: how much any single input may make allocdoc
+//! read and hold. Every limit has a flag; going over one is `Error::Input`
+//! (exit 2) naming the limit and the flag, never an abort.
+//!
+//! The defaults fit a 2-core, 24 GiB machine with room for multi-GB
+//! snapshots: a snapshot pickle holds at most about one decoded value per 3
+//! input bytes, so [`Limits::max_objects`] (8 GiB of values) admits pickles of
+//! 3 GB and more, and its blocks (32 bytes each) stay under 2 GiB.
+
+use crate::Error;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct Limits {
+    /// The most bytes read from one input, after decompression.
+    ///
+    /// Bounds the time an endless input (a device, a pipe that never closes)
+    /// can take, and the memory of the inputs held whole: pickles, trace CSVs
+    /// and RMM logs that arrive compressed or through a pipe.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE", value_parser = crate::units::parse_size,
+        default_value_t = Limits::default().max_input_bytes, help_heading = "Limits"))]
+    pub max_input_bytes: u64,
+    /// The most values a snapshot pickle may decode to (8 bytes each).
+    ///
+    /// Objects, container items and memo entries all count.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N",
+        default_value_t = Limits::default().max_objects, help_heading = "Limits"))]
+    pub max_objects: u64,
+    /// The most blocks a snapshot may expand to.
+    ///
+    /// A block list that several segments share counts once per segment.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N",
+        default_value_t = Limits::default().max_blocks, help_heading = "Limits"))]
+    pub max_blocks: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_input_bytes: 16 << 30,
+            max_objects: 1 << 30,
+            max_blocks: 1 << 26,
+        }
+    }
+}
+
+/// Which limit an input went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    InputBytes,
+    Objects,
+    Blocks,
+}
+
+impl Limit {
+    /// The command-line flag that raises it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Limit::InputBytes => "--max-input-bytes",
+            Limit::Objects => "--max-objects",
+            Limit::Blocks => "--max-blocks",
+        }
+    }
+
+    /// What the flag takes.
+    fn value(self) -> &'static str {
+        match self {
+            Limit::InputBytes => "SIZE",
+            Limit::Objects | Limit::Blocks => "N",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Limit::InputBytes => "bytes read",
+            Limit::Objects => "decoded values",
+            Limit::Blocks => "snapshot blocks (shared block lists counted once per segment)",
+        }
+    }
+}
+
+impl Limits {
+    pub fn get(&self, limit: Limit) -> u64 {
+        match limit {
+            Limit::InputBytes => self.max_input_bytes,
+            Limit::Objects => self.max_objects,
+            Limit::Blocks => self.max_blocks,
+        }
+    }
+
+    /// The error for `input` going over `limit`; `detail` says by how much
+    /// or where, when known.
+    pub fn exceeded(&self, input: &str, limit: Limit, detail: &str) -> Error {
+        let sep = if detail.is_empty() { "" } else { ": " };
+        Error::Input(format!(
+            "{input}: over the limit of {} {}{sep}{detail} (raise it with {} {})",
+            self.get(limit),
+            limit.what(),
+            limit.flag(),
+            limit.value()
+        ))
+    }
+}
+
+/// The error for an allocation the system refused while reading `input`.
+pub fn out_of_memory(input: &str, what: &str, bytes: usize) -> Error {
+    Error::Input(format!(
+        "{input}: not enough memory for {what} (the system refused {bytes} more bytes); \
+         lower --max-input-bytes, --max-objects or --max-blocks to stop such inputs earlier"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_limit_and_its_flag() {
+        let l = Limits {
+            max_blocks: 10,
+            ..Limits::default()
+        };
+        let e = l
+            .exceeded("s.pickle", Limit::Blocks, "400000000 blocks")
+            .to_string();
+        assert_eq!(
+            e,
+            "s.pickle: over the limit of 10 snapshot blocks (shared block lists counted once per segment): 400000000 blocks (raise it with --max-blocks N)"
+        );
+        assert_eq!(crate::Error::Input(e).exit_code(), 2);
+    }
+}
