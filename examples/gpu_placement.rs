@@ -108,7 +108,11 @@ fn shape(calls: &[Call]) -> Vec<(usize, bool)> {
     out
 }
 
-fn record<D: Device>(device: D, settings: &Settings, events: &[allocdoc::workload::Event]) -> Vec<Call> {
+fn record<D: Device>(
+    device: D,
+    settings: &Settings,
+    events: &[allocdoc::workload::Event],
+) -> Vec<Call> {
     let calls = Rc::new(RefCell::new(Vec::new()));
     let dev = Recording {
         inner: device,
@@ -161,14 +165,23 @@ fn main() -> std::process::ExitCode {
                 }).collect::<Vec<_>>(),
             });
             for p in Placement::ALL {
-                let sim = shape(&record(SimDevice::new(CAP).with_placement(p), &settings, &events));
+                let sim = shape(&record(
+                    SimDevice::new(CAP).with_placement(p),
+                    &settings,
+                    &events,
+                ));
                 let same = real.iter().zip(&sim).filter(|(a, b)| a == b).count();
                 let n = real.len().max(sim.len());
                 row[p.name()] = serde_json::json!({"matching": same, "of": n});
                 let t = totals.entry(p.name()).or_default();
                 t.0 += same;
                 t.1 += n;
-                println!("{:<55} {:<26} {:<17} {same}/{n}", family.name(), conf, p.name());
+                println!(
+                    "{:<55} {:<26} {:<17} {same}/{n}",
+                    family.name(),
+                    conf,
+                    p.name()
+                );
             }
             rows.push(row);
         }
@@ -177,10 +190,16 @@ fn main() -> std::process::ExitCode {
         .iter()
         .max_by(|a, b| (a.1.0 * b.1.1).cmp(&(b.1.0 * a.1.1)))
         .map(|(name, (same, n))| format!("{name}: {same} of {n} placements match"));
-    println!("best match: {}", best.as_deref().unwrap_or("nothing recorded"));
+    println!(
+        "best match: {}",
+        best.as_deref().unwrap_or("nothing recorded")
+    );
     let out = serde_json::json!({"workloads": rows, "totals": totals, "best_match": best});
     if let Some(path) = flag("--out") {
-        if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap_or_default()) {
+        if let Err(e) = std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&out).unwrap_or_default(),
+        ) {
             eprintln!("gpu_placement: {path}: {e}");
             return std::process::ExitCode::from(2);
         }

@@ -10,11 +10,11 @@
 //! Deterministic: the same build prints the same table.
 
 use allocdoc::conf::Settings;
+use allocdoc::device::sim::Placement::FirstFit;
 use allocdoc::trial::recommend::recommend;
 use allocdoc::trial::run::Run;
 use allocdoc::trial::search;
 use allocdoc::trial::workload::{Source, Workload};
-use allocdoc::device::sim::Placement::FirstFit;
 use allocdoc::units::human;
 use allocdoc::workload::Event;
 use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
@@ -92,7 +92,11 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
             caps.dedup();
             // Only capacities where the default really fails make a row of this kind.
             caps.retain(|&c| {
-                !where_default_fails || replay(&defaults, "", c, None, FirstFit).figures.oom.is_some()
+                !where_default_fails
+                    || replay(&defaults, "", c, None, FirstFit)
+                        .figures
+                        .oom
+                        .is_some()
             });
             let events = free.figures.events;
             for &capacity in &caps {
@@ -103,7 +107,11 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                 };
                 let _ = write!(out, "| {} | {events} | {shown} |", workload.input);
                 for c in COMPARED {
-                    let _ = write!(out, " {} |", cell(&replay(&settings(c), c, capacity, None, FirstFit)));
+                    let _ = write!(
+                        out,
+                        " {} |",
+                        cell(&replay(&settings(c), c, capacity, None, FirstFit))
+                    );
                 }
                 let r = recommend(
                     workload,

@@ -78,18 +78,25 @@ fn text_only_answers_agree_with_replaying_the_trace() {
                 c.seed
             );
             assert!(!a.strength.is_empty(), "every verdict states its strength");
-            assert!(a.json["capture"].is_array(), "text results end with the capture lines");
+            assert!(
+                a.json["capture"].is_array(),
+                "text results end with the capture lines"
+            );
         }
         if c.avoiding.is_empty() {
             assert_ne!(
-                c.recommend.exit_code, 0,
+                c.recommend.exit_code,
+                0,
                 "exit 0 where no config avoids the OOM: {} seed {}\n{report}",
                 c.family.name(),
                 c.seed
             );
         }
         if c.validate.exit_code == 0 {
-            assert!(c.es_avoids, "validate passed a gate the trace fails:\n{report}");
+            assert!(
+                c.es_avoids,
+                "validate passed a gate the trace fails:\n{report}"
+            );
         }
     }
     let agree = cases
@@ -168,8 +175,14 @@ fn text_results_end_with_the_lines_that_make_a_trace() {
         );
     }
     let old = allocdoc::report::recommend::capture_lines(allocdoc::conf::TorchVersion::new(2, 0));
-    assert!(old.iter().any(|l| l.contains("_record_memory_history(True, trace_alloc_max_entries")));
-    assert!(old.iter().all(|l| !l.contains("_dump_snapshot")), "2.0 has no _dump_snapshot");
+    assert!(
+        old.iter()
+            .any(|l| l.contains("_record_memory_history(True, trace_alloc_max_entries"))
+    );
+    assert!(
+        old.iter().all(|l| !l.contains("_dump_snapshot")),
+        "2.0 has no _dump_snapshot"
+    );
     // A trace is proven and gets no capture lines.
     let csv = fixture("fixtures/validate/interleaved_16mib.csv");
     let out = allocdoc::app::validate::run(&ValidateOptions {
@@ -216,12 +229,17 @@ fn no_setting_can_help_from_text() {
         .as_u64()
         .expect("needed capacity");
     // At least the live tensors and the request: 7.40 GiB + 1 GiB.
-    assert!(need >= (7.4 * (1u64 << 30) as f64) as u64 + (1 << 30), "{need}");
-    assert!(v["ensemble"]["ranked"]
-        .as_array()
-        .expect("ranked")
-        .iter()
-        .all(|c| c["avoids"] == 0));
+    assert!(
+        need >= (7.4 * (1u64 << 30) as f64) as u64 + (1 << 30),
+        "{need}"
+    );
+    assert!(
+        v["ensemble"]["ranked"]
+            .as_array()
+            .expect("ranked")
+            .iter()
+            .all(|c| c["avoids"] == 0)
+    );
 }
 
 /// A trace whose outcome turns on which of two equal free blocks the
@@ -255,8 +273,16 @@ fn the_same_trace_under_each_placement_policy() {
             .oom
             .map(|o| o.event_index)
     };
-    assert_eq!(oom(Placement::FirstFit), Some(11), "first-fit: nothing to release");
-    assert_eq!(oom(Placement::Rising), None, "rising: the whole segment is released");
+    assert_eq!(
+        oom(Placement::FirstFit),
+        Some(11),
+        "first-fit: nothing to release"
+    );
+    assert_eq!(
+        oom(Placement::Rising),
+        None,
+        "rising: the whole segment is released"
+    );
     // The random policy is seeded: the same outcome every run.
     assert_eq!(
         oom(Placement::Random(0x5eed)),
@@ -264,7 +290,12 @@ fn the_same_trace_under_each_placement_policy() {
     );
     // Without a limit, every policy runs it the same way.
     for p in Placement::ALL {
-        assert!(replay_placed(&t, &defaults, "", 1 << 30, p).figures.oom.is_none());
+        assert!(
+            replay_placed(&t, &defaults, "", 1 << 30, p)
+                .figures
+                .oom
+                .is_none()
+        );
     }
 }
 
@@ -318,7 +349,9 @@ fn a_placement_dependent_verdict_is_flagged() {
     })
     .expect("runs");
     let v = json(&out);
-    let rec = v["recommendation"]["value"].as_str().expect("a recommendation");
+    let rec = v["recommendation"]["value"]
+        .as_str()
+        .expect("a recommendation");
     let placed = v["placement"].as_array().expect("placement checked");
     let mine = placed
         .iter()

@@ -8,9 +8,7 @@ use allocdoc::conf::{MIB, Settings};
 use allocdoc::trial::recommend::recommend;
 use allocdoc::trial::run::replay;
 use allocdoc::trial::workload::{Source, Workload};
-use allocdoc::workload::probe::{
-    self, Ending, Family, Figures, Params, Target, epochs, generate,
-};
+use allocdoc::workload::probe::{self, Ending, Family, Figures, Params, Target, epochs, generate};
 use allocdoc::workload::{Event, Trace};
 use assert_cmd::Command;
 use std::path::Path;

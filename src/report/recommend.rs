@@ -127,11 +127,13 @@ fn workloads_table(e: &Ensemble, judged: &[WorkloadJudgement]) -> Table {
                     }
                     (Some(Fate::Avoids), _) => format!(
                         "avoids the OOM (peak reserved {})",
-                        j.candidate_peak_reserved_bytes.map_or_else(String::new, human)
+                        j.candidate_peak_reserved_bytes
+                            .map_or_else(String::new, human)
                     ),
                     (Some(Fate::AvoidsNarrowly), _) => format!(
                         "avoids the OOM, narrowly (peak reserved {})",
-                        j.candidate_peak_reserved_bytes.map_or_else(String::new, human)
+                        j.candidate_peak_reserved_bytes
+                            .map_or_else(String::new, human)
                     ),
                     (Some(Fate::Fails), _) => "runs out of memory".to_string(),
                     (Some(Fate::DependsOnPlacement), _) => {
@@ -177,8 +179,10 @@ fn ensemble_table(found: &EnsembleSearch) -> Table {
                 format!("#{} {}", i + 1, conf_label(&c.conf)),
                 format!("{} of {}", c.avoids, found.plausible),
                 format!("{} of {}", c.avoids_with_margin, found.plausible),
-                c.avoids_under_every_placement
-                    .map_or_else(|| "-".to_string(), |k| format!("{k} of {}", found.plausible)),
+                c.avoids_under_every_placement.map_or_else(
+                    || "-".to_string(),
+                    |k| format!("{k} of {}", found.plausible),
+                ),
                 if c.fails_on.is_empty() {
                     "-".to_string()
                 } else {
@@ -248,9 +252,13 @@ pub fn capture_lines(version: TorchVersion) -> Vec<String> {
 
 /// "Verdict: …" and "Evidence: …" lines.
 fn verdict_lines(label: &str, v: &Judgement) -> String {
-    format!("{label}: {}
+    format!(
+        "{label}: {}
 Evidence: {}
-", v.sentence(), v.evidence())
+",
+        v.sentence(),
+        v.evidence()
+    )
 }
 
 fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
@@ -312,8 +320,15 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
             None,
         ));
     }
-    let title = match r.ensemble.as_ref().and_then(|f| f.workloads.iter().find(|w| w.reproduces)) {
-        Some(w) => format!("Against the current config, on the closest plausible workload ('{}')", w.family),
+    let title = match r
+        .ensemble
+        .as_ref()
+        .and_then(|f| f.workloads.iter().find(|w| w.reproduces))
+    {
+        Some(w) => format!(
+            "Against the current config, on the closest plausible workload ('{}')",
+            w.family
+        ),
         None => "Against the current config".to_string(),
     };
     tables.push(runs_table(&title, rows, None));
@@ -366,7 +381,10 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
             }
             if r.probe.is_some() {
                 s.push('\n');
-                s.push_str(&markdown::code_block("python", &capture_lines(r.torch_version).join("\n")));
+                s.push_str(&markdown::code_block(
+                    "python",
+                    &capture_lines(r.torch_version).join("\n"),
+                ));
             }
             s
         }
@@ -426,7 +444,10 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
     }
     let flag = |r: &Run| r.figures.oom.as_ref().map(|_| "OOM".to_string());
     let title = match v.workloads.iter().find(|w| w.reproduces) {
-        Some(w) => format!("Current vs candidate, on the closest plausible workload ('{}')", w.family),
+        Some(w) => format!(
+            "Current vs candidate, on the closest plausible workload ('{}')",
+            w.family
+        ),
         None => "Current vs candidate".to_string(),
     };
     tables.push(runs_table(
@@ -483,7 +504,10 @@ pub fn validation(v: &Validation, format: Format) -> String {
                 s.push_str(&markdown::titled_table(&t));
             }
             if v.ensemble.is_some() {
-                s.push_str(&markdown::code_block("python", &capture_lines(v.torch_version).join("\n")));
+                s.push_str(&markdown::code_block(
+                    "python",
+                    &capture_lines(v.torch_version).join("\n"),
+                ));
             }
             s
         }

@@ -7,14 +7,12 @@
 use super::placement::{self, Fate};
 use super::run::{replay, replay_placed};
 use super::search::{self, Progress};
-use super::validate::{
-    Basis, EXIT_UNCERTAIN, Strength, Verdict, ensemble_strength, peak_change,
-};
+use super::validate::{Basis, EXIT_UNCERTAIN, Strength, Verdict, ensemble_strength, peak_change};
 use crate::advise::space::Candidate;
 use crate::conf::Settings;
 use crate::units::{format_size, human};
 use crate::workload::RunFigures;
-use crate::workload::probe::{Calibration, Ending, Ensemble, TOLERANCE};
+use crate::workload::probe::{Calibration, Ending, Ensemble, GATE_CONTINUATION, TOLERANCE};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,7 +63,13 @@ pub fn ending_text(m: &Calibration) -> String {
             "runs out of memory on the request, as the message says".to_string()
         }
         (Ending::AtRequest, _) => format!("runs out of memory on the request, but with {}", off()),
-        (Ending::Earlier { requested, alloc_size }, _) => format!(
+        (
+            Ending::Earlier {
+                requested,
+                alloc_size,
+            },
+            _,
+        ) => format!(
             "runs out of memory earlier, on a request of {} (\"Tried to allocate {}\")",
             human(requested),
             format_size(alloc_size)
@@ -83,7 +87,7 @@ fn member_replayer(
     m: &Calibration,
 ) -> impl Fn(&Settings, &str, u64, Option<u64>, crate::device::sim::Placement) -> super::Run + Sync + '_
 {
-    move |s, conf, cap, _, placement| replay_placed(&m.trace, s, conf, cap, placement)
+    move |s, conf, cap, _, placement| replay_placed(&m.judged, s, conf, cap, placement)
 }
 
 fn judge_member(
@@ -102,8 +106,8 @@ fn judge_member(
         candidate_peak_reserved_bytes: None,
     };
     if m.reproduces {
-        let before = replay(&m.trace, current, "", capacity).figures;
-        let after = replay(&m.trace, candidate, "", capacity).figures;
+        let before = replay(&m.judged, current, "", capacity).figures;
+        let after = replay(&m.judged, candidate, "", capacity).figures;
         let replayer = member_replayer(m);
         let ooms = placement::ooms(&replayer, candidate, capacity, after.oom.is_some());
         j.candidate = Some(match ooms.fate() {
@@ -296,11 +300,18 @@ pub fn judge(
     }
     let agreeing = avoids.len().max(fails.len());
     let strength = ensemble_strength(n, agreeing);
-    let exit_code = match strength {
+    let mut exit_code = match strength {
         Strength::Likely if avoids.len() == n => 0,
         Strength::Likely if fails.len() >= avoids.len() => 1,
         _ => EXIT_UNCERTAIN,
     };
+    if exit_code == 0 && e.observed.requested_bytes.is_some() {
+        let outgrown = outgrown_on(&e.plausible().collect::<Vec<_>>(), candidate);
+        if !outgrown.is_empty() {
+            parts.push(outgrown_clause(&outgrown));
+            exit_code = EXIT_UNCERTAIN;
+        }
+    }
     let verdict = Verdict {
         basis,
         strength,
@@ -308,6 +319,31 @@ pub fn judge(
         exit_code,
     };
     (verdict, judgements)
+}
+
+/// The plausible workloads on which `settings` runs out of memory when the
+/// job runs on [`GATE_CONTINUATION`] of its steps past the request.
+fn outgrown_on(plausible: &[&Calibration], settings: &Settings) -> Vec<&'static str> {
+    plausible
+        .par_iter()
+        .filter(|m| {
+            replay(&m.continued(GATE_CONTINUATION), settings, "", m.capacity)
+                .figures
+                .oom
+                .is_some()
+        })
+        .map(|m| m.family.name())
+        .collect()
+}
+
+/// Why a verdict that would pass a gate does not.
+fn outgrown_clause(outgrown: &[&str]) -> String {
+    format!(
+        "but on {} it runs out of memory within {:.0} % more steps past the request, so the \
+         job may outgrow it",
+        quoted(outgrown),
+        100.0 * GATE_CONTINUATION
+    )
 }
 
 /// A config of the search space judged across the plausible workloads.
@@ -353,6 +389,9 @@ pub struct EnsembleSearch {
     /// The smallest capacity at which the first config runs every plausible
     /// workload (bisected to 1 MiB).
     pub needed_capacity_bytes: Option<u64>,
+    /// When the first config avoids the OOM on every plausible workload: those
+    /// on which it runs out of memory within [`GATE_CONTINUATION`] more steps.
+    pub outgrown_on: Vec<&'static str>,
     /// What the searches replayed, summed over the plausible workloads
     /// (`configs` is the space's size).
     #[serde(skip)]
@@ -388,14 +427,14 @@ pub fn search(
     let per_member: Vec<(Vec<RunFigures>, search::Pruning)> = plausible
         .iter()
         .map(|m| {
-            let sizes = super::workload::distinct_request_sizes(&m.trace);
+            let sizes = super::workload::distinct_request_sizes(&m.judged);
             let r = search::search(
                 candidates.clone(),
                 current,
                 cap,
                 Some(&sizes),
                 // Every run to its end: a run stopped early is no verdict on a workload.
-                |s, c, _| replay(&m.trace, s, "", c).figures,
+                |s, c, _| replay(&m.judged, s, "", c).figures,
                 |p| {
                     if let Progress::Candidates { .. } = p {
                         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -441,9 +480,10 @@ pub fn search(
             let mean_peak = runs
                 .iter()
                 .map(|r| {
-                    let progress = r.oom.as_ref().map_or(0.0, |o| {
-                        1.0 - o.event_index as f64 / r.events.max(1) as f64
-                    });
+                    let progress = r
+                        .oom
+                        .as_ref()
+                        .map_or(0.0, |o| 1.0 - o.event_index as f64 / r.events.max(1) as f64);
                     r.peak_reserved_bytes as f64 / cap.max(1) as f64 + progress
                 })
                 .sum::<f64>()
@@ -504,10 +544,18 @@ pub fn search(
         let settings = best.candidate.settings(current);
         plausible
             .par_iter()
-            .map(|m| capacity_needed(|c| replay(&m.trace, &settings, "", c).figures))
+            .map(|m| capacity_needed(|c| replay(&m.judged, &settings, "", c).figures))
             .max()
             .unwrap_or(0)
     });
+    let outgrown_on = match ranked.first() {
+        Some((best, _, _))
+            if e.observed.requested_bytes.is_some() && best.robust(plausible.len()) =>
+        {
+            outgrown_on(&plausible, &best.candidate.settings(current))
+        }
+        _ => Vec::new(),
+    };
     let workloads = e
         .members
         .iter()
@@ -531,6 +579,7 @@ pub fn search(
         } else {
             needed_capacity_bytes
         },
+        outgrown_on,
         pruning,
         capacity: cap,
     }
@@ -604,12 +653,16 @@ impl EnsembleSearch {
         if let (Some(b), true) = (self.needed_capacity_bytes, best.avoids == n) {
             parts.push(format!("it runs them all from {}", human(b)));
         }
+        if !self.outgrown_on.is_empty() {
+            parts.push(outgrown_clause(&self.outgrown_on));
+        }
         let strength = ensemble_strength(n, robust);
-        let exit_code = if strength == Strength::Likely && best.robust(n) {
-            0
-        } else {
-            EXIT_UNCERTAIN
-        };
+        let exit_code =
+            if strength == Strength::Likely && best.robust(n) && self.outgrown_on.is_empty() {
+                0
+            } else {
+                EXIT_UNCERTAIN
+            };
         let verdict = Verdict {
             basis,
             strength,

@@ -74,12 +74,7 @@ pub struct PolicyOutcome {
 
 /// Replays under the policies other than first-fit, whose outcome
 /// (`first_fit_oom`) is already known.
-pub fn ooms(
-    replay: &Replayer,
-    settings: &Settings,
-    capacity: u64,
-    first_fit_oom: bool,
-) -> Ooms {
+pub fn ooms(replay: &Replayer, settings: &Settings, capacity: u64, first_fit_oom: bool) -> Ooms {
     let mut out = [first_fit_oom; 3];
     for (slot, &placement) in out.iter_mut().zip(&Placement::ALL).skip(1) {
         *slot = replay(settings, "", capacity, None, placement)

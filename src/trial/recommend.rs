@@ -143,7 +143,15 @@ fn search_with(
                     })
                     .collect();
                 let pruning = found.pruning;
-                (runs, recommendation, min, verdict, Some(found), Vec::new(), pruning)
+                (
+                    runs,
+                    recommendation,
+                    min,
+                    verdict,
+                    Some(found),
+                    Vec::new(),
+                    pruning,
+                )
             }
             None => {
                 let sizes = workload.request_sizes();
@@ -270,7 +278,16 @@ fn recorded_verdict(
             &chosen.figures,
             cap,
             true,
-            |c| replay(&settings, "", c, None, crate::device::sim::Placement::FirstFit).figures,
+            |c| {
+                replay(
+                    &settings,
+                    "",
+                    c,
+                    None,
+                    crate::device::sim::Placement::FirstFit,
+                )
+                .figures
+            },
             &|_| {},
         ))
     };
@@ -296,7 +313,13 @@ fn recorded_verdict(
     } else if strength == Strength::Uncertain {
         let flipped: Vec<&str> = placed
             .first()
-            .map(|(_, p, _)| p.outcomes.iter().filter(|o| o.oom).map(|o| o.policy).collect())
+            .map(|(_, p, _)| {
+                p.outcomes
+                    .iter()
+                    .filter(|o| o.oom)
+                    .map(|o| o.policy)
+                    .collect()
+            })
             .unwrap_or_default();
         finding.push_str(&format!(
             "; this depends on where the driver places segments: under {} it runs out of memory",
@@ -315,7 +338,15 @@ fn recorded_verdict(
     };
     let recommendation = Some(Recommendation::new(chosen.conf.clone()));
     let placement = placed.into_iter().map(|(_, p, _)| p).collect();
-    (runs, recommendation, min, verdict, None, placement, result.pruning)
+    (
+        runs,
+        recommendation,
+        min,
+        verdict,
+        None,
+        placement,
+        result.pruning,
+    )
 }
 
 /// "X does best: it avoids the OOM the current config hits; it still runs with Y".

@@ -51,7 +51,13 @@ pub fn replay_bounded(
     capacity: u64,
     stop_above_reserved: Option<u64>,
 ) -> Run {
-    replay_on_card(trace, settings, conf, SimDevice::new(capacity), stop_above_reserved)
+    replay_on_card(
+        trace,
+        settings,
+        conf,
+        SimDevice::new(capacity),
+        stop_above_reserved,
+    )
 }
 
 /// [`replay`] with segments placed by `placement`.
@@ -124,8 +130,7 @@ pub fn replay_on(
 ) -> Result<Run, Error> {
     if spec == DeviceSpec::Sim {
         let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
-        return workload
-            .with_replayer(|run| run(settings, conf, cap, None, Placement::FirstFit));
+        return workload.with_replayer(|run| run(settings, conf, cap, None, Placement::FirstFit));
     }
     let device = DeviceOpener {
         spec,

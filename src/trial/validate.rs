@@ -180,7 +180,8 @@ pub fn validate(
         }
         None if spec == DeviceSpec::Sim => {
             let check = workload.with_replayer(|replay| {
-                let current = placement::ooms(replay, current.1, capacity, before.figures.oom.is_some());
+                let current =
+                    placement::ooms(replay, current.1, capacity, before.figures.oom.is_some());
                 let candidate =
                     placement::ooms(replay, candidate.1, capacity, after.figures.oom.is_some());
                 (current, candidate)

@@ -203,7 +203,10 @@ fn answer(exit_code: i32, json: serde_json::Value, is_validate: bool) -> Answer 
     // 0.1: one probe and `reproduces_oom`; now: `members`, each with `reproduces`.
     let claimed: Vec<&serde_json::Value> = match probe["members"].as_array() {
         Some(members) => members.iter().filter(|m| m["reproduces"] == true).collect(),
-        None => [probe].into_iter().filter(|p| p["reproduces_oom"] == true).collect(),
+        None => [probe]
+            .into_iter()
+            .filter(|p| p["reproduces_oom"] == true)
+            .collect(),
     };
     let claims_reproduced = !claimed.is_empty();
     let reproduced_really = claims_reproduced && claimed.iter().all(|m| reproduces(probe, m));
@@ -281,8 +284,10 @@ fn reproduces(probe: &serde_json::Value, m: &serde_json::Value) -> bool {
         let want = int(want);
         (got as f64 - want as f64).abs() <= TOLERANCE * want as f64
     };
-    let same_size = format_size(get_allocation_size(round_size(request, &defaults), &defaults))
-        == format_size(printed);
+    let same_size = format_size(get_allocation_size(
+        round_size(request, &defaults),
+        &defaults,
+    )) == format_size(printed);
     run.oom
         .as_ref()
         .is_some_and(|o| o.event_index + 1 == t.len() as u64)
@@ -370,10 +375,7 @@ pub fn summary(cases: &[Case]) -> String {
         .iter()
         .filter(|c| c.recommend.exit_code == 0 && c.recommended.is_some())
         .count();
-    let hopeless_any = hopeless
-        .iter()
-        .filter(|c| c.recommended.is_some())
-        .count();
+    let hopeless_any = hopeless.iter().filter(|c| c.recommended.is_some()).count();
     let _ = writeln!(
         s,
         "\n`recommend` on the message alone: where some config avoids the OOM on the trace ({}), \
@@ -431,11 +433,9 @@ pub fn detail(cases: &[Case]) -> String {
                 &c.validate.strength
             },
             c.avoiding.len(),
-            c.recommended.as_deref().map_or("-", |v| if v.is_empty() {
-                "(defaults)"
-            } else {
-                v
-            }),
+            c.recommended
+                .as_deref()
+                .map_or("-", |v| if v.is_empty() { "(defaults)" } else { v }),
             c.recommend.exit_code,
             match c.recommended_avoids {
                 Some(true) => "avoids",
