@@ -59,7 +59,7 @@ fn snapshot_write_1m_entries(bencher: divan::Bencher) {
     let snap = Snapshot {
         segments: Vec::new(),
         device_traces: vec![trace],
-        alloc_conf: None,
+        ..Snapshot::default()
     };
     bencher.bench(|| writer::to_bytes(divan::black_box(&snap)).len());
 }

@@ -7,7 +7,7 @@
 //! One sample each: a single search is seconds long, which is the figure
 //! BENCHMARKS.md ("## Config search") reports.
 
-use allocdoc::advise::space::space;
+use allocdoc::advise::space::all as space;
 use allocdoc::conf::{MIB, Settings};
 use allocdoc::trial::run::replay_bounded;
 use allocdoc::trial::search;
@@ -54,7 +54,10 @@ fn run_search(configs: usize, capacity: u64) -> usize {
         &base,
         capacity,
         Some(&sizes),
-        |s, cap, stop| replay_bounded(trace, s, "", cap, stop).figures,
+        (
+            |s: &Settings, cap, stop| replay_bounded(trace, s, "", cap, stop).figures,
+            true,
+        ),
         |_| {},
     );
     r.ranked.len()

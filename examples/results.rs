@@ -14,7 +14,7 @@ use allocdoc::device::sim::Placement::FirstFit;
 use allocdoc::trial::recommend::recommend;
 use allocdoc::trial::run::Run;
 use allocdoc::trial::search;
-use allocdoc::trial::workload::{Source, Workload};
+use allocdoc::trial::workload::{Loaded, Source, Workload};
 use allocdoc::units::human;
 use allocdoc::workload::Event;
 use allocdoc::workload::probe::{Family, Params, epochs, generate, trace};
@@ -113,11 +113,20 @@ fn rows(out: &mut String, workload: &Workload, where_default_fails: bool) -> Vec
                         cell(&replay(&settings(c), c, capacity, None, FirstFit))
                     );
                 }
+                // A recorded trace: the space of PyTorch 2.6 on Linux, no rules.
+                let setup = allocdoc::advise::Setup::of_flags(&Default::default());
+                let space = allocdoc::advise::Space::for_setup(&setup, false);
+                let search = allocdoc::trial::recommend::Search {
+                    space: &space,
+                    current_conf: "",
+                    current: &defaults,
+                    diagnosis: None,
+                    bisect: true,
+                };
                 let r = recommend(
                     workload,
                     workload.capacity(Some(capacity)),
-                    "",
-                    &defaults,
+                    &search,
                     &|_| {},
                 )
                 .expect("the workload replays");
@@ -191,7 +200,9 @@ fn main() {
             let name = path.to_string_lossy().into_owned();
             // Snapshots without a trace are skipped: there is nothing to replay.
             let limits = allocdoc::Limits::default();
-            if let Ok(mut w) = Workload::load(&name, None, "", &Settings::default(), &limits) {
+            if let Ok(Loaded::Ready(mut w)) =
+                Workload::load(&name, None, &Settings::default(), None, &limits)
+            {
                 w.input = path
                     .file_name()
                     .map_or(name.clone(), |f| f.to_string_lossy().into_owned());

@@ -188,6 +188,9 @@ pub struct SnapshotDetail {
     pub segsum_mismatch_segments: Vec<u64>,
     /// The largest allocation sites of live blocks, by bytes.
     pub top_sites: Vec<AllocationSite>,
+    /// What the recorded trace shows, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceMetrics>,
     /// Trace entries per action.
     pub trace_actions: BTreeMap<&'static str, u64>,
 }
@@ -254,6 +257,141 @@ pub struct AllocationSite {
     pub frames: Vec<String>,
     /// The first frame, or `<non-python>`.
     pub site: String,
+}
+
+/// What a snapshot's recorded trace shows (`snapshot::trace_metrics`),
+/// read in the pass over `device_traces` that counts the actions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TraceMetrics {
+    /// `alloc` entries.
+    pub allocs: u64,
+    /// Runs of releases `malloc` made itself before a cudaMalloc or an OOM
+    /// (its retry after a failed cudaMalloc, garbage collection, oversize blocks).
+    pub allocator_releases: Releases,
+    /// Allocations served by a segment cudaMalloc'd (or pages mapped) for them.
+    pub cache_misses: u64,
+    /// Frees that waited for other streams, per allocation stream.
+    pub deferred: Vec<StreamDeferred>,
+    /// Where the most deferred bytes were freed (or allocated), when recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deferred_site: Option<Site>,
+    /// Runs of releases that `malloc` did not make: `empty_cache()` calls.
+    pub empty_cache: Releases,
+    /// Where `empty_cache()` was called, when the trace recorded its stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub empty_cache_site: Option<Site>,
+    /// Steps with at least one `empty_cache()` call.
+    pub empty_cache_steps: u64,
+    /// Trace entries read.
+    pub entries: u64,
+    pub ooms: u64,
+    /// `oom` entries with at least the request free on the device: the
+    /// allocator refused memory the card had (a memory fraction cap).
+    pub ooms_with_free_device: u64,
+    pub peak: Peak,
+    /// `segment_alloc` + `segment_map` entries (cudaMalloc calls, expandable maps).
+    pub segment_alloc_bytes: u64,
+    pub segment_allocs: u64,
+    /// `segment_free` + `segment_unmap` entries (cudaFree calls, expandable unmaps).
+    pub segment_free_bytes: u64,
+    pub segment_frees: u64,
+    /// Request sizes per step (needs two steps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<SizeChurn>,
+    /// Allocations after the first step, and how many of them missed.
+    pub steady_allocs: u64,
+    pub steady_cache_misses: u64,
+    pub step_source: StepSource,
+    pub steps: u64,
+    /// The trace records `time_us`.
+    pub timed: bool,
+}
+
+/// How a trace was cut into steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepSource {
+    /// `external_annotations` named like a step.
+    Annotations,
+    /// Cycles of allocated memory.
+    AllocatedCycles,
+    /// No cycle: the whole trace is one step.
+    #[default]
+    WholeTrace,
+}
+
+/// Runs of segment releases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Releases {
+    pub bytes: u64,
+    pub calls: u64,
+    pub segments: u64,
+}
+
+/// A source location from recorded frames.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Site {
+    /// Entries recorded with this stack.
+    pub entries: u64,
+    /// The shown stack from `site` outwards.
+    pub frames: Vec<String>,
+    /// The first frame outside PyTorch (`file:line:name`, `_memory_viz` style).
+    pub site: String,
+}
+
+/// Frees of one allocation stream that waited for other streams.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StreamDeferred {
+    /// Requested bytes of those frees.
+    pub bytes: u64,
+    pub frees: u64,
+    /// Σ trace entries between request and completion.
+    pub held_entries: u64,
+    /// Σ µs between `free_requested` and `free_completed` (0 when `time_us`
+    /// is not recorded); those still pending at the end: up to the last entry.
+    pub held_us: u64,
+    pub max_held_us: u64,
+    /// The most bytes waiting at once.
+    pub peak_bytes: u64,
+    /// Requests still waiting when the snapshot was taken.
+    pub pending_at_end: u64,
+    pub stream: u64,
+}
+
+/// Request sizes step by step: only large-pool requests (> 1 MiB), where
+/// differing sizes cost fresh segments and splits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SizeChurn {
+    /// Of the distinct sizes of each step after the first, the fraction the
+    /// step before did not request.
+    pub churn: f64,
+    /// Mean number of distinct sizes a step requests.
+    pub distinct_per_step: f64,
+    /// How far one tensor's size moves over the steps: largest / smallest
+    /// of the k-th large request of the steps that make the usual number of
+    /// them, median over k (1.6: the largest is 1.6 times the smallest; 1
+    /// when fewer than two steps make the usual number).
+    pub spread: f64,
+}
+
+/// The moment reserved memory first reached its peak within the trace (just
+/// before the segment that reached it; the trace start when it never grew).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Peak {
+    /// Allocated (requested) bytes at the highest point of the trace.
+    pub allocated_bytes: u64,
+    pub event_index: u64,
+    pub reserved_bytes: u64,
+    /// Segments left out: created before the trace and released during it
+    /// (their content before the release is not in the trace).
+    pub segments_unknown: u64,
+    /// Free bytes in segments that held a live block then (split segments):
+    /// estimated from the requested sizes rounded as the recorded config rounds them.
+    pub stranded_bytes: u64,
+    /// The part of it in large-pool segments.
+    pub stranded_large_bytes: u64,
+    /// The segment size (bytes-weighted median) of the large segments that held it.
+    pub stranding_segment_bytes: u64,
 }
 
 impl Observation {

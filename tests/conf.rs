@@ -734,6 +734,7 @@ mod command {
             conf: conf.into(),
             torch_version: Some(version.into()),
             format,
+            ..ConfCheckOptions::default()
         })
         .unwrap();
         (out.stdout, out.exit_code)

@@ -322,6 +322,7 @@ fn snapshot_fixture() -> Snapshot {
                 ..allocdoc::conf::Settings::default()
             },
         }),
+        ..Snapshot::default()
     }
 }
 

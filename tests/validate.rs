@@ -3,7 +3,8 @@
 //! were fitted to, and `--device cuda` without a driver exits 3. The `gpu_*`
 //! tests run on a GPU machine (bench/gpu/run.sh) and skip, saying why, elsewhere.
 
-use allocdoc::advise::space::space;
+use allocdoc::advise::space::all as space;
+use allocdoc::advise::{Setup, Space};
 use allocdoc::conf::{MIB, Settings};
 use allocdoc::trial::recommend::recommend;
 use allocdoc::trial::run::replay;
@@ -76,8 +77,16 @@ fn recommendation_avoids_the_oom_whenever_any_config_does() {
                 .filter(|r| r.figures.oom.is_none())
                 .map(|r| r.figures.peak_reserved_bytes)
                 .min();
-            let r =
-                recommend(&w, w.capacity(Some(capacity)), "", &defaults, &|_| {}).expect("search");
+            let setup = Setup::of_flags(&Default::default());
+            let space = Space::for_setup(&setup, false);
+            let search = allocdoc::trial::recommend::Search {
+                space: &space,
+                current_conf: "",
+                current: &defaults,
+                diagnosis: None,
+                bisect: true,
+            };
+            let r = recommend(&w, w.capacity(Some(capacity)), &search, &|_| {}).expect("search");
             assert_eq!(r.candidates.len(), brute.len());
             match best_ok {
                 Some(best) => {
@@ -606,7 +615,10 @@ fn json_follows_the_contract() {
         text.contains("capacity 80.00 GiB (the default card: set --capacity)"),
         "{text}"
     );
-    assert!(text.contains("\nunset PYTORCH_CUDA_ALLOC_CONF\n"), "{text}");
+    assert!(
+        text.contains("\n  unset PYTORCH_CUDA_ALLOC_CONF\n"),
+        "{text}"
+    );
 
     // validate: the capacity as given, both runs with the contract's oom object.
     let v = json_of(

@@ -3,8 +3,8 @@
 
 use crate::allocator::sizes::{get_allocation_size, is_small, round_size};
 use crate::conf::{
-    self, ConfError, ConfWarning, SettingRow, Settings, TorchVersion, Unmodelled, describe,
-    serialize_rows,
+    self, ConfError, ConfWarning, Platform, SettingRow, Settings, TorchVersion, Unmodelled,
+    describe, serialize_rows,
 };
 use crate::evidence::Backend;
 use serde::Serialize;
@@ -43,6 +43,10 @@ pub struct RoundingRow {
 pub struct ConfCheck {
     pub valid: bool,
     pub torch_version: TorchVersion,
+    pub platform: Platform,
+    /// Settings PyTorch accepts but ignores on this platform (also among
+    /// `warnings`); `settings` shows what takes effect.
+    pub ignored: Vec<String>,
     pub value: String,
     pub error: Option<ConfError>,
     pub warnings: Vec<ConfWarning>,
@@ -90,8 +94,8 @@ pub fn rounding_table(settings: &Settings) -> Vec<RoundingRow> {
         .collect()
 }
 
-/// Checks `value` against `version`.
-pub fn check(value: &str, version: TorchVersion) -> ConfCheck {
+/// Checks `value` against `version` on `platform`.
+pub fn check(value: &str, version: TorchVersion, platform: Platform) -> ConfCheck {
     let mut warnings = Vec::new();
     if version > TorchVersion::LATEST_KNOWN {
         warnings.push(ConfWarning {
@@ -107,8 +111,11 @@ pub fn check(value: &str, version: TorchVersion) -> ConfCheck {
     match conf::parse(value, version) {
         Ok(parsed) => {
             let canonical = parsed.render();
-            let s = parsed.settings;
             warnings.extend(parsed.warnings);
+            let ignored = platform.ignored(&parsed.settings);
+            let ignored_keys = ignored.iter().map(|w| w.text.clone()).collect::<Vec<_>>();
+            warnings.extend(ignored);
+            let s = platform.effective(&parsed.settings);
             let rounding = if s.backend == Backend::CudaMallocAsync {
                 Vec::new()
             } else {
@@ -118,6 +125,8 @@ pub fn check(value: &str, version: TorchVersion) -> ConfCheck {
             ConfCheck {
                 valid: true,
                 torch_version: version,
+                platform,
+                ignored: ignored_keys,
                 value: value.to_string(),
                 error: None,
                 warnings,
@@ -131,6 +140,8 @@ pub fn check(value: &str, version: TorchVersion) -> ConfCheck {
         Err(e) => ConfCheck {
             valid: false,
             torch_version: version,
+            platform,
+            ignored: Vec::new(),
             value: value.to_string(),
             error: Some(e),
             warnings,

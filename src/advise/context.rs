@@ -25,6 +25,9 @@ pub struct Context {
     /// (old driver, no driver API; pytorch#122057).
     pub expandable_unsupported: bool,
     pub ipc_user: bool,
+    /// What the command line says about the setup (`--torch-version`,
+    /// `--platform`); it wins over every clue ([`super::setup`]).
+    pub flags: super::setup::SetupFlags,
 }
 
 impl Context {

@@ -1,54 +1,46 @@
 //! From evidence to [`Facts`]: the metric values rules read (see
-//! `rules::catalog` for their definitions). With several observations the
-//! most relevant one is diagnosed (the last OOM, else the last summary/stats,
-//! else the last snapshot); series come from every summary and stats dump.
+//! `rules::catalog` for their definitions), for one observation (the
+//! incident being diagnosed, [`super::incident`]) plus series from every
+//! summary and stats dump, in the user's [`Setup`].
 
 use super::context::Context;
-use crate::conf::TorchVersion;
-use crate::evidence::{Backend, DeviceKind, Evidence, Kind, Observation, OomSource, PoolDetail};
+use super::setup::Setup;
+use crate::conf::{Platform, TorchVersion};
+use crate::evidence::{Backend, Evidence, Kind, Observation, OomSource, PoolDetail};
 use crate::rules::{Fact, Facts, VersionRange};
 
-/// The observation a diagnosis is about: the last OOM of any kind, else the
-/// last summary/stats, else the last snapshot.
-pub fn primary(evidence: &Evidence) -> Option<&Observation> {
+/// The observation diagnosed when the evidence holds no OOM: the last
+/// summary or stats dump (the latest state of the run), else the last snapshot.
+pub fn fallback(evidence: &Evidence) -> Option<&Observation> {
     let obs = &evidence.observations;
     obs.iter()
         .rev()
-        .find(|o| matches!(o.kind, Kind::Oom | Kind::NonAllocatorOom))
-        .or_else(|| {
-            obs.iter()
-                .rev()
-                .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats))
-        })
+        .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats))
         .or_else(|| obs.last())
 }
 
-/// The facts for `evidence` plus what the surrounding text and the user said.
-pub fn facts(evidence: &Evidence, ctx: &Context) -> Facts {
+/// The facts for `primary` (the observation diagnosed) within `evidence`,
+/// plus what the surrounding text, the user and the setup say.
+pub fn facts(
+    evidence: &Evidence,
+    ctx: &Context,
+    setup: &Setup,
+    primary: Option<&Observation>,
+) -> Facts {
     let mut f = Facts::default();
     for o in &evidence.observations {
         if !f.kinds.contains(&o.kind) {
             f.kinds.push(o.kind);
         }
     }
-    let primary = primary(evidence);
-    f.torch = ctx.torch.unwrap_or_else(|| {
-        let mut r = primary.map(era_range).unwrap_or_default();
-        if let Some(floor) = ctx.torch_floor
-            && r.hi.is_none_or(|hi| hi >= floor)
-        {
-            r.lo = Some(r.lo.map_or(floor, |lo| lo.max(floor)));
-        }
-        r
-    });
-    f.backend = primary
-        .and_then(|p| p.backend)
-        .or(ctx.current.as_ref().map(|c| c.backend));
+    f.torch = setup.torch.value;
+    f.backend = Some(setup.backend.value);
     if let Some(p) = primary {
         scalars(&mut f, p, evidence);
     }
     series(&mut f, evidence);
-    context_facts(&mut f, ctx, primary, recorded_settings(evidence));
+    trace_facts(&mut f, evidence);
+    context_facts(&mut f, ctx, setup, recorded_settings(evidence));
     f
 }
 
@@ -76,6 +68,7 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
     bytes(f, "capacity", p.total_capacity_bytes);
     bytes(f, "free", p.free_bytes);
     bytes(f, "private_pools", p.private_pools_bytes);
+    bytes(f, "cuda_context", Some(crate::rules::catalog::CUDA_CONTEXT));
     let (allocated, reserved) = match p.kind {
         Kind::MemorySummary | Kind::MemoryStats => (
             stat(p, "allocated_bytes", "all").or(p.allocated_bytes),
@@ -99,6 +92,10 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
             Some(c.saturating_sub(fr).saturating_sub(r)),
         );
     }
+    // Process lines (NVML, 2.1+): `reportProcessMemoryInfo` lists every compute
+    // process on the device, this one included, and words it "this process"
+    // only when NVML's PID is getpid(). In a container NVML reports host PIDs,
+    // so this process is printed as "Process <pid> has …" like the others.
     let listed: Vec<u64> = p
         .other_processes
         .iter()
@@ -107,14 +104,16 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
         .collect();
     let mut in_use = p.process_in_use_bytes;
     let mut self_at = None;
-    if let (None, Some(r), Some(c)) = (in_use, reserved, p.total_capacity_bytes) {
-        // In a container NVML reports host PIDs, so PyTorch does not recognise
-        // itself and prints "Process <pid> has …" for its own memory: a listed
-        // process holding this cache plus a context-sized margin is this one.
-        let margin = (2u64 << 30).max(c / 20);
+    if let (None, Some(r)) = (in_use, reserved) {
+        // The listed process that holds this cache (every byte PyTorch
+        // reserved is inside its usage) is this one; of several, the one
+        // closest to the cache.
         self_at = listed
             .iter()
-            .position(|&b| b >= r && b <= r.saturating_add(margin));
+            .enumerate()
+            .filter(|&(_, &b)| b >= r)
+            .min_by_key(|&(_, &b)| b)
+            .map(|(i, _)| i);
         in_use = self_at.and_then(|i| listed.get(i).copied());
     }
     bytes(f, "process_in_use", in_use);
@@ -227,6 +226,98 @@ fn snapshot_facts(f: &mut Facts, p: &Observation) {
     }
 }
 
+/// The snapshot observation whose recorded trace the trace metrics come
+/// from: the last one whose trace has entries.
+pub fn trace_source(evidence: &Evidence) -> Option<&Observation> {
+    evidence.observations.iter().rev().find(|o| {
+        o.detail
+            .as_ref()
+            .and_then(|d| d.trace.as_ref())
+            .is_some_and(|t| t.entries > 0)
+    })
+}
+
+/// The metrics of a snapshot's recorded trace (rules/README.md, "Trace
+/// metrics"), from [`trace_source`]: rates and per-step figures are derived
+/// here, the counts come as read.
+fn trace_facts(f: &mut Facts, evidence: &Evidence) {
+    let Some(t) = trace_source(evidence).and_then(|o| o.detail.as_ref()?.trace.as_ref()) else {
+        return;
+    };
+    let num = |f: &mut Facts, name: &str, v: f64| f.set(name, Fact::Num(v));
+    let steps = t.steps.max(1) as f64;
+    num(f, "trace_allocs", t.allocs as f64);
+    num(f, "trace_steps", steps);
+    if t.allocs > 0 {
+        num(
+            f,
+            "cache_miss_rate",
+            t.cache_misses as f64 / t.allocs as f64,
+        );
+    }
+    if t.steps >= 2 {
+        let steady = t.steady_cache_misses as f64;
+        num(f, "misses_per_step", steady / (steps - 1.0));
+        if t.steady_allocs > 0 {
+            num(f, "steady_miss_rate", steady / t.steady_allocs as f64);
+        }
+    }
+    num(f, "segment_allocs", t.segment_allocs as f64);
+    num(f, "segment_frees", t.segment_frees as f64);
+    num(f, "empty_cache_calls", t.empty_cache.calls as f64);
+    num(f, "empty_cache_steps", t.empty_cache_steps as f64);
+    num(f, "empty_cache_released", t.empty_cache.bytes as f64);
+    num(f, "allocator_releases", t.allocator_releases.calls as f64);
+    num(
+        f,
+        "allocator_releases_per_step",
+        t.allocator_releases.calls as f64 / steps,
+    );
+    let frees: u64 = t.deferred.iter().map(|d| d.frees).sum();
+    num(f, "deferred_frees", frees as f64);
+    let freed = t
+        .deferred
+        .iter()
+        .map(|d| d.bytes)
+        .fold(0, u64::saturating_add);
+    num(f, "deferred_free_bytes", freed as f64);
+    let peak = t.deferred.iter().map(|d| d.peak_bytes).max().unwrap_or(0);
+    num(f, "deferred_peak", peak as f64);
+    if t.timed && frees > 0 {
+        let held: u64 = t
+            .deferred
+            .iter()
+            .map(|d| d.held_us)
+            .fold(0, u64::saturating_add);
+        num(f, "deferred_hold_ms", held as f64 / frees as f64 / 1000.0);
+    }
+    if let Some(sizes) = &t.sizes {
+        num(f, "distinct_sizes_per_step", sizes.distinct_per_step);
+        num(f, "size_churn", sizes.churn);
+        num(f, "size_spread", sizes.spread);
+    }
+    bytes(f, "trace_peak_reserved", Some(t.peak.reserved_bytes));
+    bytes(f, "trace_peak_allocated", Some(t.peak.allocated_bytes));
+    bytes(f, "stranded_at_peak", Some(t.peak.stranded_bytes));
+    bytes(
+        f,
+        "stranded_large_at_peak",
+        Some(t.peak.stranded_large_bytes),
+    );
+    bytes(
+        f,
+        "stranding_segment_size",
+        Some(t.peak.stranding_segment_bytes),
+    );
+    num(f, "ooms_with_free_device", t.ooms_with_free_device as f64);
+    if let Some(site) = &t.empty_cache_site {
+        f.set_text("empty_cache_site", site.site.clone());
+    }
+    if let Some(site) = &t.deferred_site {
+        f.set_text("deferred_free_site", site.site.clone());
+    }
+}
+
 fn retries(o: &Observation) -> Option<u64> {
     o.alloc_retries.or(o.num_alloc_retries)
 }
@@ -285,7 +376,7 @@ fn series(f: &mut Facts, evidence: &Evidence) {
 }
 
 /// The PyTorch versions a message's format (and exception name) allows.
-fn era_range(o: &Observation) -> VersionRange {
+pub(super) fn era_range(o: &Observation) -> VersionRange {
     let mut r = o.format_era.as_deref().map(parse_era).unwrap_or_default();
     // §9.1/§9.2: snapshots record `allocator_settings` only after 2.1 (first release
     // UNVERIFIED, by 2.6); `graph_capture_record_stream_reuse` is a 2.9 key (§6.3).
@@ -362,15 +453,10 @@ fn recorded_settings(evidence: &Evidence) -> Option<(bool, bool)> {
     })
 }
 
-fn context_facts(
-    f: &mut Facts,
-    ctx: &Context,
-    primary: Option<&Observation>,
-    recorded: Option<(bool, bool)>,
-) {
-    let rocm = primary.and_then(|p| p.device_kind) == Some(DeviceKind::Hip);
-    f.set("rocm", Fact::Bool(rocm));
-    f.set("windows", Fact::Bool(ctx.windows));
+fn context_facts(f: &mut Facts, ctx: &Context, setup: &Setup, recorded: Option<(bool, bool)>) {
+    let platform = setup.platform.value;
+    f.set("rocm", Fact::Bool(platform == Platform::Rocm));
+    f.set("windows", Fact::Bool(platform == Platform::Windows));
     f.set("ipc_user", Fact::Bool(ctx.ipc_user));
     // What the user said (--conf, a config line in the text) wins over what a
     // snapshot recorded; with neither, PyTorch's defaults.
@@ -385,19 +471,18 @@ fn context_facts(
         "backend_async",
         Fact::Bool(f.backend == Some(Backend::CudaMallocAsync)),
     );
-    // §5: expandable segments need 2.1+ and the CUDA driver API on Linux, and
-    // no CUDA IPC user that breaks with them. ROCm: pytorch#173330, relanded as
-    // #177974 (March 2026) and gated on ROCm >= 7.0 (#179930), so 2.12 upstream.
+    // §5: expandable segments need 2.1+ and the CUDA driver API (Linux; ROCm
+    // from 2.12: conf::Platform), and no CUDA IPC user that breaks with them.
     let version_ok = |min: TorchVersion| match (f.torch.lo, f.torch.hi) {
         (Some(lo), _) if lo >= min => Some(true),
         (_, Some(hi)) if hi < min => Some(false),
         _ => None,
     };
-    let blocked = ctx.windows || ctx.ipc_user || ctx.expandable_unsupported;
+    let blocked = platform == Platform::Windows || ctx.ipc_user || ctx.expandable_unsupported;
     let supported = if blocked {
         Some(false)
-    } else if rocm {
-        version_ok(TorchVersion::new(2, 12))
+    } else if platform == Platform::Rocm {
+        version_ok(crate::conf::ROCM_EXPANDABLE_SINCE)
     } else {
         version_ok(TorchVersion::new(2, 1))
     };
@@ -409,6 +494,13 @@ fn context_facts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The facts of the last observation, in the setup the evidence implies.
+    fn test_facts(ev: &Evidence) -> Facts {
+        let ctx = Context::default();
+        let setup = Setup::resolve(ev, &ctx);
+        facts(ev, &ctx, &setup, ev.observations.last())
+    }
 
     #[test]
     fn eras_become_ranges() {
@@ -459,7 +551,7 @@ mod tests {
             notes: Vec::new(),
             observations: vec![o],
         };
-        let f = facts(&ev, &Context::default());
+        let f = test_facts(&ev);
         assert_eq!(f.values.get("reserved"), Some(&Fact::Num(21689584845.0)));
         // 23.65 − 1.20 − 20.20 GiB held outside PyTorch's cache.
         assert_eq!(f.values.get("non_pytorch"), Some(&Fact::Num(2415617024.0)));
@@ -486,7 +578,7 @@ mod tests {
             notes: Vec::new(),
             observations: vec![o],
         };
-        let f = facts(&ev, &Context::default());
+        let f = test_facts(&ev);
         assert_eq!(
             f.values.get("reserved_unallocated"),
             Some(&Fact::Num(27671675.0))
@@ -506,7 +598,7 @@ mod tests {
             notes: Vec::new(),
             observations: vec![snap],
         };
-        let f = facts(&ev, &Context::default());
+        let f = test_facts(&ev);
         assert_eq!(
             f.values.get("expandable_segments_on"),
             Some(&Fact::Bool(true))

@@ -1,24 +1,38 @@
-//! Findings, the cause, and the combined recommendation: runs the rules over
-//! the facts derived from the evidence and turns what fired into one answer.
+//! Findings, the cause, and the combined recommendation: settles the
+//! user's [`Setup`] and the candidate [`Space`] valid for it, runs the rules
+//! over the facts of every OOM incident, picks the headline incident by the
+//! rule documented in [`incident`], and turns what fired into one answer.
 //!
 //! The cause is the `cause` of the highest-priority rule that fired (rules
 //! without a cause only add findings and settings); `unknown` when none did.
 //! The recommendation is null whenever that cause rules out an allocator
 //! setting (request larger than the card, capacity, not the allocator, other
-//! processes), whatever else fired.
+//! processes), whatever else fired, and it is always a candidate of the
+//! space: valid for the user's PyTorch and acted on on their platform.
+//!
+//! A rule that reads a snapshot's recorded trace (`catalog::reads_trace`)
+//! and suggests settings is shown only when a caller-supplied [`Checker`]
+//! replayed that trace with and without them and the run with them ranked
+//! better; otherwise its finding is withheld ([`Withheld`], with the
+//! replay's figures). The checker lives in the layer that replays (`trial`).
 
 pub mod combine;
 pub mod conf_check;
 pub mod context;
 pub mod facts;
+pub mod incident;
+pub mod setup;
 pub mod space;
 
 pub use combine::Recommendation;
 pub use context::Context;
+pub use setup::{Setup, SetupFlags};
+pub use space::Space;
 
-use crate::evidence::{Evidence, Kind};
+use crate::evidence::{Evidence, Kind, Observation};
 use crate::rules::expr::Value;
-use crate::rules::{Cause, Facts, RuleSet, Severity, Verdict};
+use crate::rules::{Cause, Facts, Rule, RuleSet, Severity, Verdict};
+use crate::workload::RunFigures;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -40,6 +54,51 @@ pub struct Finding {
     pub cause: Option<Cause>,
     #[serde(skip)]
     pub priority: i32,
+    /// Where in the program the finding points (`file:line:function`), when
+    /// the rule names a site and the evidence recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// The replay that checked the settings this rule suggested.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheck>,
+}
+
+/// A snapshot's trace replayed without and with the settings a trace rule
+/// suggested, at one capacity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayCheck {
+    /// The suggested settings, as `key:value` pairs joined by commas.
+    pub settings: String,
+    /// The config replayed without them (what the snapshot recorded) and with them.
+    pub without: String,
+    pub with: String,
+    pub capacity_bytes: u64,
+    pub without_figures: RunFigures,
+    pub with_figures: RunFigures,
+    /// The run with the settings ranks better (`RunFigures::rank`: no OOM,
+    /// then lower peak reserved, then less driver work).
+    pub supported: bool,
+    /// What the replay showed, in one sentence.
+    pub finding: String,
+}
+
+/// Checks the settings a trace rule suggested by replay.
+pub type Checker<'c> =
+    dyn FnMut(&Facts, &BTreeMap<String, String>) -> Result<ReplayCheck, String> + 'c;
+
+/// A trace rule that fired but whose settings the replay did not support
+/// (or could not check): not shown, listed under `-v`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Withheld {
+    pub rule: String,
+    pub message: String,
+    pub settings: BTreeMap<String, String>,
+    /// The replay, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheck>,
+    /// Why it could not be checked, when it did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unchecked: Option<String>,
 }
 
 /// A rule that could not be evaluated, and what it needed.
@@ -47,6 +106,17 @@ pub struct Finding {
 pub struct NotEvaluated {
     pub rule: String,
     pub needs: Vec<String>,
+}
+
+/// One OOM incident and its own cause (the headline incident first).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IncidentCause {
+    /// Index into `evidence.observations` of the report that speaks for it.
+    pub observation: usize,
+    /// How many reports of it the evidence holds (repeats, cut copies).
+    pub reports: usize,
+    pub cause: Cause,
+    pub verdict: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -65,25 +135,80 @@ pub struct Diagnosis {
     /// The current config, when known, and where it came from.
     pub current_conf: Option<(String, &'static str)>,
     pub facts: Facts,
+    /// The user's setup every part of the answer holds for.
+    pub setup: Setup,
+    /// Every OOM incident with its cause, the headline first.
+    pub incidents: Vec<IncidentCause>,
+    /// Trace rules whose settings the replay did not support.
+    pub withheld: Vec<Withheld>,
 }
 
-/// Runs every rule over `evidence` and combines the result.
-pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis {
-    let facts = facts::facts(&evidence, ctx);
-    let primary = facts::primary(&evidence).and_then(|p| {
-        evidence
-            .observations
+impl Diagnosis {
+    /// The incidents whose cause differs from the headline's.
+    pub fn differing_incidents(&self) -> impl Iterator<Item = &IncidentCause> {
+        self.incidents
             .iter()
-            .position(|o| std::ptr::eq(o, p))
-    });
-    let mut findings = Vec::new();
-    let mut fired = Vec::new();
-    let mut not_evaluated = Vec::new();
-    let mut failed = Vec::new();
+            .skip(1)
+            .filter(|i| i.cause != self.cause)
+    }
+}
+
+/// What the rules concluded about one observation.
+struct Outcome<'r> {
+    facts: Facts,
+    findings: Vec<Finding>,
+    fired: Vec<(&'r Rule, BTreeMap<String, String>)>,
+    not_evaluated: Vec<NotEvaluated>,
+    failed: Vec<(String, String)>,
+    withheld: Vec<Withheld>,
+}
+
+impl Outcome<'_> {
+    /// The finding that decides the cause (findings are sorted by priority).
+    fn deciding(&self) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.cause.is_some())
+    }
+
+    fn weight(&self) -> incident::Weight {
+        self.deciding()
+            .map_or_else(incident::Weight::default, |f| incident::Weight {
+                severity: match f.severity {
+                    Severity::Info => 1,
+                    Severity::Warning => 2,
+                    Severity::Error => 3,
+                },
+                priority: f.priority,
+            })
+    }
+}
+
+fn evaluate<'r>(rules: &'r RuleSet, facts: Facts, mut check: Option<&mut Checker>) -> Outcome<'r> {
+    let mut out = Outcome {
+        facts,
+        findings: Vec::new(),
+        fired: Vec::new(),
+        not_evaluated: Vec::new(),
+        failed: Vec::new(),
+        withheld: Vec::new(),
+    };
     for rule in &rules.rules {
-        match rule.evaluate(&facts) {
+        match rule.evaluate(&out.facts) {
             Verdict::Fired(f) => {
-                findings.push(Finding {
+                let replay_check =
+                    match checked(rule, &f.settings, &out.facts, check.as_deref_mut()) {
+                        Checked::Shown(c) => c,
+                        Checked::Withheld(replay_check, unchecked) => {
+                            out.withheld.push(Withheld {
+                                rule: rule.id.clone(),
+                                message: f.message,
+                                settings: f.settings,
+                                replay_check,
+                                unchecked,
+                            });
+                            continue;
+                        }
+                    };
+                out.findings.push(Finding {
                     rule: rule.id.clone(),
                     severity: rule.severity,
                     message: f.message,
@@ -93,53 +218,185 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
                     reference: rule.reference.clone(),
                     cause: rule.cause,
                     priority: rule.priority,
+                    site: f.site,
+                    replay_check,
                 });
-                fired.push((rule, f.settings));
+                out.fired.push((rule, f.settings));
             }
-            Verdict::NotEvaluated(needs) => not_evaluated.push(NotEvaluated {
+            Verdict::NotEvaluated(needs) => out.not_evaluated.push(NotEvaluated {
                 rule: rule.id.clone(),
                 needs,
             }),
-            Verdict::Failed(why) => failed.push((rule.id.clone(), why)),
+            Verdict::Failed(why) => out.failed.push((rule.id.clone(), why)),
             Verdict::Quiet | Verdict::NotApplicable(_) => {}
         }
     }
     // Highest priority first; ties keep rule order (stable sort).
-    findings.sort_by_key(|f| std::cmp::Reverse((f.priority, f.severity)));
-    let deciding = findings.iter().find(|f| f.cause.is_some());
+    out.findings
+        .sort_by_key(|f| std::cmp::Reverse((f.priority, f.severity)));
+    out
+}
+
+/// The one-line answer for an outcome.
+fn verdict_of(outcome: &Outcome, evidence: &Evidence) -> (Cause, String) {
+    let facts = &outcome.facts;
+    let deciding = outcome.deciding();
     let cause = deciding.and_then(|f| f.cause).unwrap_or(Cause::Unknown);
     let verdict = match deciding {
         Some(f) => format!("{}: {}", cause.as_str(), f.message),
         None if evidence.observations.is_empty() => {
             "No OOM message, memory summary, stats dump or snapshot was found in the input.".into()
         }
-        None if !facts.kinds.iter().any(|k| matches!(k, Kind::Oom | Kind::NonAllocatorOom))
+        None if !facts
+            .kinds
+            .iter()
+            .any(|k| matches!(k, Kind::Oom | Kind::NonAllocatorOom))
             && !facts.values.contains_key("requested") =>
         {
-            match findings.first() {
-                Some(f) => format!("No out-of-memory error in the evidence; the memory state: {}", f.message),
-                None => "No out-of-memory error in the evidence, and nothing in the memory state stands out.".into(),
+            let counted = match facts.values.get("ooms") {
+                Some(crate::rules::Fact::Num(n)) if *n >= 1.0 => Some(*n as u64),
+                _ => None,
+            };
+            let state = match outcome.findings.first() {
+                Some(f) => format!("the memory state: {}", f.message),
+                None => "nothing in the memory state stands out; the OOM message itself (or a \
+                         snapshot) would name the cause."
+                    .into(),
+            };
+            match counted {
+                Some(n) => format!(
+                    "The allocator counted {n} out-of-memory error{} (\"CUDA OOMs\" / num_ooms), \
+                     but the input holds no OOM message; {state}",
+                    if n == 1 { "" } else { "s" }
+                ),
+                None if outcome.findings.is_empty() => {
+                    "No out-of-memory error in the evidence, and nothing in the memory state stands out.".into()
+                }
+                None => format!("No out-of-memory error in the evidence; {state}"),
             }
         }
         None => "Not enough evidence to name a cause.".into(),
     };
-    let recommendation = if cause.rules_out_settings() || no_setting_can_help(&facts) {
+    (cause, verdict)
+}
+
+/// Runs every rule over `evidence` and combines the result; trace rules'
+/// settings are not checked, so those rules are withheld.
+pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis {
+    diagnose_checked(evidence, ctx, rules, None)
+}
+
+/// [`diagnose`], with trace rules' settings checked by `check`.
+pub fn diagnose_checked(
+    evidence: Evidence,
+    ctx: &Context,
+    rules: &RuleSet,
+    mut check: Option<&mut Checker>,
+) -> Diagnosis {
+    let setup = Setup::resolve(&evidence, ctx);
+    let facts_of = |p: Option<&Observation>| facts::facts(&evidence, ctx, &setup, p);
+    let mut incidents: Vec<(usize, usize, Outcome)> = incident::incidents(&evidence)
+        .into_iter()
+        .filter_map(|inc| {
+            let i = inc.report();
+            let o = evidence.observations.get(i)?;
+            Some((
+                i,
+                inc.observations.len(),
+                evaluate(rules, facts_of(Some(o)), check.as_deref_mut()),
+            ))
+        })
+        .collect();
+    // The headline first (incident::headline_key), the others after it by the same order.
+    incidents.sort_by(|a, b| {
+        let key = |(i, _, o): &(usize, usize, Outcome)| {
+            evidence
+                .observations
+                .get(*i)
+                .map(|obs| incident::headline_key(obs, o.weight()))
+        };
+        key(b).cmp(&key(a))
+    });
+    let incident_causes: Vec<IncidentCause> = incidents
+        .iter()
+        .map(|(i, n, o)| {
+            let (cause, verdict) = verdict_of(o, &evidence);
+            IncidentCause {
+                observation: *i,
+                reports: *n,
+                cause,
+                verdict,
+            }
+        })
+        .collect();
+    let (primary, outcome) = match incidents.into_iter().next() {
+        Some((i, _, o)) => (Some(i), o),
+        None => {
+            let p = facts::fallback(&evidence);
+            let i = p.and_then(|p| {
+                evidence
+                    .observations
+                    .iter()
+                    .position(|o| std::ptr::eq(o, p))
+            });
+            (i, evaluate(rules, facts_of(p), check))
+        }
+    };
+    let (cause, verdict) = verdict_of(&outcome, &evidence);
+    let with_gc = outcome.facts.values.get("fraction_set") == Some(&crate::rules::Fact::Bool(true))
+        || ctx
+            .current
+            .as_ref()
+            .is_some_and(|c| c.per_process_memory_fraction.is_some());
+    let space = Space::for_setup(&setup, with_gc);
+    let recommendation = if cause.rules_out_settings() || no_setting_can_help(&outcome.facts) {
         None
     } else {
-        let with: Vec<_> = fired.iter().map(|(r, s)| (*r, s)).collect();
-        combine::combine(&with, ctx.current.as_ref(), facts.torch)
+        let with: Vec<_> = outcome.fired.iter().map(|(r, s)| (*r, s)).collect();
+        combine::combine(&with, ctx.current.as_ref(), &space)
     };
     Diagnosis {
         evidence,
         primary,
         cause,
         verdict,
-        findings,
+        findings: outcome.findings,
         recommendation,
-        not_evaluated,
-        failed,
+        not_evaluated: outcome.not_evaluated,
+        failed: outcome.failed,
         current_conf: ctx.current_source.clone(),
-        facts,
+        facts: outcome.facts,
+        setup,
+        incidents: incident_causes,
+        withheld: outcome.withheld,
+    }
+}
+
+/// What the replay check decided for a fired rule.
+enum Checked {
+    /// Shown: it needs no check (it reads no trace, or suggests nothing), or
+    /// the replay supports its settings.
+    Shown(Option<ReplayCheck>),
+    /// Not shown: the replay that did not support them, or why none ran.
+    Withheld(Option<ReplayCheck>, Option<String>),
+}
+
+fn checked(
+    rule: &Rule,
+    settings: &BTreeMap<String, String>,
+    facts: &Facts,
+    check: Option<&mut Checker>,
+) -> Checked {
+    if settings.is_empty() || !crate::rules::catalog::reads_trace(&rule.when) {
+        return Checked::Shown(None);
+    }
+    let Some(check) = check else {
+        return Checked::Withheld(None, Some("no replay was run".into()));
+    };
+    match check(facts, settings) {
+        Ok(c) if c.supported => Checked::Shown(Some(c)),
+        Ok(c) => Checked::Withheld(Some(c), None),
+        Err(why) => Checked::Withheld(None, Some(why)),
     }
 }
 

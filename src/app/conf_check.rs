@@ -13,6 +13,9 @@ pub struct ConfCheckOptions {
     /// PyTorch version whose grammar and keys apply (default 2.6).
     #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
+    /// The platform PyTorch runs on: settings it ignores there are flagged (default linux).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t))]
+    pub platform: crate::conf::Platform,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -23,7 +26,7 @@ pub fn run(opts: &ConfCheckOptions) -> Result<Outcome, Error> {
         Some(text) => TorchVersion::parse(text).map_err(|e| Error::Usage(e.to_string()))?,
         None => TorchVersion::DEFAULT,
     };
-    let report = crate::advise::conf_check::check(&opts.conf, version);
+    let report = crate::advise::conf_check::check(&opts.conf, version, opts.platform);
     let stdout = match opts.format {
         Format::Text => crate::report::conf::text(&report),
         Format::Json => crate::report::conf::json(&report),

@@ -6,6 +6,7 @@
 
 pub mod conf_check;
 pub mod diagnose;
+pub mod input;
 pub mod parse;
 pub mod recommend;
 pub mod replay;

@@ -1,14 +1,16 @@
 //! The `recommend` command: search the candidate space by replay, rank, and
 //! bisect the winner's smallest capacity ([`crate::trial::recommend`]).
 
+use super::input::{conf_at, prepare};
 use super::{Format, Outcome};
 use crate::Error;
-use crate::report::recommend::{recommendation, recommendation_html};
-use crate::trial::Workload;
-use crate::trial::recommend::recommend;
-use crate::trial::run::{conf_name, parse_conf};
+use crate::advise::Space;
+use crate::report::recommend::{recommendation, recommendation_html, rules_only};
+use crate::trial::recommend::{RulesOnly, Search, recommend};
+use crate::trial::run::conf_name;
 use crate::trial::search::Progress;
 use crate::trial::views;
+use crate::trial::workload::Loaded;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -22,6 +24,14 @@ pub struct RecommendOptions {
     /// The config in use today (default: PyTorch's defaults).
     #[cfg_attr(feature = "cli", arg(long))]
     pub current: Option<String>,
+    /// Your PyTorch version (e.g. 2.4) when the evidence does not show it: only
+    /// configs it accepts are searched, under its allocator.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub torch_version: Option<String>,
+    /// The platform PyTorch runs on (default: what the evidence shows, else
+    /// linux): settings it ignores there are not searched.
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub platform: Option<crate::conf::Platform>,
     /// Also write a self-contained HTML report: the current and the recommended
     /// config's memory over the trace, the segment map, the ranked table.
     #[cfg_attr(feature = "cli", arg(long))]
@@ -43,28 +53,46 @@ pub fn run_with_progress(
     opts: &RecommendOptions,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<Outcome, Error> {
-    let current_conf = opts.current.clone().unwrap_or_default();
-    let current = parse_conf("--current", &current_conf)?;
-    let workload = Workload::load(
+    let p = prepare(
         &opts.input,
-        opts.capacity,
-        &current_conf,
-        &current,
-        &opts.limits,
+        (opts.torch_version.as_deref(), opts.platform),
+        opts.current.as_deref(),
+        (opts.capacity, &opts.limits),
     )?;
-    let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
+    let workload = match p.loaded {
+        Loaded::Ready(w) => w,
+        Loaded::Nothing(why) => {
+            // Nothing to replay: the rules' answer alone, said to be so.
+            let only = RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why);
+            return Ok(Outcome {
+                exit_code: i32::from(only.answer.recommendation.is_none()),
+                stdout: rules_only(&only, opts.format),
+                stderr: p.notes,
+            });
+        }
+    };
+    let space = Space::for_setup(&p.setup, p.current.per_process_memory_fraction.is_some());
     let capacity = workload.capacity(opts.capacity);
-    let mut result = recommend(&workload, capacity, &current_conf, &current, progress)?;
-    result.notes.extend(note);
+    let search = Search {
+        space: &space,
+        current_conf: &p.current_conf,
+        current: &p.current,
+        diagnosis: p.diagnosis.as_ref(),
+        bisect: true,
+    };
+    let mut result = recommend(&workload, capacity, &search, progress)?;
+    result.notes.extend(p.notes);
     let stdout = recommendation(&result, opts.format);
     if let Some(path) = &opts.report {
         // The current config against the recommended one (or the best that still ran out).
-        let best = result
-            .candidates
-            .first()
-            .map(|c| (c.conf.clone(), parse_conf("--conf", &c.conf)))
-            .and_then(|(conf, settings)| Some((conf, settings.ok()?)));
-        let mut runs = vec![(conf_name(&current_conf), &current)];
+        let shown = result
+            .recommendation
+            .as_ref()
+            .map(|r| r.value.clone())
+            .or_else(|| result.candidates.first().map(|c| c.conf.clone()));
+        let best =
+            shown.and_then(|conf| Some((conf.clone(), conf_at("--conf", &conf, &p.setup).ok()?)));
+        let mut runs = vec![(conf_name(&p.current_conf), &p.current)];
         if let Some((conf, settings)) = &best {
             runs.push((conf_name(conf), settings));
         }
@@ -75,6 +103,6 @@ pub fn run_with_progress(
     Ok(Outcome {
         stdout,
         stderr: Vec::new(),
-        exit_code: result.verdict.exit_code,
+        exit_code: result.exit_code(),
     })
 }

@@ -36,6 +36,10 @@ pub struct ReplayOptions {
     /// Follow this PyTorch version's allocator behaviour (default 2.6).
     #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
+    /// The platform PyTorch runs on: a setting it ignores there (expandable
+    /// segments on Windows, on ROCm before 2.12) is replayed as ignored (default linux).
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t))]
+    pub platform: crate::conf::Platform,
     /// memory_stats() JSON written by scripts/torch_crosscheck.py, to compare against.
     #[cfg_attr(feature = "cli", arg(long))]
     pub compare_with: Option<PathBuf>,
@@ -97,6 +101,7 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
             }
             None => TorchVersion::DEFAULT,
         },
+        platform: opts.platform,
         fidelity: opts.fidelity,
         summary: opts.summary,
         pictures: opts.report.is_some(),

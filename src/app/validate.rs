@@ -3,12 +3,14 @@
 //! (CSV, snapshot) is replayed as recorded; text-only evidence (an OOM
 //! message, summaries) gets a probe fitted to its figures.
 
+use super::input::{conf_at, ignored_notes, prepare};
 use super::{Format, Outcome};
 use crate::Error;
 use crate::device::DeviceSpec;
 use crate::report::recommend::{validation, validation_html};
-use crate::trial::run::{conf_name, parse_conf};
-use crate::trial::{Workload, validate, views};
+use crate::trial::run::conf_name;
+use crate::trial::workload::Loaded;
+use crate::trial::{validate, views};
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Default)]
@@ -29,6 +31,14 @@ pub struct ValidateOptions {
     /// `sim` (default) or `cuda[:N]`.
     #[cfg_attr(feature = "cli", arg(long, default_value = "sim"))]
     pub device: String,
+    /// Your PyTorch version (e.g. 2.4) when the evidence does not show it: the
+    /// configs are read and replayed as that version does.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub torch_version: Option<String>,
+    /// The platform PyTorch runs on (default: what the evidence shows, else
+    /// linux): settings it ignores there are replayed as ignored.
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub platform: Option<crate::conf::Platform>,
     /// Also write a self-contained HTML report: both configs' memory over the
     /// trace overlaid, the segment map at the OOM or the peak, the verdict.
     #[cfg_attr(feature = "cli", arg(long))]
@@ -43,38 +53,48 @@ pub struct ValidateOptions {
 
 pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let spec = DeviceSpec::parse(&opts.device)?;
-    let current_conf = opts.current.clone().unwrap_or_default();
-    let current = parse_conf("--current", &current_conf)?;
-    let candidate = parse_conf("--conf", &opts.conf)?;
-    let workload = Workload::load(
+    let p = prepare(
         &opts.input,
-        opts.capacity,
-        &current_conf,
-        &current,
-        &opts.limits,
+        (opts.torch_version.as_deref(), opts.platform),
+        opts.current.as_deref(),
+        (opts.capacity, &opts.limits),
     )?;
-    let (current_conf, current, note) = workload.current(opts.current.as_deref(), current);
+    let candidate = conf_at("--conf", &opts.conf, &p.setup)?;
+    let workload = match p.loaded {
+        Loaded::Ready(w) => w,
+        Loaded::Nothing(why) => {
+            let said = p
+                .diagnosis
+                .as_ref()
+                .map(|d| format!("; diagnose's answer: {}", d.verdict))
+                .unwrap_or_default();
+            return Err(Error::Input(format!("{why}: nothing to validate{said}")));
+        }
+    };
     let v = validate::validate(
         &workload,
         (spec, &opts.device),
-        (&current_conf, &current),
+        (&p.current_conf, &p.current),
         (&opts.conf, &candidate),
         workload.capacity(opts.capacity),
+        (p.diagnosis.as_ref(), &p.setup),
     )?;
     let stdout = validation(&v, opts.format);
     if let Some(path) = &opts.report {
         // The pictures come from the simulated card, whatever --device ran the verdict.
         let runs = [
-            (conf_name(&current_conf), &current),
+            (conf_name(&p.current_conf), &p.current),
             (conf_name(&opts.conf), &candidate),
         ];
         let views = views::of_workload(&workload, &runs, v.capacity_bytes)?;
         std::fs::write(path, validation_html(&v, &views))
             .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
     }
+    let mut stderr = p.notes;
+    stderr.extend(ignored_notes("--conf", &opts.conf, &p.setup));
     Ok(Outcome {
         stdout,
-        stderr: note.into_iter().map(|n| format!("note: {n}")).collect(),
+        stderr,
         exit_code: v.verdict.exit_code,
     })
 }

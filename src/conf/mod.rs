@@ -6,11 +6,13 @@ mod cpp;
 mod describe;
 pub mod keys;
 mod parse;
+mod platform;
 mod render;
 
 pub use describe::{SettingRow, describe, serialize_rows};
 pub use keys::{Effect, KeySpec};
 pub use parse::{Era, parse};
+pub use platform::{Platform, ROCM_EXPANDABLE_SINCE, Shell};
 pub use render::render;
 
 use crate::evidence::Backend;

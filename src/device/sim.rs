@@ -89,6 +89,10 @@ pub struct SimDevice {
     used: u64,
     /// Occupied address ranges (segments and reservations): start → length.
     ranges: BTreeMap<u64, u64>,
+    /// No gap starts below this address: the first-fit search begins here, so
+    /// laying out segments in a row costs O(log n), not O(n), each (a probe on
+    /// a 288 GiB card makes 100 000 segments).
+    no_gap_below: u64,
     /// Addresses to hand out instead of laying segments out (fidelity replay).
     recorded: VecDeque<u64>,
     placement: Placement,
@@ -109,6 +113,7 @@ impl SimDevice {
             report_processes: false,
             used: 0,
             ranges: BTreeMap::new(),
+            no_gap_below: ADDRESS_BASE,
             recorded: VecDeque::new(),
             placement: Placement::FirstFit,
             high_water: ADDRESS_BASE,
@@ -169,7 +174,10 @@ impl SimDevice {
     /// The next recorded address, else an address chosen by the placement policy.
     fn place(&mut self, size: u64) -> Result<u64, DeviceError> {
         let addr = match self.recorded.pop_front() {
-            Some(addr) => addr,
+            Some(addr) => {
+                self.no_gap_below = ADDRESS_BASE;
+                addr
+            }
             None => match self.placement {
                 Placement::FirstFit => self.first_fit(size)?,
                 Placement::Rising => self.high_water,
@@ -189,17 +197,27 @@ impl SimDevice {
     }
 
     /// The lowest 2 MiB-aligned address at which `size` bytes fit.
-    fn first_fit(&self, size: u64) -> Result<u64, DeviceError> {
-        let mut candidate = ADDRESS_BASE;
-        for (&start, &len) in &self.ranges {
+    fn first_fit(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let align = |end: u64| {
+            end.checked_next_multiple_of(ADDRESS_ALIGN)
+                .ok_or(DeviceError::OutOfMemory)
+        };
+        let from = self.no_gap_below;
+        let mut candidate = from;
+        if let Some((&start, &len)) = self.ranges.range(..from).next_back() {
+            candidate = candidate.max(align(start + len)?);
+        }
+        let first = candidate;
+        for (&start, &len) in self.ranges.range(from..) {
             if start >= candidate && start - candidate >= size {
                 break;
             }
-            candidate = candidate.max(
-                (start + len)
-                    .checked_next_multiple_of(ADDRESS_ALIGN)
-                    .ok_or(DeviceError::OutOfMemory)?,
-            );
+            candidate = candidate.max(align(start + len)?);
+        }
+        if candidate == first
+            && let Some(end) = candidate.checked_add(size)
+        {
+            self.no_gap_below = align(end)?;
         }
         Ok(candidate)
     }
@@ -266,6 +284,7 @@ impl Device for SimDevice {
                 "cudaFree of unknown pointer {ptr:#x}"
             )));
         }
+        self.no_gap_below = self.no_gap_below.min(ptr);
         self.used = self.used.saturating_sub(size);
         self.counters.frees += 1;
         self.counters.driver_time_us += cost::FREE_US + cost::SYNCHRONIZE_US;
@@ -298,6 +317,7 @@ impl Device for SimDevice {
 
     fn release_address(&mut self, addr: u64, _size: u64) -> Result<(), DeviceError> {
         self.ranges.remove(&addr);
+        self.no_gap_below = self.no_gap_below.min(addr);
         self.counters.driver_time_us += cost::RESERVE_US;
         Ok(())
     }

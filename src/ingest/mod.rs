@@ -62,6 +62,16 @@ fn first_content_line(data: &[u8]) -> &[u8] {
         .unwrap_or(b"")
 }
 
+/// Whether a CSV header line names `columns`, its fields quoted or not
+/// (RFC 4180 writers quote every field).
+fn header_is(line: &[u8], columns: &[u8]) -> bool {
+    let mut unquoted = line.iter().filter(|&&b| b != b'"');
+    columns
+        .iter()
+        .all(|c| unquoted.next().is_some_and(|b| b.eq_ignore_ascii_case(c)))
+        && unquoted.next().is_none()
+}
+
 /// Detects the kind of an input from its first bytes.
 pub fn detect(data: &[u8]) -> InputKind {
     if snapshot::is_pickle(data) {
@@ -70,9 +80,9 @@ pub fn detect(data: &[u8]) -> InputKind {
     let head = &data[..data.len().min(64 * 1024)];
     let first = first_content_line(head);
     let first = first.strip_prefix(b"\xef\xbb\xbf").unwrap_or(first);
-    if first.eq_ignore_ascii_case(b"action,id,size,stream") {
+    if header_is(first, b"action,id,size,stream") {
         InputKind::TraceCsv
-    } else if first.eq_ignore_ascii_case(b"Thread,Time,Action,Pointer,Size,Stream") {
+    } else if header_is(first, b"Thread,Time,Action,Pointer,Size,Stream") {
         InputKind::RmmLog
     } else {
         InputKind::Text
@@ -91,6 +101,20 @@ pub fn parse_input(input_name: &str, data: &[u8]) -> Result<Evidence, Error> {
         &mut TextClues::default(),
         &mut ev,
     )?;
+    Ok(ev)
+}
+
+/// Parses one whole input already in memory within `limits`, gathering what
+/// its text says about the environment into `clues` (for commands that keep
+/// the bytes to replay them: `recommend`, `validate`).
+pub fn parse_with_clues(
+    input_name: &str,
+    data: &[u8],
+    limits: &Limits,
+    clues: &mut TextClues,
+) -> Result<Evidence, Error> {
+    let mut ev = Evidence::default();
+    parse_whole(input_name, data, detect(data), limits, clues, &mut ev)?;
     Ok(ev)
 }
 

@@ -22,11 +22,19 @@ fn visible(s: &str) -> String {
 
 fn verdict(r: &ConfCheck) -> String {
     let state = if r.valid { "valid" } else { "INVALID" };
-    format!(
+    let mut s = format!(
         "PYTORCH_CUDA_ALLOC_CONF=\"{}\" is {state} for PyTorch {}",
         visible(&r.value),
         r.torch_version
-    )
+    );
+    // Linux is where every setting takes effect: only other platforms are named.
+    if r.platform != crate::conf::Platform::Linux {
+        let _ = write!(s, " on {}", r.platform.as_str());
+    }
+    if !r.ignored.is_empty() {
+        s.push_str(", but PyTorch IGNORES part of it there (see the warnings)");
+    }
+    s
 }
 
 /// How PyTorch reports the error, in one or two lines.

@@ -2,12 +2,13 @@
 //! findings, the one environment line (or why there is none), what to check
 //! next, and with `-v` the rules that could not be evaluated.
 
-use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation};
+use crate::advise::{Diagnosis, Finding, NotEvaluated, Recommendation, ReplayCheck, Withheld};
 use crate::evidence::{Kind, Observation};
 use crate::rules::Fact;
 use crate::rules::catalog::{MetricKind, lookup};
 use crate::rules::expr::format_number;
 use crate::units::format_size;
+use crate::workload::RunFigures;
 use comfy_table::{ContentArrangement, Table, presets};
 use serde::Serialize;
 use std::fmt::Write;
@@ -36,6 +37,10 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
     if let Some((value, source)) = &d.current_conf {
         let _ = writeln!(out, "  current config ({source}): {value}");
     }
+    let _ = writeln!(out, "Setup: {}", d.setup.describe());
+    for line in incident_lines(d) {
+        let _ = writeln!(out, "{line}");
+    }
     if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
         let _ = write!(out, "\n{}", ranks.table().to_text());
     }
@@ -47,7 +52,7 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
             .set_width(TABLE_WIDTH.min(super::common::text_width()))
             .set_header(["severity", "rule", "finding"]);
         for f in &d.findings {
-            t.add_row([f.severity.as_str(), f.rule.as_str(), f.message.as_str()]);
+            t.add_row([f.severity.as_str(), f.rule.as_str(), &finding_text(f)]);
         }
         let _ = writeln!(out, "\nFindings\n{t}");
     }
@@ -93,8 +98,43 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
     out
 }
 
+/// A finding's message, then where it points in the program and what the
+/// replay of its suggestion showed.
+fn finding_text(f: &Finding) -> String {
+    let mut text = f.message.clone();
+    if let Some(site) = &f.site {
+        let _ = write!(text, "\nAt {site}.");
+    }
+    if let Some(c) = &f.replay_check {
+        let _ = write!(text, "\nReplayed with {}: {}.", c.settings, c.finding);
+    }
+    text
+}
+
+/// How many incidents, which one the verdict is about, and the others whose
+/// cause differs.
+fn incident_lines(d: &Diagnosis) -> Vec<String> {
+    if d.incidents.len() < 2 {
+        return Vec::new();
+    }
+    let mut v = vec![format!(
+        "Incidents: {} separate OOMs in the input; the verdict is about the one above, chosen by \
+         the most complete evidence, then severity.",
+        d.incidents.len()
+    )];
+    for i in d.differing_incidents() {
+        if let Some(o) = d.evidence.observations.get(i.observation) {
+            v.push(format!("  also: {}: {}", describe(o), i.verdict));
+        }
+    }
+    v
+}
+
 fn recommendation_text(out: &mut String, r: &Recommendation) {
-    let _ = writeln!(out, "\nRecommended\n  {}", r.line);
+    let _ = writeln!(out, "\nRecommended");
+    for l in &r.lines {
+        let _ = writeln!(out, "  {}", l.line);
+    }
     let _ = writeln!(out, "  or in Python:");
     for l in r.python.lines() {
         let _ = writeln!(out, "    {l}");
@@ -123,12 +163,61 @@ fn verbose_text(out: &mut String, d: &Diagnosis) {
     for (rule, why) in &d.failed {
         let _ = writeln!(out, "  - {rule}: failed: {why}");
     }
+    if !d.withheld.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNot shown: trace findings whose settings the replay did not support"
+        );
+        for w in &d.withheld {
+            let settings: Vec<String> =
+                w.settings.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            let _ = writeln!(
+                out,
+                "  - {} ({}): {}",
+                w.rule,
+                settings.join(","),
+                w.message
+            );
+            if let Some(why) = &w.unchecked {
+                let _ = writeln!(out, "    not checked: {why}");
+            }
+            if let Some(c) = &w.replay_check {
+                let _ = writeln!(out, "    replay: {}", c.finding);
+                let _ = writeln!(out, "{}", replay_figures(c));
+            }
+        }
+    }
     if !d.findings.is_empty() {
         let _ = writeln!(out, "\nReferences");
         for f in &d.findings {
             let _ = writeln!(out, "  - {} ({}): {}", f.rule, f.title, f.reference);
         }
     }
+}
+
+/// A replay check's two runs side by side.
+fn replay_figures(c: &ReplayCheck) -> String {
+    let run = |label: &str, conf: &str, r: &RunFigures| {
+        format!(
+            "    {label:<8} {:<40} peak reserved {:>10}  cudaMalloc {:>5}  cudaFree {:>5}  retries {:>3}  syncs {:>3}{}",
+            conf,
+            format_size(r.peak_reserved_bytes),
+            r.device_allocs,
+            r.device_frees,
+            r.alloc_retries,
+            r.synchronizations,
+            r.oom.as_ref().map_or(String::new(), |o| format!(
+                "  OOM at event {}",
+                o.event_index
+            )),
+        )
+    };
+    format!(
+        "{}\n{}\n    (simulated card of {})",
+        run("without", &c.without, &c.without_figures),
+        run("with", &c.with, &c.with_figures),
+        format_size(c.capacity_bytes)
+    )
 }
 
 /// A metric's value as a rule author wants to read it: sizes as sizes.
@@ -257,11 +346,19 @@ struct Json<'a> {
     findings: &'a [Finding],
     recommendation: Option<&'a Recommendation>,
     verdict: &'a str,
+    /// The setup the answer holds for: version, platform, backend, each with its source.
+    setup: &'a crate::advise::Setup,
+    /// Every OOM incident with its own cause, the headline first (when there are several).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    incidents: &'a [crate::advise::IncidentCause],
     /// Per-rank figures and flags, when the inputs hold two or more ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     ranks: Option<super::ranks::RankTable>,
     next_steps: Vec<&'a str>,
     not_evaluated: &'a [NotEvaluated],
+    /// Trace findings whose settings the replay did not support.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    withheld: &'a [Withheld],
 }
 
 pub fn json(d: &Diagnosis) -> String {
@@ -271,9 +368,16 @@ pub fn json(d: &Diagnosis) -> String {
         findings: &d.findings,
         recommendation: d.recommendation.as_ref(),
         verdict: &d.verdict,
+        setup: &d.setup,
+        incidents: if d.incidents.len() > 1 {
+            &d.incidents
+        } else {
+            &[]
+        },
         ranks: super::ranks::rank_table(&d.evidence),
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
+        withheld: &d.withheld,
     })
 }
 
@@ -288,6 +392,10 @@ pub fn markdown(d: &Diagnosis) -> String {
         }
         out.push('\n');
     }
+    let _ = writeln!(out, "Setup: {}\n", d.setup.describe());
+    for line in incident_lines(d) {
+        let _ = writeln!(out, "{}\n", line.trim_start());
+    }
     if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
         let t = ranks.table();
         let _ = writeln!(out, "{}", super::markdown::table(&t));
@@ -301,17 +409,19 @@ pub fn markdown(d: &Diagnosis) -> String {
                 f.severity.as_str(),
                 f.rule,
                 f.reference,
-                f.message.replace('|', "\\|")
+                finding_text(f).replace('|', "\\|").replace('\n', "<br>")
             );
         }
         out.push('\n');
     }
     match &d.recommendation {
         Some(r) => {
+            let lines: Vec<&str> = r.lines.iter().map(|l| l.line.as_str()).collect();
             let _ = writeln!(
                 out,
                 "### Recommended\n\n```sh\n{}\n```\n\nOr in Python, before the first `import torch`:\n\n```python\n{}\n```\n",
-                r.line, r.python
+                lines.join("\n"),
+                r.python
             );
             if let Some(n) = &r.note {
                 let _ = writeln!(out, "> {n}\n");
@@ -419,7 +529,7 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
             .as_ref()
             .map(|(value, source)| format!("Current config ({source}): {value}")),
     });
-    let mut subtitle = format!("cause: {}", d.cause.as_str());
+    let mut subtitle = format!("cause: {} · {}", d.cause.as_str(), d.setup.describe());
     let inputs: Vec<&str> = d
         .evidence
         .observations
@@ -441,7 +551,13 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
             headline: d.verdict.clone(),
             tone,
         },
-        export_line: d.recommendation.as_ref().map(|r| r.line.clone()),
+        export_line: d.recommendation.as_ref().map(|r| {
+            r.lines
+                .iter()
+                .map(|l| l.line.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        }),
         figures,
         findings,
         tables,

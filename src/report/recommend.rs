@@ -4,13 +4,15 @@ use super::Format;
 use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
 use super::markdown;
 use super::views::ReportViews;
+use crate::advise::Recommendation;
 use crate::conf::TorchVersion;
+use crate::trial::answer::{Answer, same_config};
 use crate::trial::compare::TorchComparison;
 use crate::trial::ensemble::{EnsembleSearch, WorkloadJudgement};
 use crate::trial::placement::Fate;
-use crate::trial::recommend::{RecommendResult, Recommendation};
+use crate::trial::recommend::{RecommendResult, RulesOnly};
 use crate::trial::run::Run;
-use crate::trial::validate::{Strength, Validation, Verdict as Judgement};
+use crate::trial::validate::{Outcome, Strength, Validation, Verdict as Judgement};
 use crate::trial::views::RunViews;
 use crate::trial::workload::CapacitySource;
 use crate::units::{format_size, human};
@@ -301,22 +303,16 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
         &r.current,
         None,
     )];
+    let answer = r.recommendation.as_ref().map(|x| x.value.as_str());
     if let Some(best) = r.candidates.first() {
-        let label = if r.recommendation.is_some() {
+        let label = if answer.is_some_and(|a| same_config(a, &best.conf)) {
             "recommended"
         } else {
-            "best"
+            "best replayed"
         };
         rows.push(run_row(
             format!("{label}: {}", conf_label(&best.conf)),
             best,
-            None,
-        ));
-    }
-    if let Some(a) = &r.advice {
-        rows.push(run_row(
-            format!("rule engine (diagnose): {}", conf_label(&a.conf)),
-            a,
             None,
         ));
     }
@@ -335,24 +331,93 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
     tables
 }
 
+/// The setup, the diagnosis and the override sentence, one line each: what
+/// every replaying command says before its own findings.
+fn answer_lines(a: &Answer) -> Vec<String> {
+    let mut v = vec![format!("Setup: {}", a.setup.describe())];
+    if let Some(d) = &a.diagnosis {
+        v.push(format!("Diagnosis: {d}"));
+    }
+    if let Some(o) = &a.overrides {
+        v.push(format!("Replay vs rules: {o}."));
+    }
+    v
+}
+
+/// The line to set, for every shell of the platform and in Python.
+fn recommended_block(r: &Recommendation) -> String {
+    let mut s = String::from("Recommended\n");
+    for l in &r.lines {
+        let _ = writeln!(s, "  {}", l.line);
+    }
+    s.push_str("  or in Python:\n");
+    for l in r.python.lines() {
+        let _ = writeln!(s, "    {l}");
+    }
+    s
+}
+
+/// `recommend`'s output when nothing could be replayed: the rules' answer.
+pub fn rules_only(r: &RulesOnly, format: Format) -> String {
+    match format {
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(r).unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        Format::Text => {
+            let mut s = format!("recommend: nothing to replay: {}\n", r.not_replayed);
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "{l}");
+            }
+            match &r.recommendation {
+                Some(rec) => {
+                    s.push_str("\nThe rules' line (not replayed):\n");
+                    s.push_str(&recommended_block(rec));
+                }
+                None => s.push_str("\nNo allocator setting to recommend.\n"),
+            }
+            s
+        }
+        Format::Markdown => {
+            let mut s = markdown::summary_line(
+                "allocdoc recommend",
+                &format!("nothing to replay: {}", r.not_replayed),
+            );
+            s.push('\n');
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "- {}", markdown::cell(&l));
+            }
+            if let Some(rec) = &r.recommendation {
+                s.push('\n');
+                s.push_str(&markdown::code_block("sh", &rec.line));
+            }
+            s
+        }
+    }
+}
+
 /// `recommend`'s output in `format`.
 pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     match format {
         Format::Json => json_with_probe(r, r.probe.as_ref(), r.torch_version),
         Format::Text => {
             let mut s = format!(
-                "recommend: {} ({} events), capacity {}\n{}\n",
+                "recommend: {} ({} events), capacity {}\n",
                 r.input,
                 r.events,
                 capacity_text(r.capacity_bytes, r.capacity_source),
-                verdict_lines("Verdict", &r.verdict)
             );
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "{l}");
+            }
+            let _ = writeln!(s, "{}", verdict_lines("Verdict", &r.verdict));
             for t in recommendation_tables(r) {
                 s.push_str(&t.to_text());
                 s.push('\n');
             }
             if let Some(rec) = &r.recommendation {
-                let _ = writeln!(s, "{}", rec.line);
+                s.push_str(&recommended_block(rec));
             }
             for n in &r.notes {
                 let _ = writeln!(s, "note: {n}");
@@ -368,6 +433,10 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
         Format::Markdown => {
             let mut s = markdown::summary_line("allocdoc recommend", &r.verdict.sentence());
             let _ = writeln!(s, "Evidence: {}\n", markdown::cell(&r.verdict.evidence()));
+            s.push('\n');
+            for l in answer_lines(&r.answer) {
+                let _ = writeln!(s, "- {}", markdown::cell(&l));
+            }
             s.push('\n');
             if let Some(rec) = &r.recommendation {
                 s.push_str(&markdown::code_block("sh", &rec.line));
@@ -400,6 +469,15 @@ fn tone(v: &Judgement) -> Tone {
     }
 }
 
+/// Every shell's line, one a line, for a report's copy block.
+fn export_lines(r: &Recommendation) -> String {
+    r.lines
+        .iter()
+        .map(|l| l.line.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `recommend --report`: the self-contained HTML page.
 pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
     super::html::render(&ReportData {
@@ -409,7 +487,7 @@ pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
             headline: r.verdict.sentence(),
             tone: tone(&r.verdict),
         },
-        export_line: r.recommendation.as_ref().map(|x| x.line.clone()),
+        export_line: r.recommendation.as_ref().map(export_lines),
         figures: vec![
             Figure {
                 label: "evidence".into(),
@@ -480,12 +558,15 @@ pub fn validation(v: &Validation, format: Format) -> String {
         Format::Json => json_with_probe(v, v.ensemble.as_ref(), v.torch_version),
         Format::Text => {
             let mut s = format!(
-                "validate: {} on {}, capacity {}\n{}\n",
+                "validate: {} on {}, capacity {}\n",
                 v.input,
                 v.device,
                 capacity_text(v.capacity_bytes, v.capacity_source),
-                verdict_lines("Verdict", &v.verdict)
             );
+            for l in answer_lines(&v.answer) {
+                let _ = writeln!(s, "{l}");
+            }
+            let _ = writeln!(s, "{}", verdict_lines("Verdict", &v.verdict));
             for t in validation_tables(v) {
                 s.push_str(&t.to_text());
                 s.push('\n');
@@ -500,6 +581,10 @@ pub fn validation(v: &Validation, format: Format) -> String {
         Format::Markdown => {
             let mut s = markdown::summary_line("allocdoc validate", &v.verdict.sentence());
             let _ = writeln!(s, "Evidence: {}\n", markdown::cell(&v.verdict.evidence()));
+            for l in answer_lines(&v.answer) {
+                let _ = writeln!(s, "- {}", markdown::cell(&l));
+            }
+            s.push('\n');
             for t in validation_tables(v) {
                 s.push_str(&markdown::titled_table(&t));
             }
@@ -565,9 +650,18 @@ pub fn validation_html(v: &Validation, views: &RunViews) -> String {
             headline: v.verdict.sentence(),
             tone: tone(&v.verdict),
         },
-        // Only a verdict that would pass a gate offers the line to export.
-        export_line: (v.verdict.exit_code == 0)
-            .then(|| Recommendation::new(v.candidate.conf.clone()).line),
+        // The block to copy only for a candidate that helps, is the answer's
+        // line, and whose verdict would pass a gate (exit 0).
+        export_line: v
+            .answer
+            .recommendation
+            .as_ref()
+            .filter(|r| {
+                v.verdict.exit_code == 0
+                    && v.outcome() == Outcome::Helps
+                    && same_config(&r.value, &v.candidate.conf)
+            })
+            .map(export_lines),
         figures: vec![Figure {
             label: "evidence".into(),
             value: v.verdict.evidence(),

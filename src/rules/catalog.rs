@@ -12,6 +12,8 @@ pub enum MetricKind {
     Bool,
     /// One value per `memory_summary()`/`memory_stats()` observation, in input order.
     Series,
+    /// A source location (`file:line:function`), named by a rule's `site:`.
+    Text,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +21,9 @@ pub struct MetricDef {
     pub name: &'static str,
     pub kind: MetricKind,
     pub definition: &'static str,
+    /// Read from a snapshot's recorded trace: a rule that reads one has its
+    /// settings checked by replaying that trace before they are shown.
+    pub trace: bool,
 }
 
 const fn m(name: &'static str, kind: MetricKind, definition: &'static str) -> MetricDef {
@@ -26,10 +31,25 @@ const fn m(name: &'static str, kind: MetricKind, definition: &'static str) -> Me
         name,
         kind,
         definition,
+        trace: false,
     }
 }
 
-use MetricKind::{Bool, Bytes, Number, Series};
+/// A trace metric ([`MetricDef::trace`]).
+const fn t(name: &'static str, kind: MetricKind, definition: &'static str) -> MetricDef {
+    MetricDef {
+        trace: true,
+        ..m(name, kind, definition)
+    }
+}
+
+use MetricKind::{Bool, Bytes, Number, Series, Text};
+
+/// The value of `cuda_context`: what the CUDA context and the libraries'
+/// handles usually hold outside PyTorch's cache is 0.3-1 GiB (the card, the
+/// CUDA version and lazy module loading decide); memory outside the cache up
+/// to this much is no sign of another user. Rules' test cases get it too.
+pub const CUDA_CONTEXT: u64 = 1 << 30;
 
 pub const METRICS: &[MetricDef] = &[
     m(
@@ -66,12 +86,17 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "other_processes_bytes",
         Bytes,
-        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed. Without a 'this process' line, a listed process holding this cache plus at most max(2 GiB, 5% of the card) is taken to be this process seen from a container",
+        "sum of the memory other processes hold on the device (NVML 'Process <pid> has ... in use'); 0 when only this process is listed. NVML lists every process, this one included; without a 'this process' line (a container's PID namespace), the listed process closest above this cache (it holds all of it) is this one",
     ),
     m(
         "non_pytorch",
         Bytes,
         "capacity - free - reserved: device memory outside this process's PyTorch cache (CUDA context, other libraries, other processes)",
+    ),
+    m(
+        "cuda_context",
+        Bytes,
+        "what the CUDA context and the libraries' handles usually hold outside PyTorch's cache: 1 GiB, the top of the usual 0.3-1 GiB (it depends on the card, the CUDA version and lazy module loading)",
     ),
     m(
         "non_pytorch_in_process",
@@ -212,10 +237,153 @@ pub const METRICS: &[MetricDef] = &[
         Series,
         "cudaMalloc retries of every summary/stats",
     ),
+    // From a snapshot's recorded trace (snapshot::trace_metrics), first traced device.
+    t(
+        "trace_allocs",
+        Number,
+        "alloc entries in the snapshot's trace",
+    ),
+    t(
+        "trace_steps",
+        Number,
+        "steps in the trace: starts of record_function annotations named like a step (ProfilerStep#N), else cycles of allocated memory (rising from the bottom of its usual range, the 5th-95th percentile, above its middle and back); 1 when neither",
+    ),
+    t(
+        "cache_miss_rate",
+        Number,
+        "fraction of the trace's allocations served by a segment cudaMalloc'd (or expandable pages mapped) for them: a segment_alloc/segment_map entry right before the alloc it holds",
+    ),
+    t(
+        "steady_miss_rate",
+        Number,
+        "cache_miss_rate after the first step (needs 2 steps): in a steady loop the cache serves everything",
+    ),
+    t(
+        "misses_per_step",
+        Number,
+        "cache misses (cudaMalloc calls for a request) per step after the first (needs 2 steps)",
+    ),
+    t(
+        "segment_allocs",
+        Number,
+        "segment_alloc (cudaMalloc) and segment_map (expandable pages mapped) entries in the trace",
+    ),
+    t(
+        "segment_frees",
+        Number,
+        "segment_free (cudaFree) and segment_unmap entries in the trace",
+    ),
+    t(
+        "empty_cache_calls",
+        Number,
+        "runs of segment releases that malloc did not make: torch.cuda.empty_cache() calls (a run whose stack names empty_cache; else one not followed by malloc's own cudaMalloc or OOM, or followed by a cudaMalloc the card had room for)",
+    ),
+    t(
+        "empty_cache_steps",
+        Number,
+        "steps with at least one empty_cache() call",
+    ),
+    t(
+        "empty_cache_released",
+        Bytes,
+        "bytes those empty_cache() calls released",
+    ),
+    t(
+        "allocator_releases",
+        Number,
+        "runs of segment releases malloc made itself before a cudaMalloc or an OOM: its flush and retry after a failed cudaMalloc (at the card's or the fraction's limit), garbage collection, oversize blocks",
+    ),
+    t(
+        "allocator_releases_per_step",
+        Number,
+        "allocator_releases per step",
+    ),
+    t(
+        "deferred_frees",
+        Number,
+        "frees whose free_completed did not follow their free_requested at once: the block was used on other streams (record_stream) and waited for their events",
+    ),
+    t(
+        "deferred_free_bytes",
+        Bytes,
+        "requested bytes of those frees",
+    ),
+    t(
+        "deferred_peak",
+        Bytes,
+        "the most bytes freed in the code but still waiting for other streams at once (largest over the allocation streams)",
+    ),
+    t(
+        "deferred_hold_ms",
+        Number,
+        "mean milliseconds between free_requested and free_completed of the deferred frees (needs time_us, 2.2+); those still waiting count up to the last entry",
+    ),
+    t(
+        "distinct_sizes_per_step",
+        Number,
+        "distinct large request sizes (over 1 MiB) a step makes, mean over the steps (needs 2 steps)",
+    ),
+    t(
+        "size_churn",
+        Number,
+        "of the distinct large request sizes of each step after the first, the fraction the step before did not request (0: static shapes; 1: every size new; needs 2 steps)",
+    ),
+    t(
+        "size_spread",
+        Number,
+        "how far one tensor's size moves over the steps: largest / smallest of the k-th large request of the steps that make the usual number of them, median over k (1.6: the largest is 1.6 times the smallest; 1 when fewer than 2 steps make that number)",
+    ),
+    t(
+        "trace_peak_reserved",
+        Bytes,
+        "reserved bytes when reserved memory first reached its highest point in the trace (the snapshot's reserved plus the segments the trace released, less those it created after that point)",
+    ),
+    t(
+        "trace_peak_allocated",
+        Bytes,
+        "allocated (requested) bytes at their highest point in the trace",
+    ),
+    t(
+        "stranded_at_peak",
+        Bytes,
+        "free bytes in split segments (segments holding a live block) just before reserved memory reached its peak: memory the peak holds but no request could use; live blocks are estimated from the requested sizes as the recorded config rounds them, segments created before the trace and released during it are left out",
+    ),
+    t(
+        "stranded_large_at_peak",
+        Bytes,
+        "the part of stranded_at_peak in large-pool segments",
+    ),
+    t(
+        "stranding_segment_size",
+        Bytes,
+        "the size of the large segments holding stranded_large_at_peak (the median, weighted by their stranded bytes)",
+    ),
+    t(
+        "ooms_with_free_device",
+        Number,
+        "oom trace entries whose device_free is at least the request: the allocator refused memory the card had, as a memory fraction cap (set_per_process_memory_fraction) does",
+    ),
+    t(
+        "empty_cache_site",
+        Text,
+        "where empty_cache() was called (file:line:function, the first frame outside PyTorch), when the trace recorded its stack (_record_memory_history(context='all'))",
+    ),
+    t(
+        "deferred_free_site",
+        Text,
+        "where the most deferred bytes were freed (context='all') or allocated (context='alloc'), when recorded",
+    ),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static MetricDef> {
     METRICS.iter().find(|d| d.name == name)
+}
+
+/// Whether a condition reads a trace metric.
+pub fn reads_trace(when: &super::expr::Expr) -> bool {
+    let mut names = Vec::new();
+    when.metrics(&mut names);
+    names.iter().any(|n| lookup(n).is_some_and(|d| d.trace))
 }
 
 #[cfg(test)]

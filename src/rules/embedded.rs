@@ -31,6 +31,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/free-exceeds-request.yaml"),
     ),
     (
+        "rules/free-plus-cached.yaml",
+        include_str!("../../rules/free-plus-cached.yaml"),
+    ),
+    (
         "rules/gc-threshold-with-fraction.yaml",
         include_str!("../../rules/gc-threshold-with-fraction.yaml"),
     ),
@@ -107,8 +111,36 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/segment-size-2mib.yaml"),
     ),
     (
+        "rules/shared-memory-spill.yaml",
+        include_str!("../../rules/shared-memory-spill.yaml"),
+    ),
+    (
         "rules/small-pool-fragmentation.yaml",
         include_str!("../../rules/small-pool-fragmentation.yaml"),
+    ),
+    (
+        "rules/trace-cache-misses.yaml",
+        include_str!("../../rules/trace-cache-misses.yaml"),
+    ),
+    (
+        "rules/trace-deferred-frees.yaml",
+        include_str!("../../rules/trace-deferred-frees.yaml"),
+    ),
+    (
+        "rules/trace-empty-cache.yaml",
+        include_str!("../../rules/trace-empty-cache.yaml"),
+    ),
+    (
+        "rules/trace-fraction-flushes.yaml",
+        include_str!("../../rules/trace-fraction-flushes.yaml"),
+    ),
+    (
+        "rules/trace-size-churn.yaml",
+        include_str!("../../rules/trace-size-churn.yaml"),
+    ),
+    (
+        "rules/trace-stranded-splits.yaml",
+        include_str!("../../rules/trace-stranded-splits.yaml"),
     ),
     (
         "rules/use-expandable-segments.yaml",

@@ -58,6 +58,10 @@ pub enum Func {
     Ceil,
     FloorPow2,
     Mib,
+    Log2,
+    /// `cmp(a, b)`: -1, 0 or 1 as a is less than, equal to or more than b
+    /// (for templates' comparison words: `{cmp(free, requested)|than}`).
+    Cmp,
 }
 
 impl Func {
@@ -77,6 +81,8 @@ impl Func {
             "ceil" => Func::Ceil,
             "floor_pow2" => Func::FloorPow2,
             "mib" => Func::Mib,
+            "log2" => Func::Log2,
+            "cmp" => Func::Cmp,
             _ => return None,
         })
     }
@@ -85,7 +91,7 @@ impl Func {
     fn arity(self) -> (usize, usize) {
         match self {
             Func::Min | Func::Max => (2, usize::MAX),
-            Func::Ratio => (2, 2),
+            Func::Ratio | Func::Cmp => (2, 2),
             _ => (1, 1),
         }
     }
@@ -470,13 +476,22 @@ impl Parser {
             _ => {}
         }
         if self.peek().0 != Tok::LParen {
-            if catalog::lookup(&name).is_none() {
-                return Err(err(
-                    format!(
-                        "unknown metric '{name}' (see `allocdoc rules list` and rules/README.md for the names)"
-                    ),
-                    span,
-                ));
+            match catalog::lookup(&name) {
+                None => {
+                    return Err(err(
+                        format!(
+                            "unknown metric '{name}' (see `allocdoc rules list` and rules/README.md for the names)"
+                        ),
+                        span,
+                    ));
+                }
+                Some(d) if d.kind == MetricKind::Text => {
+                    return Err(err(
+                        format!("'{name}' is a source location: name it with `site:`"),
+                        span,
+                    ));
+                }
+                Some(_) => {}
             }
             return Ok(Expr {
                 node: Node::Metric(name),
@@ -785,6 +800,13 @@ fn call(func: Func, args: &[Expr], env: &dyn Env) -> Result<Value, EvalError> {
         Func::Ceil => first.ceil(),
         Func::FloorPow2 if first >= 1.0 => 2f64.powi(first.log2().floor() as i32),
         Func::Mib => first / 1048576.0,
+        Func::Log2 if first > 0.0 => first.log2(),
+        Func::Log2 => f64::NEG_INFINITY,
+        Func::Cmp => match first.partial_cmp(&vals.get(1).copied().unwrap_or(0.0)) {
+            Some(std::cmp::Ordering::Less) => -1.0,
+            Some(std::cmp::Ordering::Greater) => 1.0,
+            _ => 0.0,
+        },
         _ => 0.0,
     }))
 }

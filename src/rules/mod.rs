@@ -12,7 +12,7 @@ mod template;
 mod testing;
 
 pub use model::{AppliesTo, Cause, Rule, Severity, TestCase, VersionReq};
-pub use template::Template;
+pub use template::{Message, Template};
 pub use testing::{CaseResult, run_tests};
 
 use crate::conf::TorchVersion;
@@ -50,6 +50,8 @@ impl VersionRange {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Facts {
     pub values: BTreeMap<String, Fact>,
+    /// Text metrics (source locations), which only a rule's `site:` names.
+    pub texts: BTreeMap<String, String>,
     /// Evidence kinds present in the inputs.
     pub kinds: Vec<Kind>,
     pub torch: VersionRange,
@@ -59,6 +61,10 @@ pub struct Facts {
 impl Facts {
     pub fn set(&mut self, name: &str, value: Fact) {
         self.values.insert(name.to_string(), value);
+    }
+
+    pub fn set_text(&mut self, name: &str, value: String) {
+        self.texts.insert(name.to_string(), value);
     }
 }
 
@@ -88,6 +94,8 @@ pub struct Firing {
     pub settings: BTreeMap<String, String>,
     pub evidence: BTreeMap<String, Value>,
     pub next: Option<String>,
+    /// The source location the rule's `site:` metric names, when known.
+    pub site: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -116,7 +124,7 @@ impl Rule {
             Ok(true) => {
                 let mut settings = BTreeMap::new();
                 for (key, value) in &self.recommend {
-                    match value.render_value(facts) {
+                    match value.render_value(key, facts) {
                         Ok(v) => {
                             settings.insert(key.clone(), v);
                         }
@@ -142,6 +150,7 @@ impl Rule {
                     settings,
                     evidence,
                     next: self.next.as_ref().map(|t| t.render(facts)),
+                    site: self.site.as_ref().and_then(|m| facts.texts.get(m).cloned()),
                 })
             }
         }

@@ -2,7 +2,7 @@
 //! checked [`Rule`] it becomes: expressions parsed, metric names known.
 
 use super::expr::{self, Expr};
-use super::template::{Template, ValueTemplate};
+use super::template::{Message, Template, ValueTemplate};
 use super::{Facts, RuleError, Verdict, VersionRange};
 use crate::conf::TorchVersion;
 use crate::evidence::{Backend, Kind};
@@ -128,11 +128,29 @@ struct RawRule {
     when: Spanned<String>,
     #[serde(default)]
     recommend: BTreeMap<String, Spanned<String>>,
-    because: Spanned<String>,
+    because: RawMessage,
     next: Option<Spanned<String>>,
+    /// A text metric naming where in the program the finding points.
+    site: Option<Spanned<String>>,
     reference: String,
     #[serde(default)]
     tests: Vec<RawCase>,
+}
+
+/// `because`: one template, or cases (`- when: expr` / `text: template`),
+/// the last without `when`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawMessage {
+    One(Spanned<String>),
+    Cases(Vec<RawMessageCase>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMessageCase {
+    when: Option<Spanned<String>>,
+    text: Spanned<String>,
 }
 
 /// A value in a test case's `given`: a number, a size (`2GiB`), a boolean or a series.
@@ -165,6 +183,7 @@ struct RawCase {
     fires: bool,
     recommends: Option<BTreeMap<String, String>>,
     says: Option<String>,
+    site: Option<String>,
 }
 
 /// `>=2.1`, `<2.1`, `>=1.10, <2.1`: every clause must hold.
@@ -312,8 +331,10 @@ pub struct Rule {
     pub when_text: String,
     pub when: Expr,
     pub recommend: BTreeMap<String, ValueTemplate>,
-    pub because: Template,
+    pub because: Message,
     pub next: Option<Template>,
+    /// The text metric the finding's source location comes from.
+    pub site: Option<String>,
     pub reference: String,
     pub tests: Vec<TestCase>,
     /// The file it came from (`rules/<id>.yaml` for embedded rules).
@@ -328,6 +349,8 @@ pub struct TestCase {
     pub fires: bool,
     pub recommends: Option<BTreeMap<String, String>>,
     pub says: Option<String>,
+    /// The site the finding must point to.
+    pub site: Option<String>,
 }
 
 fn located<T>(file: &str, at: &Spanned<T>, message: String) -> RuleError {
@@ -364,12 +387,22 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         }
     })?;
     let when = expr::parse(&raw.when.value).map_err(|e| expr_error(file, &raw.when, "when", &e))?;
-    let because = Template::parse(&raw.because.value)
-        .map_err(|e| expr_error(file, &raw.because, "because", &e))?;
+    let because = message(file, &raw.because)?;
     let next = match &raw.next {
         Some(n) => Some(Template::parse(&n.value).map_err(|e| expr_error(file, n, "next", &e))?),
         None => None,
     };
+    if let Some(site) = &raw.site {
+        let text = super::catalog::lookup(&site.value)
+            .is_some_and(|d| d.kind == super::catalog::MetricKind::Text);
+        if !text {
+            return Err(located(
+                file,
+                site,
+                format!("site: '{}' is not a text metric", site.value),
+            ));
+        }
+    }
     let mut recommend = BTreeMap::new();
     for (key, value) in &raw.recommend {
         let v = ValueTemplate::parse(&value.value)
@@ -401,10 +434,51 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         recommend,
         because,
         next,
+        site: raw.site.map(|s| s.value),
         reference: raw.reference,
         tests,
         source: file.to_string(),
     })
+}
+
+fn message(file: &str, raw: &RawMessage) -> Result<Message, RuleError> {
+    let template = |t: &Spanned<String>| {
+        Template::parse(&t.value).map_err(|e| expr_error(file, t, "because", &e))
+    };
+    match raw {
+        RawMessage::One(t) => Ok(Message::single(template(t)?)),
+        RawMessage::Cases(cases) => {
+            let mut out = Vec::with_capacity(cases.len());
+            for (i, c) in cases.iter().enumerate() {
+                let when = match &c.when {
+                    Some(w) => Some((
+                        expr::parse(&w.value)
+                            .map_err(|e| expr_error(file, w, "because.when", &e))?,
+                        w.value.clone(),
+                    )),
+                    None if i + 1 < cases.len() => {
+                        return Err(located(
+                            file,
+                            &c.text,
+                            "because: only the last case may omit `when`".into(),
+                        ));
+                    }
+                    None => None,
+                };
+                out.push((when, template(&c.text)?));
+            }
+            if out.last().is_none_or(|(w, _)| w.is_some()) {
+                return Err(RuleError {
+                    file: file.to_string(),
+                    line: 0,
+                    column: 0,
+                    message: "because: the last case must have no `when` (it is the fallback)"
+                        .into(),
+                });
+            }
+            Ok(Message::cases(out))
+        }
+    }
 }
 
 fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase, RuleError> {
@@ -426,11 +500,19 @@ fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase,
         })?;
         facts.torch = VersionRange::exact(v);
     }
+    facts.set(
+        "cuda_context",
+        super::Fact::Num(super::catalog::CUDA_CONTEXT as f64),
+    );
     for (name, value) in case.given {
         let bad = |m: String| located(file, &value, format!("test '{}': {m}", case.name));
         let def =
             super::catalog::lookup(&name).ok_or_else(|| bad(format!("unknown metric '{name}'")))?;
         use super::catalog::MetricKind as K;
+        if let (K::Text, Given::Text(t)) = (def.kind, &value.value) {
+            facts.set_text(&name, t.clone());
+            continue;
+        }
         let fact = match (def.kind, &value.value) {
             (K::Bool, Given::Bool(b)) => super::Fact::Bool(*b),
             (K::Bytes | K::Number, Given::Num(n)) => super::Fact::Num(*n),
@@ -458,6 +540,7 @@ fn check_case(file: &str, case: RawCase, default_kind: Kind) -> Result<TestCase,
         fires: case.fires,
         recommends: case.recommends,
         says: case.says,
+        site: case.site,
     })
 }
 
@@ -528,6 +611,34 @@ mod tests {
         assert!(e.message.contains("unknown metric 'requestd'"), "{e}");
         let e = parse_rule("r.yaml", &format!("{MINIMAL}colour: red\n")).unwrap_err();
         assert!(e.message.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn a_site_names_a_text_metric_that_expressions_cannot_read() {
+        let with_site = format!("{MINIMAL}site: empty_cache_site\n");
+        let rule = parse_rule("r.yaml", &with_site).unwrap();
+        let mut facts = Facts {
+            kinds: vec![Kind::Oom],
+            ..Facts::default()
+        };
+        facts.set("requested", super::super::Fact::Num(2147483648.0));
+        let site = |facts: &Facts| match rule.evaluate(facts) {
+            Verdict::Fired(f) => f.site,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(site(&facts), None);
+        facts.set_text("empty_cache_site", "train.py:88:train".into());
+        assert_eq!(site(&facts).as_deref(), Some("train.py:88:train"));
+
+        let e = parse_rule("r.yaml", &format!("{MINIMAL}site: requested\n")).unwrap_err();
+        assert_eq!(e.line, 7, "{e}");
+        assert!(
+            e.message.contains("'requested' is not a text metric"),
+            "{e}"
+        );
+        let bad = MINIMAL.replace("requested > 1GiB", "empty_cache_site > 1");
+        let e = parse_rule("r.yaml", &bad).unwrap_err();
+        assert!(e.message.contains("is a source location"), "{e}");
     }
 
     #[test]

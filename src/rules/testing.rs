@@ -54,6 +54,9 @@ fn check(rule: &Rule, case: &super::TestCase) -> Option<String> {
                     f.message
                 ));
             }
+            if case.site.is_some() && case.site != f.site {
+                return Some(format!("points to {:?}, expected {:?}", f.site, case.site));
+            }
             None
         }
         (Verdict::Fired(f), false) => Some(format!("fired (\"{}\") but should not", f.message)),

@@ -6,6 +6,7 @@
 use super::model::{
     Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
+use super::trace_metrics::TraceScan;
 use crate::conf::{Settings, TorchVersion};
 use crate::evidence::{
     AllocationSite, DeviceKind, Kind, Observation, PoolDetail, SegSumDetail, SizeClass,
@@ -283,25 +284,28 @@ fn detail(
         })
         .collect();
 
-    // Counted per action first: a handful of actions, millions of entries.
+    // One pass over the trace: actions counted (a handful of actions,
+    // millions of entries), oom entries kept, and the trace metrics fed.
     let mut counts: Vec<(Action, u64)> = Vec::new();
     let mut ooms = Vec::new();
-    for (i, action) in snap.trace_actions(device).enumerate() {
-        let action = action?;
-        match counts.iter_mut().find(|(a, _)| *a == action) {
+    let mut scan =
+        (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, recorded_settings(snap)));
+    for (i, e) in snap.trace(device).enumerate() {
+        let e = e?;
+        match counts.iter_mut().find(|(a, _)| *a == e.action) {
             Some((_, n)) => *n += 1,
-            None => counts.push((action, 1)),
+            None => counts.push((e.action, 1)),
         }
-        if action == Action::Oom
-            && let Some(e) = snap.trace_entry(device, i)
-        {
-            let e = e?;
+        if e.action == Action::Oom {
             ooms.push(SnapshotOom {
                 event_index: i as u64,
                 size: e.size,
                 device_free: e.device_free,
                 stream: e.stream,
             });
+        }
+        if let Some(scan) = &mut scan {
+            scan.entry(i, &e);
         }
     }
 
@@ -321,6 +325,7 @@ fn detail(
         expandable_segments: expandable,
         top_sites: sites.top(),
         trace_actions: actions,
+        trace: scan.map(TraceScan::finish),
         oom_events: ooms,
         segsum_mismatch_segments: unbalanced,
         allocator_settings_note: settings_note.map(str::to_string),
@@ -382,7 +387,7 @@ fn frame_shown(f: &Frame) -> bool {
 }
 
 /// `_memory_viz._frame_fmt`: `basename(filename):line:name`.
-fn frame_text(f: &Frame) -> String {
+pub(super) fn frame_text(f: &Frame) -> String {
     let base = f.filename.rsplit(['/', '\\']).next().unwrap_or(f.filename);
     format!("{base}:{}:{}", f.line, f.name)
 }

@@ -6,6 +6,7 @@ pub mod evidence;
 pub(crate) mod grow;
 pub mod model;
 pub mod pickle;
+pub mod trace_metrics;
 
 use crate::Error;
 use crate::evidence::Observation;

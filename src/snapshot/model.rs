@@ -289,15 +289,6 @@ impl<'a> Snapshot<'a> {
         Some(Reader::new().trace_entry(&self.pickle, e, device as usize, j))
     }
 
-    /// The action of each of a device's trace entries: [`Snapshot::trace`]
-    /// without reading the other fields.
-    pub fn trace_actions(
-        &self,
-        device: u32,
-    ) -> impl Iterator<Item = Result<Action, ModelError>> + '_ {
-        self.read_trace(device, Reader::trace_action)
-    }
-
     /// `read` applied to each of a device's trace entries, with one reader.
     fn read_trace<'s, T>(
         &'s self,
@@ -539,6 +530,7 @@ const STATES: &[(&str, BlockState)] = &[
     ("inactive", BlockState::Inactive),
 ];
 
+/// Trace entry fields; the discriminant indexes [`Reader::trace_positions`].
 #[derive(Clone, Copy, PartialEq)]
 enum TraceKey {
     Action,
@@ -566,6 +558,8 @@ struct Reader {
     block: Keys<BlockKey>,
     state: Keys<BlockState>,
     trace: Keys<TraceKey>,
+    /// The last trace-entry key shape and [`Reader::trace_positions`] in it.
+    trace_at: Option<(ShapeId, [u8; TRACE_KEYS.len()])>,
     action: Keys<Action>,
     blocks_ahead: Prefault,
 }
@@ -577,6 +571,7 @@ impl Reader {
             block: Keys::new(BLOCK_KEYS),
             state: Keys::new(STATES),
             trace: Keys::new(TRACE_KEYS),
+            trace_at: None,
             action: Keys::new(crate::allocator::TRACE_ACTIONS),
             blocks_ahead: Prefault::default(),
         }
@@ -726,25 +721,58 @@ impl Reader {
             time_us: 0,
             frames: Frames::NONE,
         };
-        let mut action = None;
-        self.trace.each(p, e, &path, |k, v| match k {
-            TraceKey::Action => action = Some(v),
-            TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
-            TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
-            TraceKey::Stream => t.stream = stream_of(p, v),
-            TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
-            TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
-            TraceKey::Frames => t.frames = Frames::of(v),
-        })?;
+        // Entries share one key shape: its field positions are resolved once
+        // and each entry is read by position (millions of entries).
+        let shaped = p.dict(e).and_then(|pairs| pairs.shaped());
+        let at = shaped.and_then(|(keys, _)| self.trace_positions(p, keys));
+        let action = match (shaped, at) {
+            (Some((_, values)), Some(at)) => {
+                let get = |k: TraceKey| values.get(usize::from(at[k as usize])).copied();
+                let num = |k: TraceKey| get(k).and_then(|v| p.u64(v)).unwrap_or(0);
+                t.addr = num(TraceKey::Addr);
+                t.size = num(TraceKey::Size);
+                t.device_free = num(TraceKey::DeviceFree);
+                t.stream = get(TraceKey::Stream).map_or(0, |v| stream_of(p, v));
+                t.time_us = get(TraceKey::TimeUs).and_then(|v| p.i64(v)).unwrap_or(0);
+                t.frames = get(TraceKey::Frames).map_or(Frames::NONE, Frames::of);
+                get(TraceKey::Action)
+            }
+            _ => {
+                let mut action = None;
+                self.trace.each(p, e, &path, |k, v| match k {
+                    TraceKey::Action => action = Some(v),
+                    TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
+                    TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
+                    TraceKey::Stream => t.stream = stream_of(p, v),
+                    TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
+                    TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
+                    TraceKey::Frames => t.frames = Frames::of(v),
+                })?;
+                action
+            }
+        };
         t.action = self.action_of(p, action, &path)?;
         Ok(t)
     }
 
-    /// Only the action of trace entry `e` (entry `j` of device `d`).
-    fn trace_action(&mut self, p: &Pickle, e: V, d: usize, j: usize) -> Result<Action, ModelError> {
-        let path = || trace_path(d, j);
-        let action = self.trace.value(p, e, &path, TraceKey::Action)?;
-        self.action_of(p, action, &path)
+    /// The position of each [`TraceKey`] (by discriminant) in trace-entry
+    /// key shape `keys` (`u8::MAX`: absent); `None` when a field sits beyond
+    /// position 254 (then the entry is read field by field).
+    fn trace_positions(&mut self, p: &Pickle, keys: &[V]) -> Option<[u8; TRACE_KEYS.len()]> {
+        let id = (keys.as_ptr(), keys.len());
+        if let Some((shape, at)) = self.trace_at
+            && shape == id
+        {
+            return Some(at);
+        }
+        let mut at = [u8::MAX; TRACE_KEYS.len()];
+        for (pos, field) in self.trace.fields(p, keys).iter().enumerate() {
+            if let Some(slot) = field.and_then(|k| at.get_mut(k as usize)) {
+                *slot = u8::try_from(pos).ok().filter(|&b| b < u8::MAX)?;
+            }
+        }
+        self.trace_at = Some((id, at));
+        Some(at)
     }
 
     /// A trace entry's action from its `action` value (unknown names read as

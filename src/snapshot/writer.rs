@@ -20,6 +20,38 @@ pub struct Snapshot {
     pub device_traces: Vec<Vec<TraceEntry>>,
     /// Written as `allocator_settings` when set.
     pub alloc_conf: Option<RecordedSettings>,
+    /// Stacks recorded with trace entries (`_record_memory_history(context=…)`).
+    pub stacks: Vec<Stack>,
+    /// Written as `external_annotations` when not empty.
+    pub annotations: Vec<Annotation>,
+}
+
+/// One recorded stack and the trace entries that carry it (written once,
+/// then shared, as torch shares a traceback between entries).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stack {
+    pub device: usize,
+    /// Indices into `device_traces[device]`.
+    pub entries: Vec<usize>,
+    /// Innermost call first.
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    pub filename: String,
+    pub line: i64,
+    pub name: String,
+}
+
+/// A `record_function` START or END (`external_annotations`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Annotation {
+    pub name: String,
+    /// "START" or "END".
+    pub stage: String,
+    pub device: i64,
+    pub time_us: i64,
 }
 
 /// What a snapshot's `allocator_settings` records: the config string as set
@@ -122,6 +154,7 @@ impl Snapshot {
             segments,
             device_traces: vec![trace],
             alloc_conf,
+            ..Snapshot::default()
         }
     }
 }
@@ -143,14 +176,29 @@ pub fn write<W: Write>(snapshot: &Snapshot, out: W) -> io::Result<()> {
         p.raw(&[APPENDS])?;
     }
 
+    // (device, entry) → index into `snapshot.stacks`.
+    let stack_of: HashMap<(usize, usize), usize> = snapshot
+        .stacks
+        .iter()
+        .enumerate()
+        .flat_map(|(k, s)| s.entries.iter().map(move |&e| ((s.device, e), k)))
+        .collect();
+    let mut stack_memo: Vec<Option<u32>> = vec![None; snapshot.stacks.len()];
     p.str("device_traces")?;
     p.raw(&[EMPTY_LIST])?;
-    for trace in &snapshot.device_traces {
+    for (d, trace) in snapshot.device_traces.iter().enumerate() {
         p.raw(&[EMPTY_LIST])?;
-        for chunk in trace.chunks(BATCH) {
+        for (c, chunk) in trace.chunks(BATCH).enumerate() {
             p.raw(&[MARK])?;
-            for entry in chunk {
+            for (j, entry) in chunk.iter().enumerate() {
                 p.trace_entry(entry)?;
+                if let Some(&k) = stack_of.get(&(d, c * BATCH + j))
+                    && let (Some(stack), Some(memo)) =
+                        (snapshot.stacks.get(k), stack_memo.get_mut(k))
+                {
+                    p.frames(&stack.frames, memo)?;
+                }
+                p.raw(&[SETITEMS])?;
             }
             p.raw(&[APPENDS])?;
         }
@@ -161,6 +209,17 @@ pub fn write<W: Write>(snapshot: &Snapshot, out: W) -> io::Result<()> {
     p.raw(&[EMPTY_DICT])?;
     if let Some(recorded) = &snapshot.alloc_conf {
         p.allocator_settings(recorded)?;
+    }
+    if !snapshot.annotations.is_empty() {
+        p.str("external_annotations")?;
+        p.raw(&[EMPTY_LIST, MARK])?;
+        for a in &snapshot.annotations {
+            p.flat_dict(
+                &[("name", &a.name), ("stage", &a.stage)],
+                &[("device", a.device), ("time_us", a.time_us)],
+            )?;
+        }
+        p.raw(&[APPENDS])?;
     }
 
     p.raw(&[SETITEMS, STOP])?;
@@ -203,8 +262,10 @@ const BATCH: usize = 1000;
 
 struct Pickler<W: Write> {
     out: io::BufWriter<W>,
-    /// Memo index of every string written so far (MEMOIZE numbers them 0, 1, …).
+    /// Memo index of every string written so far.
     memo: HashMap<String, u32>,
+    /// Objects memoized so far (MEMOIZE numbers them 0, 1, …).
+    memoized: u32,
 }
 
 impl<W: Write> Pickler<W> {
@@ -212,6 +273,7 @@ impl<W: Write> Pickler<W> {
         Pickler {
             out: io::BufWriter::with_capacity(1 << 16, out),
             memo: HashMap::new(),
+            memoized: 0,
         }
     }
 
@@ -222,13 +284,7 @@ impl<W: Write> Pickler<W> {
     /// A string: BINGET when already memoized, else written and memoized.
     fn str(&mut self, s: &str) -> io::Result<()> {
         if let Some(&idx) = self.memo.get(s) {
-            return match u8::try_from(idx) {
-                Ok(small) => self.raw(&[BINGET, small]),
-                Err(_) => {
-                    self.raw(&[LONG_BINGET])?;
-                    self.raw(&idx.to_le_bytes())
-                }
-            };
+            return self.get(idx);
         }
         let bytes = s.as_bytes();
         match u8::try_from(bytes.len()) {
@@ -242,10 +298,64 @@ impl<W: Write> Pickler<W> {
             }
         }
         self.raw(bytes)?;
-        self.raw(&[MEMOIZE])?;
-        let idx = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
+        let idx = self.memoize()?;
         self.memo.insert(s.to_owned(), idx);
         Ok(())
+    }
+
+    /// MEMOIZE: the object just written gets the next memo index.
+    fn memoize(&mut self) -> io::Result<u32> {
+        self.raw(&[MEMOIZE])?;
+        let idx = self.memoized;
+        self.memoized = self.memoized.saturating_add(1);
+        Ok(idx)
+    }
+
+    /// BINGET / LONG_BINGET of memo entry `idx`.
+    fn get(&mut self, idx: u32) -> io::Result<()> {
+        match u8::try_from(idx) {
+            Ok(small) => self.raw(&[BINGET, small]),
+            Err(_) => {
+                self.raw(&[LONG_BINGET])?;
+                self.raw(&idx.to_le_bytes())
+            }
+        }
+    }
+
+    /// A dict of string items, then int items.
+    fn flat_dict(&mut self, strs: &[(&str, &str)], ints: &[(&str, i64)]) -> io::Result<()> {
+        self.raw(&[EMPTY_DICT, MARK])?;
+        for (k, v) in strs {
+            self.str(k)?;
+            self.str(v)?;
+        }
+        for (k, v) in ints {
+            self.str(k)?;
+            self.int(i128::from(*v))?;
+        }
+        self.raw(&[SETITEMS])
+    }
+
+    /// A trace entry's `frames` item: the list the first time, then its memo entry.
+    fn frames(&mut self, frames: &[Frame], memo: &mut Option<u32>) -> io::Result<()> {
+        self.str("frames")?;
+        if let Some(idx) = *memo {
+            return self.get(idx);
+        }
+        self.raw(&[EMPTY_LIST])?;
+        *memo = Some(self.memoize()?);
+        if frames.is_empty() {
+            return Ok(());
+        }
+        self.raw(&[MARK])?;
+        for f in frames {
+            // Key order of the C++ pickler (allocator.md §9.2): name, filename, line.
+            self.flat_dict(
+                &[("name", &f.name), ("filename", &f.filename)],
+                &[("line", f.line)],
+            )?;
+        }
+        self.raw(&[APPENDS])
     }
 
     /// An int with the smallest opcode CPython's `save_long` would pick.
@@ -378,7 +488,8 @@ impl<W: Write> Pickler<W> {
         self.raw(&[SETITEMS])
     }
 
-    /// One trace entry dict: action, addr (device_free for oom), size, stream, time_us.
+    /// One trace entry dict's items: action, addr (device_free for oom),
+    /// size, stream, time_us (the caller may add frames, then closes it).
     fn trace_entry(&mut self, e: &TraceEntry) -> io::Result<()> {
         self.raw(&[EMPTY_DICT, MARK])?;
         self.str("action")?;
@@ -392,8 +503,7 @@ impl<W: Write> Pickler<W> {
         self.key_uint("size", e.size)?;
         self.key_uint("stream", e.stream)?;
         self.str("time_us")?;
-        self.int(i128::from(e.time_us))?;
-        self.raw(&[SETITEMS])
+        self.int(i128::from(e.time_us))
     }
 }
 
@@ -459,7 +569,7 @@ mod tests {
                 stream: 0,
                 time_us: 0,
             }]],
-            alloc_conf: None,
+            ..Snapshot::default()
         };
         let bytes = to_bytes(&snap);
         let has = |s: &[u8]| bytes.windows(s.len()).any(|w| w == s);

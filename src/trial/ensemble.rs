@@ -417,6 +417,7 @@ pub fn search(
     e: &Ensemble,
     candidates: Vec<Candidate>,
     current: &Settings,
+    bisect: bool,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> EnsembleSearch {
     let plausible: Vec<&Calibration> = e.plausible().collect();
@@ -433,8 +434,13 @@ pub fn search(
                 current,
                 cap,
                 Some(&sizes),
-                // Every run to its end: a run stopped early is no verdict on a workload.
-                |s, c, _| replay(&m.judged, s, "", c).figures,
+                // Every run to its end: a run stopped early is no verdict on
+                // a workload; no bisection per workload (the capacity is
+                // bisected across them below).
+                (
+                    |s: &Settings, c, _| replay(&m.judged, s, "", c).figures,
+                    false,
+                ),
                 |p| {
                     if let Progress::Candidates { .. } = p {
                         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -540,7 +546,7 @@ pub fn search(
         r.avoids_under_every_placement = Some(robust);
     });
     ranked[..checked].sort_by(order);
-    let needed_capacity_bytes = ranked.first().map(|(best, _, _)| {
+    let needed_capacity_bytes = ranked.first().filter(|_| bisect).map(|(best, _, _)| {
         let settings = best.candidate.settings(current);
         plausible
             .par_iter()

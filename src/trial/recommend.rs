@@ -5,6 +5,7 @@
 //! under all of them is preferred; text evidence is searched on every
 //! plausible workload of its ensemble ([`super::ensemble::search`]).
 
+use super::answer::{Answer, Replays, decide, same_config};
 use super::ensemble::{self, EnsembleSearch};
 use super::placement::{self, Fate, PolicyOutcome};
 use super::run::{Replayer, Run};
@@ -12,31 +13,34 @@ use super::search::{self, Progress, Pruning};
 use super::validate::{Basis, EXIT_UNCERTAIN, Strength, Verdict, config_name};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
+use crate::advise::{Diagnosis, Recommendation, Space};
 use crate::conf::Settings;
+use crate::device::sim::Placement::FirstFit;
 use crate::units::human;
 use serde::Serialize;
 
-/// The contract's `recommendation` object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Recommendation {
-    pub env: &'static str,
-    pub value: String,
-    pub line: String,
+/// `recommend` when nothing can be replayed (a snapshot without a trace,
+/// text without figures to fit a probe to): the rules' answer alone, and why.
+/// The contract's fields keep their meaning: no candidates were replayed.
+#[derive(Debug, Clone, Serialize)]
+pub struct RulesOnly {
+    pub candidates: Vec<Run>,
+    pub recommendation: Option<Recommendation>,
+    pub min_capacity_bytes: Option<u64>,
+    pub answer: Answer,
+    /// Why nothing was replayed.
+    pub not_replayed: String,
 }
 
-impl Recommendation {
-    /// The shell line for `value`. PyTorch's defaults (`value` empty) are
-    /// asked for by unsetting the variable, not by exporting it empty.
-    pub fn new(value: String) -> Self {
-        let line = if value.is_empty() {
-            "unset PYTORCH_CUDA_ALLOC_CONF".to_string()
-        } else {
-            format!("export PYTORCH_CUDA_ALLOC_CONF={value}")
-        };
-        Recommendation {
-            env: "PYTORCH_CUDA_ALLOC_CONF",
-            value,
-            line,
+impl RulesOnly {
+    pub fn new(diagnosis: Option<&Diagnosis>, setup: &crate::advise::Setup, why: String) -> Self {
+        let answer = decide(diagnosis, setup, None);
+        RulesOnly {
+            candidates: Vec::new(),
+            recommendation: answer.recommendation.clone(),
+            min_capacity_bytes: None,
+            answer,
+            not_replayed: why,
         }
     }
 }
@@ -47,11 +51,14 @@ impl Recommendation {
 pub struct RecommendResult {
     /// The capacity every candidate ran at.
     pub capacity_bytes: u64,
-    /// Ranked best first (for text evidence: ranked across the ensemble, with
-    /// each config's run on the plausible workload closest to the evidence).
+    /// Ranked best first.
     pub candidates: Vec<Run>,
+    /// The answer's line (the contract's `recommendation`): the search's
+    /// best or the rules' line, as [`crate::trial::answer`] settles it.
     pub recommendation: Option<Recommendation>,
     pub min_capacity_bytes: Option<u64>,
+    /// The cause, the rules' line, and which evidence overrode which.
+    pub answer: Answer,
     /// Where `capacity_bytes` came from.
     pub capacity_source: CapacitySource,
     pub input: String,
@@ -60,7 +67,11 @@ pub struct RecommendResult {
     pub current: Run,
     /// The rule engine's advice (`diagnose`) replayed the same way, when it gave one.
     pub advice: Option<Run>,
-    /// What was found, how sure, and the exit code.
+    /// Why parts are missing (no rule advice, no GC thresholds, …).
+    pub notes: Vec<String>,
+    /// What the search replayed and what its bounds spared.
+    pub search: Pruning,
+    /// What the search found, how sure, and the exit code.
     pub verdict: Verdict,
     /// How sure the verdict is (a field of its own for scripts).
     pub strength: Strength,
@@ -70,16 +81,22 @@ pub struct RecommendResult {
     /// A recorded workload: the best configs under each placement policy.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<PlacedConfig>,
-    /// Why parts are missing (no rule advice, no GC thresholds, …).
-    pub notes: Vec<String>,
-    /// What the search replayed and what its bounds spared.
-    pub search: Pruning,
     #[serde(skip)]
     pub probe: Option<crate::workload::probe::Ensemble>,
     /// The PyTorch version the current config was read for (the trace
     /// recording lines depend on it).
     #[serde(skip)]
     pub torch_version: crate::conf::TorchVersion,
+}
+
+impl RecommendResult {
+    /// The exit code: the verdict's, but never 0 without a line to set.
+    pub fn exit_code(&self) -> i32 {
+        match (self.verdict.exit_code, &self.recommendation) {
+            (0, None) => 1,
+            (code, _) => code,
+        }
+    }
 }
 
 /// One of the best configs of a recorded workload under each placement policy.
@@ -89,31 +106,39 @@ pub struct PlacedConfig {
     pub outcomes: Vec<PolicyOutcome>,
 }
 
-/// Searches, ranks and bisects for an already loaded workload. `progress` is
-/// called from worker threads; the library never draws it.
+/// What `recommend` searches: the space of the user's setup, the config
+/// in use today, and the diagnosis of the evidence (none for a trace CSV).
+pub struct Search<'a> {
+    pub space: &'a Space,
+    pub current_conf: &'a str,
+    pub current: &'a Settings,
+    pub diagnosis: Option<&'a Diagnosis>,
+    /// Bisect the recommended config's smallest capacity (`min_capacity_bytes`);
+    /// off only for a quick search (tests), which leaves it `None`.
+    pub bisect: bool,
+}
+
+/// Searches, ranks and bisects for an already loaded workload, and settles
+/// the answer. `progress` is called from worker threads; the library never draws it.
 pub fn recommend(
     workload: &Workload,
     capacity: (u64, CapacitySource),
-    current_conf: &str,
-    current: &Settings,
+    search: &Search,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<RecommendResult, Error> {
-    workload.with_replayer(|replay| {
-        search_with(workload, replay, capacity, current_conf, current, progress)
-    })
+    workload.with_replayer(|replay| search_with(workload, replay, capacity, search, progress))
 }
 
 fn search_with(
     workload: &Workload,
     replay: &Replayer,
     (cap, capacity_source): (u64, CapacitySource),
-    current_conf: &str,
-    current: &Settings,
+    s: &Search,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> RecommendResult {
-    use crate::device::sim::Placement::FirstFit;
+    let (current_conf, current) = (s.current_conf, s.current);
     let with_gc = current.per_process_memory_fraction.is_some();
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = s.space.excluded.clone();
     if !with_gc {
         notes.push(
             "garbage_collection_threshold was not searched: PyTorch only collects with a memory \
@@ -121,96 +146,140 @@ fn search_with(
                 .to_string(),
         );
     }
-    let space = crate::advise::space::space(with_gc);
     // The current config runs in full: it is reported beside the winner.
     let mut current_run = replay(current, current_conf, cap, None, FirstFit);
     current_run.conf = current_conf.to_string();
-    let (candidates, recommendation, min_capacity_bytes, verdict, ensemble, placement, pruning) =
-        match &workload.ensemble {
-            Some(e) => {
-                let found = ensemble::search(e, space, current, progress);
-                let (rec, verdict) = found.verdict(e);
-                let recommendation = rec.map(|r| Recommendation::new(r.conf.clone()));
-                let min = rec.and(found.needed_capacity_bytes);
-                // Each config's run on the closest plausible workload (the
-                // replayed `source`), in the ensemble's order.
-                let runs = found
-                    .ranked
-                    .iter()
-                    .map(|r| Run {
-                        conf: r.conf.clone(),
-                        figures: r.runs.first().cloned().unwrap_or_default(),
-                    })
-                    .collect();
-                let pruning = found.pruning;
+    let found = match &workload.ensemble {
+        Some(e) => {
+            let found =
+                ensemble::search(e, s.space.candidates.clone(), current, s.bisect, progress);
+            let (rec, verdict) = found.verdict(e);
+            // Each config's run on the closest plausible workload (the
+            // replayed `source`), in the ensemble's order.
+            let runs = found
+                .ranked
+                .iter()
+                .map(|r| Run {
+                    conf: r.conf.clone(),
+                    figures: r.runs.first().cloned().unwrap_or_default(),
+                })
+                .collect();
+            Found {
+                min_capacity_bytes: rec.and(found.needed_capacity_bytes),
+                candidates: runs,
+                verdict,
+                pruning: found.pruning,
+                ensemble: Some(found),
+                placement: Vec::new(),
+            }
+        }
+        None => {
+            let sizes = workload.request_sizes();
+            let result = search::search(
+                s.space.candidates.clone(),
+                current,
+                cap,
+                sizes.as_deref(),
                 (
-                    runs,
-                    recommendation,
-                    min,
-                    verdict,
-                    Some(found),
-                    Vec::new(),
-                    pruning,
-                )
-            }
-            None => {
-                let sizes = workload.request_sizes();
-                let result = search::search(
-                    space,
-                    current,
-                    cap,
-                    sizes.as_deref(),
-                    |settings, cap, stop| replay(settings, "", cap, stop, FirstFit).figures,
-                    progress,
-                );
-                recorded_verdict(result, replay, (current, &current_run), cap)
-            }
-        };
+                    |settings: &Settings, cap, stop_above| {
+                        replay(settings, "", cap, stop_above, FirstFit).figures
+                    },
+                    s.bisect,
+                ),
+                progress,
+            );
+            recorded_verdict(result, replay, (current, &current_run), cap, s.bisect)
+        }
+    };
+    let candidates = found.candidates;
     let advice = match &workload.advice {
         Some(value) => crate::conf::parse(value, current.version)
             .ok()
             .map(|p| replay(&p.settings, value, cap, None, FirstFit)),
         None => {
-            notes.push(if workload.ensemble.is_some() {
+            notes.push(if s.diagnosis.is_some() {
                 "the rule engine recommends no allocator setting for this evidence".to_string()
             } else {
-                "no rule-engine row: `diagnose` reads text evidence, and a trace or snapshot \
-                 trace holds none"
+                "no rule-engine row: a trace CSV or RMM log holds no evidence the rules read"
                     .to_string()
             });
             None
         }
     };
+    let answer = decide(
+        s.diagnosis,
+        s.space.setup(),
+        Some(Replays {
+            strength: found.verdict.strength,
+            current: &current_run,
+            ranked: &candidates,
+            rules: advice.as_ref(),
+        }),
+    );
+    // The contract's smallest capacity is the recommended config's: bisect
+    // again when the answer kept a line other than the search's best (from a
+    // run that finished: a bounded one stopped short of its peak).
+    let min_capacity_bytes = match &answer.recommendation {
+        _ if !s.bisect => None,
+        Some(r)
+            if candidates
+                .first()
+                .is_some_and(|b| same_config(&b.conf, &r.value)) =>
+        {
+            found.min_capacity_bytes
+        }
+        Some(r) => advice
+            .iter()
+            .chain(candidates.iter())
+            .find(|run| {
+                same_config(&run.conf, &r.value)
+                    && run.figures.oom.is_none()
+                    && run.figures.stopped_early_at_event.is_none()
+            })
+            .and_then(|run| {
+                let settings = crate::conf::parse(&r.value, current.version).ok()?.settings;
+                Some(search::min_capacity(
+                    &run.figures,
+                    cap,
+                    current.per_process_memory_fraction.is_none(),
+                    |c| replay(&settings, "", c, None, FirstFit).figures,
+                    &progress,
+                ))
+            }),
+        None => None,
+    };
     RecommendResult {
+        recommendation: answer.recommendation.clone(),
+        answer,
         capacity_bytes: cap,
         capacity_source,
         advice,
         events: current_run.figures.events,
         candidates,
-        recommendation,
         min_capacity_bytes,
         input: workload.input.clone(),
         current: current_run,
-        strength: verdict.strength,
-        verdict,
-        ensemble,
-        placement,
         notes,
-        search: pruning,
+        search: found.pruning,
+        strength: found.verdict.strength,
+        verdict: found.verdict,
+        ensemble: found.ensemble,
+        placement: found.placement,
         probe: workload.ensemble.clone(),
         torch_version: current.version,
     }
 }
 
-type Found = (
-    Vec<Run>,
-    Option<Recommendation>,
-    Option<u64>,
-    Verdict,
-    Option<EnsembleSearch>,
-    Vec<PlacedConfig>,
-    Pruning,
-);
+/// What a search found: the configs ranked best first, the first one's
+/// smallest capacity, the verdict, and how it was found.
+struct Found {
+    candidates: Vec<Run>,
+    min_capacity_bytes: Option<u64>,
+    verdict: Verdict,
+    ensemble: Option<EnsembleSearch>,
+    placement: Vec<PlacedConfig>,
+    pruning: Pruning,
+}
 
 /// A recorded workload's search, its best configs checked under every
 /// placement policy: the first that avoids the OOM under all of them is
@@ -221,6 +290,7 @@ fn recorded_verdict(
     replay: &Replayer,
     (current, current_run): (&Settings, &Run),
     cap: u64,
+    bisect: bool,
 ) -> Found {
     let mut runs: Vec<Run> = result
         .ranked
@@ -259,7 +329,14 @@ fn recorded_verdict(
             finding,
             exit_code: 1,
         };
-        return (runs, None, None, verdict, None, Vec::new(), result.pruning);
+        return Found {
+            candidates: runs,
+            min_capacity_bytes: None,
+            verdict,
+            ensemble: None,
+            placement: Vec::new(),
+            pruning: result.pruning,
+        };
     };
     let robust = placed.iter().find(|(_, _, fate)| *fate == Fate::Avoids);
     let (pick, strength) = match robust {
@@ -270,7 +347,7 @@ fn recorded_verdict(
     runs.insert(0, chosen.clone());
     // The winner's smallest capacity: bisected by the search for the
     // first-fit winner; for another pick, bisected here.
-    let min = if pick == 0 {
+    let min = if pick == 0 || !bisect {
         result.min_capacity_bytes
     } else {
         let settings = result.ranked[pick].0.settings(current);
@@ -278,16 +355,7 @@ fn recorded_verdict(
             &chosen.figures,
             cap,
             true,
-            |c| {
-                replay(
-                    &settings,
-                    "",
-                    c,
-                    None,
-                    crate::device::sim::Placement::FirstFit,
-                )
-                .figures
-            },
+            |c| replay(&settings, "", c, None, FirstFit).figures,
             &|_| {},
         ))
     };
@@ -336,17 +404,14 @@ fn recorded_verdict(
             EXIT_UNCERTAIN
         },
     };
-    let recommendation = Some(Recommendation::new(chosen.conf.clone()));
-    let placement = placed.into_iter().map(|(_, p, _)| p).collect();
-    (
-        runs,
-        recommendation,
-        min,
+    Found {
+        candidates: runs,
+        min_capacity_bytes: min,
         verdict,
-        None,
-        placement,
-        result.pruning,
-    )
+        ensemble: None,
+        placement: placed.into_iter().map(|(_, p, _)| p).collect(),
+        pruning: result.pruning,
+    }
 }
 
 /// "X does best: it avoids the OOM the current config hits; it still runs with Y".

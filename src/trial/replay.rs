@@ -9,7 +9,7 @@ use super::views::{SegmentsAt, segment_map};
 use super::workload::DEFAULT_CAPACITY;
 use crate::Error;
 use crate::allocator::summary::{NoMemorySummary, memory_summary, summary_exists};
-use crate::conf::{Settings, TorchVersion};
+use crate::conf::{Platform, Settings, TorchVersion};
 use crate::device::sim::SimDevice;
 use crate::device::{Device, DeviceSpec};
 use crate::units::human;
@@ -26,6 +26,8 @@ pub struct Plan {
     pub capacity: Option<u64>,
     pub device: DeviceSpec,
     pub torch_version: TorchVersion,
+    /// Where PyTorch runs: a setting it ignores there is replayed as ignored.
+    pub platform: Platform,
     /// Compare a snapshot's replay with its recorded addresses.
     pub fidelity: bool,
     /// `memory_summary()` per run at its peak and at the end.
@@ -69,6 +71,19 @@ pub struct Replay {
 }
 
 impl Plan {
+    /// A `--conf` value's settings for this plan's version, as they take
+    /// effect on its platform; what the platform ignores is noted.
+    fn settings(&self, conf: &str, notes: &mut Vec<String>) -> Result<Settings, Error> {
+        let s = parse_native_conf(conf, self.torch_version)?;
+        for w in self.platform.ignored(&s) {
+            notes.push(format!(
+                "note: --conf {conf:?}: {}; replayed without it",
+                w.text
+            ));
+        }
+        Ok(self.platform.effective(&s))
+    }
+
     /// What a run keeps: per-event points only for the report; trace history
     /// only for the snapshot of the last run.
     fn run_options(&self, is_last: bool) -> ReplayOptions {
@@ -122,7 +137,7 @@ pub fn replay(plan: &Plan) -> Result<Replay, Error> {
     };
     let settings: Vec<Settings> = confs
         .iter()
-        .map(|c| parse_native_conf(c, version))
+        .map(|c| plan.settings(c, &mut notes))
         .collect::<Result<_, _>>()?;
     let given = plan.capacity.or(trace.capacity_hint());
     let open = DeviceOpener {
@@ -243,7 +258,7 @@ fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Err
     } else {
         plan.confs
             .iter()
-            .map(|c| Ok((c.clone(), parse_native_conf(c, version)?)))
+            .map(|c| Ok((c.clone(), plan.settings(c, &mut notes)?)))
             .collect::<Result<_, Error>>()?
     };
     let open = DeviceOpener {

@@ -12,7 +12,7 @@ use crate::conf::{MIB, Settings};
 use crate::workload::RunFigures;
 use rayon::prelude::*;
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 /// Where the search is, for a progress bar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,10 +93,14 @@ fn gc_never_runs(peak_reserved: u64, threshold: f64, base: &Settings, capacity: 
     peak_reserved <= (threshold * allowed as f64) as u64
 }
 
-/// Replays every candidate at `capacity` in parallel, ranks them, and bisects
-/// the winner's smallest capacity. `run(settings, capacity, stop_above)` must
-/// be deterministic and may stop once reserved memory passes `stop_above`;
-/// `progress` is called from worker threads.
+/// How many candidates of a phase run before the rest, unbounded by each
+/// other: the simplest expandable-segments ones, which usually set the bound.
+const FIRST_WAVE: usize = 2;
+
+/// Replays every candidate at `capacity` in parallel, ranks them, and (when
+/// `bisect`) bisects the winner's smallest capacity. `run(settings, capacity,
+/// stop_above)` must be deterministic and may stop once reserved memory passes
+/// `stop_above`; `progress` is called from worker threads.
 ///
 /// Candidates that provably behave alike share one replay: a
 /// `max_split_size_mb` above every segment of the trace ([`equivalent`]), and a
@@ -110,7 +114,7 @@ pub fn search<R, P>(
     base: &Settings,
     capacity: u64,
     request_sizes: Option<&[u64]>,
-    run: R,
+    (run, bisect): (R, bool),
     progress: P,
 ) -> SearchResult
 where
@@ -118,28 +122,41 @@ where
     P: Fn(Progress) + Sync,
 {
     let done = AtomicUsize::new(0);
-    // The lowest peak reserved of a finished run without an OOM (MAX: none yet).
-    let best = AtomicU64::new(u64::MAX);
-    let replay_one = |k: Candidate, total: usize| -> (Candidate, RunFigures) {
+    let replay_one = |k: Candidate, total: usize, bound: Option<u64>| -> (Candidate, RunFigures) {
         // The base config (the one in use) always runs in full: it is reported beside the winner.
         let settings = k.settings(base);
-        let bound = best.load(AtomicOrdering::Relaxed);
-        let bound = (bound != u64::MAX && settings != *base).then_some(bound);
+        let bound = bound.filter(|_| settings != *base);
         let out = run(&settings, capacity, bound);
-        if out.oom.is_none() && out.stopped_early_at_event.is_none() {
-            best.fetch_min(out.peak_reserved_bytes, AtomicOrdering::Relaxed);
-        }
         let n = done.fetch_add(1, AtomicOrdering::Relaxed) + 1;
         progress(Progress::Candidates { done: n, total });
         (k, out)
     };
-    let replay_all = |mut keys: Vec<Candidate>, total: usize| -> Vec<(Candidate, RunFigures)> {
-        // A first wave, one replay a thread, to set the bound for the rest.
-        let rest = keys.split_off(keys.len().min(rayon::current_num_threads()));
-        let mut runs: Vec<_> = keys.into_par_iter().map(|k| replay_one(k, total)).collect();
+    // The lowest peak reserved of the finished runs without an OOM.
+    let bound_of = |runs: &[(Candidate, RunFigures)]| {
+        runs.iter()
+            .filter(|(_, o)| o.oom.is_none() && o.stopped_early_at_event.is_none())
+            .map(|(_, o)| o.peak_reserved_bytes)
+            .min()
+    };
+    // The bound is fixed per wave, from runs already finished, so which runs
+    // stop (and where) never depends on thread timing: the output is the same
+    // on every run and every machine.
+    let replay_all = |mut keys: Vec<Candidate>,
+                      total: usize,
+                      earlier: &[(Candidate, RunFigures)]|
+     -> Vec<(Candidate, RunFigures)> {
+        // A first wave of a fixed size (not the thread count, so that every
+        // machine gives the same output) sets the bound for the rest.
+        let rest = keys.split_off(keys.len().min(FIRST_WAVE));
+        let bound = bound_of(earlier);
+        let mut runs: Vec<_> = keys
+            .into_par_iter()
+            .map(|k| replay_one(k, total, bound))
+            .collect();
+        let bound = bound_of(&runs).into_iter().chain(bound).min();
         runs.extend(
             rest.into_par_iter()
-                .map(|k| replay_one(k, total))
+                .map(|k| replay_one(k, total, bound))
                 .collect::<Vec<_>>(),
         );
         runs
@@ -165,7 +182,7 @@ where
             .iter()
             .filter(|k| k.garbage_collection_threshold.is_some())
             .count();
-    let mut runs = replay_all(first, estimate);
+    let mut runs = replay_all(first, estimate, &[]);
     // Phase 2: thresholds that the plain run reaches need their own replay
     // (and those whose plain run stopped early: it might have reached them).
     let mut second: Vec<Candidate> = Vec::new();
@@ -189,7 +206,7 @@ where
         }
     }
     let total = runs.len() + second.len();
-    runs.extend(replay_all(second, total));
+    runs.extend(replay_all(second, total, &runs));
     let result_of = |k: &Candidate| -> Option<RunFigures> {
         let plain = Candidate {
             garbage_collection_threshold: None,
@@ -225,7 +242,7 @@ where
         bisection_replays: 0,
     };
     let min_capacity_bytes = match ranked.first() {
-        Some((best, out)) if out.oom.is_none() => {
+        Some((best, out)) if bisect && out.oom.is_none() => {
             let settings = best.settings(base);
             let bisected = AtomicUsize::new(0);
             let at = |cap| {
@@ -285,7 +302,7 @@ pub fn min_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::advise::space::space;
+    use crate::advise::space::all as space;
     use crate::workload::OomEvent;
 
     /// Thresholds above every segment of the trace, and collector thresholds
@@ -311,7 +328,7 @@ mod tests {
                     ..RunFigures::default()
                 }
             };
-            let r = search(space(true), &base, cap, Some(&sizes), run, |_| {});
+            let r = search(space(true), &base, cap, Some(&sizes), (run, true), |_| {});
             assert_eq!(r.ranked.len(), 280, "every candidate is ranked");
             replays.load(AtomicOrdering::Relaxed)
         };
@@ -349,7 +366,7 @@ mod tests {
             &Settings::default(),
             900 * MIB,
             None,
-            run,
+            (run, true),
             |_| {},
         );
         let (best, score) = &r.ranked[0];
@@ -365,7 +382,7 @@ mod tests {
             &Settings::default(),
             600 * MIB,
             None,
-            run,
+            (run, true),
             |_| {},
         );
         assert_eq!(r.min_capacity_bytes, None, "everything OOMs");
@@ -446,7 +463,7 @@ mod tests {
                     &base,
                     capacity,
                     Some(&sizes),
-                    replay,
+                    (replay, true),
                     |_| {},
                 );
                 let full = search(
@@ -454,7 +471,7 @@ mod tests {
                     &base,
                     capacity,
                     Some(&sizes),
-                    |s, cap, _| replay(s, cap, None),
+                    (|s: &Settings, cap, _| replay(s, cap, None), true),
                     |_| {},
                 );
                 assert_eq!(full.pruning.configs_stopped_early, 0);

@@ -7,11 +7,13 @@
 //! placement policy ([`super::placement`]). Text evidence is judged on the
 //! [`Ensemble`] of probes fitted to it ([`super::ensemble`]).
 
+use super::answer::{Answer, Replays, decide};
 use super::ensemble::{self, WorkloadJudgement};
 use super::placement::{self, Fate, PolicyOutcome};
 use super::run::{Run, conf_name, replay_on};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
+use crate::advise::{Diagnosis, Setup};
 use crate::conf::Settings;
 use crate::device::DeviceSpec;
 use crate::units::human;
@@ -31,6 +33,8 @@ pub struct Validation {
     pub current: Run,
     pub candidate: Run,
     pub verdict: Verdict,
+    /// The cause, the rules' line, and what the candidate's replay changes about it.
+    pub answer: Answer,
     /// How sure the verdict is (also in `verdict`; a field of its own for scripts).
     pub strength: Strength,
     /// Text evidence: every fitted workload and what the candidate did on it.
@@ -48,6 +52,30 @@ pub struct Validation {
     pub torch_version: crate::conf::TorchVersion,
 }
 
+/// What the candidate did against the current config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It avoids an OOM the current config hits, or lowers peak reserved.
+    Helps,
+    /// Neither config runs out, at the same peak.
+    Same,
+    /// It still runs out of memory, or raises peak reserved.
+    Worse,
+}
+
+impl Validation {
+    pub fn outcome(&self) -> Outcome {
+        let (c, n) = (&self.current.figures, &self.candidate.figures);
+        match (&c.oom, &n.oom) {
+            (_, Some(_)) => Outcome::Worse,
+            (Some(_), None) => Outcome::Helps,
+            (None, None) if n.peak_reserved_bytes < c.peak_reserved_bytes => Outcome::Helps,
+            (None, None) if n.peak_reserved_bytes == c.peak_reserved_bytes => Outcome::Same,
+            (None, None) => Outcome::Worse,
+        }
+    }
+}
+
 /// The current and the candidate config's OOMs under each placement policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PlacementCheck {
@@ -57,30 +85,12 @@ pub struct PlacementCheck {
     pub robust: bool,
 }
 
-/// How sure a verdict is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Strength {
-    /// A recorded workload, replayed; the outcome is the same under every
-    /// placement policy (or it ran on a GPU).
-    Proven,
-    /// Text evidence: at least [`MIN_PLAUSIBLE`] fitted workloads reproduce
-    /// the figures and at least [`LIKELY_SHARE`] of them agree.
-    Likely,
-    /// Anything less: the OOM was not reproduced, too few workloads
-    /// reproduce it, they disagree, or the outcome depends on placement.
-    Uncertain,
-}
-
-impl Strength {
-    pub fn name(self) -> &'static str {
-        match self {
-            Strength::Proven => "proven",
-            Strength::Likely => "likely",
-            Strength::Uncertain => "uncertain",
-        }
-    }
-}
+/// How sure a verdict is, the one scale the answer weighs replays by:
+/// proven (a recorded workload replayed, the outcome the same under every
+/// placement policy, or a GPU run), likely (text evidence: at least
+/// [`MIN_PLAUSIBLE`] fitted workloads reproduce the figures and at least
+/// [`LIKELY_SHARE`] of them agree), uncertain (anything less).
+pub use super::answer::Strength;
 
 /// The share of plausible workloads that must agree for a "likely" verdict.
 pub const LIKELY_SHARE: f64 = 0.8;
@@ -155,14 +165,16 @@ impl Serialize for Verdict {
 }
 
 /// Replays `workload` under the current and the candidate config (each a
-/// value as given and its settings) on `spec` and judges the candidate.
-/// `device` is the device as the user named it.
+/// value as given and its settings) on `spec` and judges the candidate, then
+/// settles the answer with the diagnosis of the evidence (none for a trace
+/// CSV). `device` is the device as the user named it.
 pub fn validate(
     workload: &Workload,
     (spec, device): (DeviceSpec, &str),
     current: (&str, &Settings),
     candidate: (&str, &Settings),
     (capacity, source): (u64, CapacitySource),
+    (diagnosis, setup): (Option<&Diagnosis>, &Setup),
 ) -> Result<Validation, Error> {
     // A GPU without a stated capacity is capped at its free memory.
     let cap = (spec == DeviceSpec::Sim || source != CapacitySource::Default).then_some(capacity);
@@ -230,7 +242,18 @@ pub fn validate(
             None,
         ),
     };
+    let answer = decide(
+        diagnosis,
+        setup,
+        Some(Replays {
+            strength: verdict.strength,
+            current: &before,
+            ranked: std::slice::from_ref(&after),
+            rules: None,
+        }),
+    );
     Ok(Validation {
+        answer,
         input: workload.input.clone(),
         device: device.to_string(),
         capacity_bytes: after.figures.capacity_bytes,

@@ -6,6 +6,7 @@
 
 use super::run::{Replayer, replay, replay_bounded, replay_placed, replay_snapshot};
 use crate::Error;
+use crate::advise::Diagnosis;
 use crate::conf::Settings;
 use crate::device::sim::Placement;
 use crate::evidence::{Kind, Observation};
@@ -27,6 +28,13 @@ pub enum Source {
     Snapshot(crate::ingest::Bytes, crate::limits::Limits),
 }
 
+/// What loading an input gave: a workload, or why there is nothing to
+/// replay (no trace, and no figures a probe could be fitted to).
+pub enum Loaded {
+    Ready(Box<Workload>),
+    Nothing(String),
+}
+
 /// What gets replayed for an input.
 pub struct Workload {
     pub input: String,
@@ -36,8 +44,8 @@ pub struct Workload {
     /// Set for text evidence: the probes fitted to its figures (`source` is
     /// the closest one's trace).
     pub ensemble: Option<Ensemble>,
-    /// The rule engine's recommended value for the text evidence (`None` for
-    /// a trace, which holds no observations, or when no setting would help).
+    /// The rule engine's recommended value for the evidence (`None` for a
+    /// trace CSV, which holds no observations, or when no setting would help).
     pub advice: Option<String>,
     /// The settings a snapshot recorded in its `allocator_settings`.
     pub recorded: Option<Settings>,
@@ -104,16 +112,20 @@ impl Workload {
 }
 
 /// The figures a probe must reproduce, from the most telling observation:
-/// the last caching-allocator OOM, else the last summary or stats dump.
+/// the diagnosed one (`primary`, the headline incident) when it is a
+/// caching-allocator OOM with figures, else the last such OOM, else the last
+/// summary or stats dump.
 pub fn probe_target(
     observations: &[Observation],
+    primary: Option<usize>,
     capacity: Option<u64>,
     current: &Settings,
 ) -> Option<Target> {
-    let oom = observations
-        .iter()
-        .rev()
-        .find(|o| o.kind == Kind::Oom && o.allocated_bytes.is_some());
+    let fit = |o: &&Observation| o.kind == Kind::Oom && o.allocated_bytes.is_some();
+    let oom = primary
+        .and_then(|i| observations.get(i))
+        .filter(fit)
+        .or_else(|| observations.iter().rev().find(fit));
     if let Some(o) = oom {
         let allocated = o.allocated_bytes?;
         let reserved = o.reserved_bytes.or(o
@@ -156,6 +168,31 @@ pub fn probe_target(
 }
 
 impl Workload {
+    /// A snapshot's trace, replayed from the state it started in, or `None`
+    /// when no device has a trace. Decoded once here, so that a snapshot
+    /// without a trace says so before any replay.
+    pub fn snapshot(
+        name: &str,
+        data: crate::ingest::Bytes,
+        limits: &crate::limits::Limits,
+    ) -> Result<Option<Workload>, Error> {
+        let Some((recorded, implied_capacity)) =
+            try_snapshot_trace(name, &data, limits, |st, recorded| {
+                (recorded.cloned(), st.recorded_capacity())
+            })?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Workload {
+            input: name.to_string(),
+            implied_capacity,
+            source: Source::Snapshot(data, *limits),
+            ensemble: None,
+            advice: None,
+            recorded,
+        }))
+    }
+
     /// A recorded trace, replayed as it is.
     fn recorded(name: &str, trace: Trace) -> Workload {
         Workload {
@@ -169,55 +206,70 @@ impl Workload {
     }
 
     /// Loads the workload for `input`: a trace as recorded, or a probe fitted
-    /// under `current` to the figures of text evidence.
+    /// under `current` to the figures of the text evidence `diagnosis` read
+    /// (its headline incident), or why there is nothing to replay.
     pub fn load(
         input: &str,
         capacity: Option<u64>,
-        current_conf: &str,
         current: &Settings,
+        diagnosis: Option<&Diagnosis>,
         limits: &crate::limits::Limits,
-    ) -> Result<Workload, Error> {
-        let data =
-            crate::ingest::read_input_with(if input.is_empty() { "-" } else { input }, limits)?;
+    ) -> Result<Loaded, Error> {
         let name = if input.is_empty() { "-" } else { input };
+        let data = crate::ingest::read_input_with(name, limits)?;
+        Workload::from_bytes(name, data, capacity, current, (diagnosis, limits))
+    }
+
+    /// [`Workload::load`] for an input already read (standard input is read once).
+    pub fn from_bytes(
+        name: &str,
+        data: crate::ingest::Bytes,
+        capacity: Option<u64>,
+        current: &Settings,
+        (diagnosis, limits): (Option<&Diagnosis>, &crate::limits::Limits),
+    ) -> Result<Loaded, Error> {
+        let advice = diagnosis
+            .and_then(|d| d.recommendation.as_ref())
+            .map(|r| r.value.clone());
         match crate::ingest::detect(&data) {
             crate::ingest::InputKind::TraceCsv => {
-                return Ok(Workload::recorded(name, Trace::parse(name, &data)?));
+                return Ok(Loaded::Ready(Box::new(Workload::recorded(
+                    name,
+                    Trace::parse(name, &data)?,
+                ))));
             }
             crate::ingest::InputKind::Pickle => {
-                // Decode once now so a snapshot without a trace fails here, with its reason.
-                let (recorded, implied_capacity) =
-                    with_snapshot_trace(name, &data, limits, |st, recorded| {
-                        (recorded.cloned(), st.recorded_capacity())
-                    })?;
-                return Ok(Workload {
-                    input: name.to_string(),
-                    implied_capacity,
-                    source: Source::Snapshot(data, *limits),
-                    ensemble: None,
-                    advice: None,
-                    recorded,
+                return Ok(match Workload::snapshot(name, data, limits)? {
+                    Some(w) => Loaded::Ready(Box::new(Workload { advice, ..w })),
+                    None => Loaded::Nothing(no_trace(name)),
                 });
             }
             crate::ingest::InputKind::RmmLog => {
                 // RMM's own allocations, replayed through PyTorch's caching allocator.
                 let (trace, _skipped) = crate::workload::rmm::parse(name, &data)?.to_trace()?;
-                return Ok(Workload::recorded(name, trace));
+                return Ok(Loaded::Ready(Box::new(Workload::recorded(name, trace))));
             }
             crate::ingest::InputKind::Text => {
                 // A trace CSV whose header is quoted (RFC 4180): `ingest::detect` reads only plain headers.
                 if let Some(trace) = crate::workload::detect_trace(name, &data)? {
-                    return Ok(Workload::recorded(name, trace));
+                    return Ok(Loaded::Ready(Box::new(Workload::recorded(name, trace))));
                 }
             }
         }
-        let observations = crate::ingest::parse_bytes(name, &data)?;
-        let target = probe_target(&observations, capacity, current).ok_or_else(|| {
-            Error::Input(format!(
-                "{name}: no trace, and no OOM message or memory summary with allocated and reserved \
-                 figures to fit a probe to"
-            ))
-        })?;
+        let parsed;
+        let (observations, primary) = match diagnosis {
+            Some(d) => (&d.evidence.observations[..], d.primary),
+            None => {
+                parsed = crate::ingest::parse_bytes(name, &data)?;
+                (&parsed[..], None)
+            }
+        };
+        let Some(target) = probe_target(observations, primary, capacity, current) else {
+            return Ok(Loaded::Nothing(format!(
+                "{name}: no trace, and no OOM message or memory summary with allocated and \
+                 reserved figures to fit a probe to"
+            )));
+        };
         // No card comes near 1 PiB: such figures are a misprint or a shape bug
         // (`diagnose` says which), and a probe of that size says nothing.
         let figures = [
@@ -230,73 +282,67 @@ impl Workload {
             .flatten()
             .find(|&b| b > crate::device::NO_LIMIT)
         {
-            return Err(Error::Input(format!(
-                "{name}: the evidence states {} — beyond any card, so no probe can model it; \
-                 run `allocdoc diagnose {name}`",
+            return Ok(Loaded::Nothing(format!(
+                "{name}: the evidence states {}: beyond any card, so no probe can model it",
                 crate::units::human(big)
             )));
         }
         let ensemble = probe::fit_ensemble(&target, 1, |trace, cap| {
             replay(trace, current, "", cap).figures
-        })
-        .ok_or_else(|| {
-            Error::Input(format!(
+        });
+        let Some(ensemble) = ensemble else {
+            return Ok(Loaded::Nothing(format!(
                 "{name}: the evidence shows nothing allocated to fit a probe to"
-            ))
-        })?;
+            )));
+        };
         let closest = ensemble.best().map(|m| m.trace.clone()).unwrap_or_default();
-        Ok(Workload {
+        Ok(Loaded::Ready(Box::new(Workload {
             input: name.to_string(),
             source: Source::Trace(closest),
             implied_capacity: (target.capacity != crate::device::NO_LIMIT)
                 .then_some(target.capacity),
             ensemble: Some(ensemble),
-            advice: rule_advice(observations, current_conf)?,
+            advice,
             recorded: None,
-        })
+        })))
     }
 }
+/// Why a snapshot without a trace cannot be replayed.
+pub(crate) fn no_trace(name: &str) -> String {
+    format!(
+        "{name}: the snapshot has no trace to replay: record it with \
+         torch.cuda.memory._record_memory_history() before the workload runs"
+    )
+}
 
-/// What `diagnose` would recommend for these observations, with the built-in rules.
-fn rule_advice(
-    observations: Vec<Observation>,
-    current_conf: &str,
-) -> Result<Option<String>, Error> {
-    let rules = crate::rules::RuleSet::with_dir(None)?;
-    let mut ctx = crate::advise::Context::default();
-    if !current_conf.is_empty() {
-        ctx.set_current(current_conf, "--current")
-            .map_err(|why| Error::Usage(format!("--current {current_conf:?}: {why}")))?;
-    }
-    let evidence = crate::evidence::Evidence {
-        observations,
-        notes: Vec::new(),
+/// Decodes the snapshot in `data` and hands its trace (first traced device)
+/// to `f`; `None` when no device has a trace.
+fn try_snapshot_trace<T>(
+    name: &str,
+    data: &[u8],
+    limits: &crate::limits::Limits,
+    f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
+) -> Result<Option<T>, Error> {
+    let snap = crate::snapshot::load_with(name, data, limits)?;
+    let Some(device) = traced_device(&snap) else {
+        return Ok(None);
     };
-    Ok(crate::advise::diagnose(evidence, &ctx, &rules)
-        .recommendation
-        .map(|r| r.value))
+    let recorded = recorded_settings(&snap);
+    let st = SnapshotTrace::new(&snap, device, &recorded)
+        .map_err(|e| Error::Input(format!("{name}: {e}")))?;
+    // Only a snapshot with `allocator_settings` says which config it ran under.
+    let said = crate::snapshot::evidence::settings_json(&snap).map(|_| &recorded);
+    Ok(Some(f(&st, said)))
 }
 
-/// Decodes the snapshot in `data` and hands its trace (first traced device) to `f`.
+/// [`try_snapshot_trace`] for a snapshot known to have a trace.
 pub(crate) fn with_snapshot_trace<T>(
     name: &str,
     data: &[u8],
     limits: &crate::limits::Limits,
     f: impl FnOnce(&SnapshotTrace, Option<&Settings>) -> T,
 ) -> Result<T, Error> {
-    let snap = crate::snapshot::load_with(name, data, limits)?;
-    let device = traced_device(&snap).ok_or_else(|| {
-        Error::Input(format!(
-            "{name}: the snapshot has no trace to replay: record it with \
-             torch.cuda.memory._record_memory_history() before the workload runs"
-        ))
-    })?;
-    let recorded = recorded_settings(&snap);
-    let st = SnapshotTrace::new(&snap, device, &recorded)
-        .map_err(|e| Error::Input(format!("{name}: {e}")))?;
-    // Only a snapshot with `allocator_settings` says which config it ran under.
-    let said = crate::snapshot::evidence::settings_json(&snap).map(|_| &recorded);
-    Ok(f(&st, said))
+    try_snapshot_trace(name, data, limits, f)?.ok_or_else(|| Error::Input(no_trace(name)))
 }
 
 /// The distinct request sizes of a trace, ascending.
@@ -362,7 +408,7 @@ mod tests {
         o.free_bytes = Some(2_000);
         o.total_capacity_bytes = Some(20_000);
         o.requested_bytes = Some(4_000);
-        let t = probe_target(&[o], None, &Settings::default()).expect("target");
+        let t = probe_target(&[o], None, None, &Settings::default()).expect("target");
         assert_eq!(t.observed.reserved_bytes, 10_500);
         assert_eq!(t.capacity, 12_500);
         assert_eq!(t.observed.requested_bytes, Some(4_000));
@@ -386,10 +432,10 @@ mod tests {
         m.insert("allocated_bytes".into(), stat(184_648 * 1024));
         m.insert("reserved_bytes".into(), stat(235_520 * 1024));
         o.metrics = Some(m);
-        let t = probe_target(&[o], Some(1 << 30), &Settings::default()).expect("target");
+        let t = probe_target(&[o], None, Some(1 << 30), &Settings::default()).expect("target");
         assert_eq!(t.observed.allocated_bytes, 184_648 * 1024);
         assert_eq!(t.observed.reserved_bytes, 235_520 * 1024);
         assert_eq!(t.capacity, 1 << 30);
-        assert!(probe_target(&[], None, &Settings::default()).is_none());
+        assert!(probe_target(&[], None, None, &Settings::default()).is_none());
     }
 }
