@@ -48,6 +48,21 @@ pub struct WorkloadJudgement {
     pub candidate_peak_reserved_bytes: Option<u64>,
 }
 
+impl WorkloadJudgement {
+    /// A member's fit, before any candidate is judged on it.
+    fn unjudged(m: &Calibration) -> Self {
+        WorkloadJudgement {
+            family: m.family.name(),
+            reproduces: m.reproduces,
+            fit_error: m.error,
+            current: ending_text(m),
+            candidate: None,
+            current_peak_reserved_bytes: None,
+            candidate_peak_reserved_bytes: None,
+        }
+    }
+}
+
 /// How the current config's run of a member ended, in words.
 pub fn ending_text(m: &Calibration) -> String {
     let off = || {
@@ -96,15 +111,7 @@ fn judge_member(
     candidate: &Settings,
     capacity: u64,
 ) -> WorkloadJudgement {
-    let mut j = WorkloadJudgement {
-        family: m.family.name(),
-        reproduces: m.reproduces,
-        fit_error: m.error,
-        current: ending_text(m),
-        candidate: None,
-        current_peak_reserved_bytes: None,
-        candidate_peak_reserved_bytes: None,
-    };
+    let mut j = WorkloadJudgement::unjudged(m);
     if m.reproduces {
         let before = replay(&m.judged, current, "", capacity).figures;
         let after = replay(&m.judged, candidate, "", capacity).figures;
@@ -562,19 +569,7 @@ pub fn search(
         }
         _ => Vec::new(),
     };
-    let workloads = e
-        .members
-        .iter()
-        .map(|m| WorkloadJudgement {
-            family: m.family.name(),
-            reproduces: m.reproduces,
-            fit_error: m.error,
-            current: ending_text(m),
-            candidate: None,
-            current_peak_reserved_bytes: None,
-            candidate_peak_reserved_bytes: None,
-        })
-        .collect();
+    let workloads = e.members.iter().map(WorkloadJudgement::unjudged).collect();
     EnsembleSearch {
         plausible: plausible.len(),
         fitted: e.members.len(),

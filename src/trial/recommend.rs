@@ -360,18 +360,19 @@ fn recorded_verdict(
         ))
     };
     let mut finding = headline(current_run, &chosen, min);
+    // The policies under which the first-fit winner runs out of memory.
+    let flipped = placed
+        .first()
+        .map(|(_, p, _)| {
+            p.outcomes
+                .iter()
+                .filter(|o| o.oom)
+                .map(|o| o.policy)
+                .collect::<Vec<_>>()
+                .join(" and ")
+        })
+        .unwrap_or_default();
     if pick != 0 {
-        let flipped = placed
-            .first()
-            .map(|(_, p, _)| {
-                p.outcomes
-                    .iter()
-                    .filter(|o| o.oom)
-                    .map(|o| o.policy)
-                    .collect::<Vec<_>>()
-                    .join(" and ")
-            })
-            .unwrap_or_default();
         finding.push_str(&format!(
             "; {} ranks first with first-fit placement but runs out of memory under {flipped}, \
              while {} avoids the OOM under every placement",
@@ -379,19 +380,8 @@ fn recorded_verdict(
             config_name(&chosen.conf)
         ));
     } else if strength == Strength::Uncertain {
-        let flipped: Vec<&str> = placed
-            .first()
-            .map(|(_, p, _)| {
-                p.outcomes
-                    .iter()
-                    .filter(|o| o.oom)
-                    .map(|o| o.policy)
-                    .collect()
-            })
-            .unwrap_or_default();
         finding.push_str(&format!(
-            "; this depends on where the driver places segments: under {} it runs out of memory",
-            flipped.join(" and ")
+            "; this depends on where the driver places segments: under {flipped} it runs out of memory"
         ));
     }
     let verdict = Verdict {
