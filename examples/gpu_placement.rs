@@ -195,14 +195,14 @@ fn main() -> std::process::ExitCode {
         best.as_deref().unwrap_or("nothing recorded")
     );
     let out = serde_json::json!({"workloads": rows, "totals": totals, "best_match": best});
-    if let Some(path) = flag("--out") {
-        if let Err(e) = std::fs::write(
+    if let Some(path) = flag("--out")
+        && let Err(e) = std::fs::write(
             &path,
             serde_json::to_string_pretty(&out).unwrap_or_default(),
-        ) {
-            eprintln!("gpu_placement: {path}: {e}");
-            return std::process::ExitCode::from(2);
-        }
+        )
+    {
+        eprintln!("gpu_placement: {path}: {e}");
+        return std::process::ExitCode::from(2);
     }
     std::process::ExitCode::SUCCESS
 }
