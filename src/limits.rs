@@ -32,6 +32,13 @@ pub struct Limits {
     #[cfg_attr(feature = "cli", arg(long, value_name = "N",
         default_value_t = Limits::default().max_blocks, help_heading = "Limits"))]
     pub max_blocks: u64,
+    /// The most observations (OOM messages, summaries, stats dumps) kept from one text input.
+    ///
+    /// Each takes a few KiB parsed: a log of nothing but back-to-back OOM
+    /// messages holds about 20 times its size in observations.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N",
+        default_value_t = Limits::default().max_observations, help_heading = "Limits"))]
+    pub max_observations: u64,
 }
 
 impl Default for Limits {
@@ -40,6 +47,7 @@ impl Default for Limits {
             max_input_bytes: 16 << 30,
             max_objects: 1 << 30,
             max_blocks: 1 << 26,
+            max_observations: 500_000,
         }
     }
 }
@@ -50,6 +58,7 @@ pub enum Limit {
     InputBytes,
     Objects,
     Blocks,
+    Observations,
 }
 
 impl Limit {
@@ -59,6 +68,7 @@ impl Limit {
             Limit::InputBytes => "--max-input-bytes",
             Limit::Objects => "--max-objects",
             Limit::Blocks => "--max-blocks",
+            Limit::Observations => "--max-observations",
         }
     }
 
@@ -66,7 +76,7 @@ impl Limit {
     fn value(self) -> &'static str {
         match self {
             Limit::InputBytes => "SIZE",
-            Limit::Objects | Limit::Blocks => "N",
+            Limit::Objects | Limit::Blocks | Limit::Observations => "N",
         }
     }
 
@@ -75,6 +85,9 @@ impl Limit {
             Limit::InputBytes => "bytes read",
             Limit::Objects => "decoded values",
             Limit::Blocks => "snapshot blocks (shared block lists counted once per segment)",
+            Limit::Observations => {
+                "observations (OOM messages, memory summaries, stats dumps) in one text input"
+            }
         }
     }
 }
@@ -85,6 +98,7 @@ impl Limits {
             Limit::InputBytes => self.max_input_bytes,
             Limit::Objects => self.max_objects,
             Limit::Blocks => self.max_blocks,
+            Limit::Observations => self.max_observations,
         }
     }
 
@@ -106,7 +120,7 @@ impl Limits {
 pub fn out_of_memory(input: &str, what: &str, bytes: usize) -> Error {
     Error::Input(format!(
         "{input}: not enough memory for {what} (the system refused {bytes} more bytes); \
-         lower --max-input-bytes, --max-objects or --max-blocks to stop such inputs earlier"
+         lower --max-input-bytes, --max-objects, --max-blocks or --max-observations to stop such inputs earlier"
     ))
 }
 

@@ -1,8 +1,11 @@
 //! The `allocdoc` binary: parses the command line, calls the library, prints
 //! what it returns and exits with the contract's code. Nothing else lives here.
+//! The Python wheel's `allocdoc` command is this same file, compiled into the
+//! extension (python/src/lib.rs) and started through [`cli`].
 
 use allocdoc::app::{self, Outcome};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
@@ -24,12 +27,12 @@ struct Cli {
 enum Command {
     /// The main job: parse every input, run the rules, print the cause and one environment line.
     #[command(
-        after_help = "Examples:\n  allocdoc diagnose train.log\n  allocdoc diagnose rank*.log --format markdown\n  python train.py 2>&1 | allocdoc diagnose -"
+        after_help = "Examples:\n  allocdoc diagnose train.log\n  allocdoc diagnose rank*.log --format markdown\n  python train.py 2>&1 | allocdoc diagnose -\n  allocdoc diagnose --each --format jsonl /shared/oom-logs > results.jsonl"
     )]
     Diagnose(app::diagnose::DiagnoseOptions),
     /// The evidence alone: what was found in the inputs, nothing inferred.
     #[command(
-        after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle"
+        after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle\n  allocdoc parse --each --format jsonl 'logs/*/rank*.log'"
     )]
     Parse(app::parse::ParseOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
@@ -60,6 +63,14 @@ enum Command {
         after_help = "Examples:\n  allocdoc rules list\n  allocdoc rules show reserved-gap\n  allocdoc rules test my-rules/"
     )]
     Rules(app::rules_cmd::RulesOptions),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  allocdoc completions bash > ~/.local/share/bash-completion/completions/allocdoc\n  allocdoc completions zsh > ~/.zfunc/_allocdoc\n  allocdoc completions fish > ~/.config/fish/completions/allocdoc.fish\n  allocdoc completions powershell >> $PROFILE"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -154,6 +165,11 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
             app::validate::run(&opts)
         }
         Command::Rules(opts) => app::rules_cmd::run(&opts),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "allocdoc", &mut script);
+            Ok(Outcome::ok(String::from_utf8_lossy(&script).into_owned()))
+        }
     }
 }
 
@@ -166,16 +182,19 @@ impl Command {
             Command::Replay(o) => o.trace == "-",
             Command::Recommend(o) => o.input == "-",
             Command::Validate(o) => o.input == "-",
-            Command::Conf { .. } | Command::Rules(_) => false,
+            Command::Conf { .. } | Command::Rules(_) | Command::Completions { .. } => false,
         }
     }
 }
 
 /// A one-line note for the first size on the command line written with a
 /// decimal-looking unit (`--capacity 24GB`): it is read as binary.
-fn decimal_size_note() -> Option<String> {
+fn decimal_size_note(args: &[OsString]) -> Option<String> {
     const SIZE_FLAGS: [&str; 2] = ["--capacity", "--max-input-bytes"];
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     args.iter().enumerate().find_map(|(i, a)| {
         let value = match a.split_once('=') {
             Some((flag, v)) if SIZE_FLAGS.contains(&flag) => v,
@@ -188,41 +207,48 @@ fn decimal_size_note() -> Option<String> {
 
 /// Writes what a command printed; a failed write is exit 2 with a message,
 /// but a reader that went away (`allocdoc … | head`) ends it quietly.
-fn write_out(text: &str, code: u8) -> ExitCode {
+fn write_out(text: &str, code: u8) -> u8 {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => ExitCode::from(code),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(code),
+        Ok(()) => code,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
         Err(e) => write_failed(&e),
     }
 }
 
-fn write_failed(e: &std::io::Error) -> ExitCode {
+fn write_failed(e: &std::io::Error) -> u8 {
     let _ = writeln!(
         std::io::stderr(),
         "allocdoc: error: cannot write the output: {e}"
     );
-    ExitCode::from(allocdoc::error::EXIT_INPUT as u8)
+    allocdoc::error::EXIT_INPUT as u8
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    ExitCode::from(cli(std::env::args_os()))
+}
+
+/// The whole command: `args` (the program name first) parsed, run, printed;
+/// returns the exit code.
+pub fn cli(args: impl IntoIterator<Item = OsString>) -> u8 {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
             let _ = e.print();
             // Everything but --help and --version is a usage error (2).
-            return ExitCode::from(2);
+            return 2;
         }
         // --help and --version go to standard output.
         Err(e) => {
             return match e.print() {
                 Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => write_failed(&e),
-                _ => ExitCode::SUCCESS,
+                _ => 0,
             };
         }
     };
     let mut err = std::io::stderr().lock();
-    if let Some(note) = decimal_size_note() {
+    if let Some(note) = decimal_size_note(&args) {
         let _ = writeln!(err, "{note}");
     }
     if cli.command.reads_stdin() && std::io::stdin().is_terminal() {
@@ -249,7 +275,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "allocdoc: error: {e}");
-            ExitCode::from(e.exit_code() as u8)
+            e.exit_code().clamp(0, 255) as u8
         }
     }
 }

@@ -147,6 +147,7 @@ fn prepared() -> &'static [Prepared] {
                     (None, None),
                     None,
                     (None, &allocdoc::Limits::default()),
+                    &Default::default(),
                 )
                 .unwrap_or_else(|e| panic!("{path}: {e}"));
                 Prepared { path, p }
@@ -314,7 +315,13 @@ fn no_command_recommends_what_pytorch_rejects_or_ignores() {
                 let version = TorchVersion::new(major, minor);
                 for platform in PLATFORMS {
                     let mut ctx = context(Some(&version.to_string()), Some(platform)).unwrap();
-                    let (_, ev) = read_one(path, &allocdoc::Limits::default(), &mut ctx).unwrap();
+                    let (_, ev) = read_one(
+                        path,
+                        &Default::default(),
+                        &allocdoc::Limits::default(),
+                        &mut ctx,
+                    )
+                    .unwrap();
                     let d = advise::diagnose(ev, &ctx, &rules);
                     let at = format!("{path} at PyTorch {version} on {platform:?}");
                     if let Some(r) = &d.recommendation {
@@ -390,7 +397,13 @@ fn comparison_words_agree_with_the_figures_on_every_fixture() {
     for f in fixtures() {
         let path = f.to_string_lossy().into_owned();
         let mut ctx = allocdoc::advise::Context::default();
-        let (_, ev) = read_one(&path, &allocdoc::Limits::default(), &mut ctx).unwrap();
+        let (_, ev) = read_one(
+            &path,
+            &Default::default(),
+            &allocdoc::Limits::default(),
+            &mut ctx,
+        )
+        .unwrap();
         let d = advise::diagnose(ev, &ctx, &rules);
         let mut texts: Vec<&str> = vec![&d.verdict];
         texts.extend(d.findings.iter().map(|f| f.message.as_str()));

@@ -622,7 +622,7 @@ fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
         let piped = run_limited(&["parse", "--format", "json", "-"], Some(&data));
         assert_eq!(piped.code, 0, "{how}: {}", piped.stderr);
         assert_eq!(
-            strip(&piped.stdout, "\"-\""),
+            strip(&piped.stdout, "\"standard input\""),
             strip(&file.stdout, &format!("{path:?}")),
             "{how}"
         );
@@ -632,7 +632,7 @@ fn standard_input_is_scanned_in_chunks_and_finds_what_the_file_scan_finds() {
     let d_pipe = run_limited(&["diagnose", "--format", "json"], Some(&log));
     assert_eq!(d_pipe.code, d_file.code);
     assert_eq!(
-        strip(&d_pipe.stdout, "\"-\""),
+        strip(&d_pipe.stdout, "\"standard input\""),
         strip(&d_file.stdout, &format!("{path:?}"))
     );
 }
@@ -672,6 +672,51 @@ fn every_limit_is_a_flag_and_named_when_passed() {
         run_limited(&["parse", "--max-input-bytes", "4MiB"], Some(&gzip(&big))).code,
         0
     );
+}
+
+/// A log of nothing but OOM messages holds about 20 times its size in
+/// observations: their number is bounded, from a file and from a pipe.
+#[test]
+fn observations_of_one_text_input_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = |gib: u32| {
+        format!(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a \
+             total capacity of 79.11 GiB of which 10.00 MiB is free. Of the allocated memory {gib}.00 \
+             GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but unallocated.\n"
+        )
+    };
+    let text: String = (0..3000u32).map(|i| one(40 + i % 30)).collect();
+    let path = write(dir.path(), "ooms.log", text.as_bytes());
+    refused(
+        &run(&["diagnose", &path, "--max-observations", "2000"]),
+        &[
+            "over the limit of 2000 observations",
+            "one more starts at line 2001",
+            "--max-observations N",
+        ],
+    );
+    refused(
+        &run_limited(
+            &["parse", "--max-observations", "2000"],
+            Some(text.as_bytes()),
+        ),
+        &[
+            "over the limit of 2000 observations",
+            "--max-observations N",
+        ],
+    );
+    let r = run(&[
+        "parse",
+        &path,
+        "--format",
+        "json",
+        "--max-observations",
+        "3000",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["observations"].as_array().map(Vec::len), Some(3000));
 }
 
 #[test]

@@ -39,7 +39,8 @@ fn label(path: &Path) -> (String, String) {
 fn diagnose_file(path: &Path) -> Diagnosis {
     let mut ctx = Context::default();
     let name = path.to_string_lossy().into_owned();
-    let evidence = diagnose::read_inputs(&[name], &allocdoc::Limits::default(), &mut ctx).unwrap();
+    let limits = allocdoc::Limits::default();
+    let evidence = diagnose::read_inputs(&[name], &Default::default(), &limits, &mut ctx).unwrap();
     advise::diagnose(evidence, &ctx, &RuleSet::embedded().unwrap())
 }
 

@@ -5,7 +5,9 @@
 #   3. calibrated probes validated on the CUDA device under 3 configs
 #   4. cache-hit malloc+free latency of the bundled allocator vs raw cuMemAlloc+cuMemFree
 #   5. the torch cross-check: 3 traces x 3 configs, when torch is importable
-#   6. where the driver places segments: which simulated placement policy matches
+#   6. allocdoc.capture: its recording cost, then a captured OOM replayed with --fidelity
+#      (written without a GPU: not yet run on one)
+#   7. where the driver places segments: which simulated placement policy matches
 # Everything lands under $OUT (default bench/gpu/out). Run from the repository root:
 #   OUT=/tmp/gpu bash bench/gpu/run.sh
 set -u -o pipefail
@@ -73,5 +75,29 @@ fi
 
 step "segment placement: the driver's cuMemAlloc / cuMemAddressReserve / cuMemMap addresses vs the simulated policies"
 timeout 120 target/release/examples/gpu_placement --out "$OUT/placement.json" | tee "$OUT/placement.txt" || echo "placement failed: $?"
+step "allocdoc.capture: recording cost, then an OOM captured and replayed (NOT YET RUN on a GPU)"
+if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  mkdir -p "$OUT/capture"
+  PYTHONPATH=python timeout 240 python3 bench/gpu/capture_oom.py "$OUT/capture" 2>&1 | tee "$OUT/capture/run.txt"
+  inc=$(cat "$OUT/capture/capture-incident.txt" 2>/dev/null)
+  if [ -n "$inc" ] && [ -e "$inc/snapshot.pickle" ]; then
+    ls -l "$inc" | tee "$OUT/capture/incident-files.txt"
+    timeout 120 $BIN replay "$inc/snapshot.pickle" --fidelity --format json > "$OUT/capture/replay-fidelity.json"
+    echo "replay --fidelity exit $? (1 = the recorded OOM was reproduced)"
+    python3 -c 'import json, sys
+f = json.load(open(sys.argv[1]))["fidelity"]
+ok = f["alloc_events"] == f["address_matches"] and f["first_divergence"] is None
+print("capture fidelity:", f["address_matches"], "of", f["alloc_events"], "allocations at the recorded address:", "100 %" if ok else "BELOW 100 %")' \
+      "$OUT/capture/replay-fidelity.json" | tee "$OUT/capture/fidelity.txt"
+    timeout 120 $BIN recommend "$inc/snapshot.pickle" --format json > "$OUT/capture/recommend.json"
+    echo "recommend exit $?"
+    timeout 60 $BIN diagnose "$inc"/oom.txt "$inc"/memory_stats.json "$inc"/snapshot.pickle > "$OUT/capture/diagnose.txt" 2>&1
+    echo "diagnose exit $?"
+  else
+    echo "no incident directory was written" | tee "$OUT/capture/failed.txt"
+  fi
+else
+  echo "torch with CUDA is not importable here: capture check skipped" | tee "$OUT/capture-skipped.txt"
+fi
 
 step "done"

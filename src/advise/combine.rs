@@ -134,21 +134,27 @@ pub fn combine(
     if let Some(cur) = current {
         pairs.retain(|k, v| !already_set(cur, k, v));
     }
-    let candidate = Candidate::from_pairs(&pairs).ok()?;
-    if candidate.keys() == 0 {
+    let new = Candidate::from_pairs(&pairs).ok()?;
+    if new.keys() == 0 {
         return None;
     }
+    // The line is the whole config to set: the settings in use stay in it
+    // (pasting a line without them would silently drop them).
+    let candidate = match current {
+        Some(cur) => new.over(&Candidate::of_settings(cur)),
+        None => new,
+    };
     if let Err(why) = space.admits(&candidate) {
         // Each key is admitted but not their combination (never seen; kept honest).
         dropped.push(format!("{}: {why}", space.value(&candidate)));
         return None;
     }
     let setup = space.setup();
-    let mut r = Recommendation::new(
-        space.value(&candidate),
-        setup.platform.value,
-        setup.torch.value,
-    );
+    let value = match current {
+        Some(cur) => crate::conf::render(&candidate.settings(cur)),
+        None => space.value(&candidate),
+    };
+    let mut r = Recommendation::new(value, setup.platform.value, setup.torch.value);
     r.dropped = dropped;
     Some(r)
 }

@@ -69,6 +69,20 @@ impl Candidate {
         }
     }
 
+    /// This candidate's keys on top of `base`'s (the keys it leaves unset keep `base`'s value).
+    pub fn over(&self, base: &Candidate) -> Candidate {
+        Candidate {
+            expandable_segments: self.expandable_segments || base.expandable_segments,
+            max_split_size_mb: self.max_split_size_mb.or(base.max_split_size_mb),
+            roundup_power2_divisions: self
+                .roundup_power2_divisions
+                .or(base.roundup_power2_divisions),
+            garbage_collection_threshold: self
+                .garbage_collection_threshold
+                .or(base.garbage_collection_threshold),
+        }
+    }
+
     /// The candidate a config's settings are (what the search would vary).
     pub fn of_settings(s: &Settings) -> Candidate {
         let d = Settings::default();
@@ -190,7 +204,9 @@ impl Space {
                         && !said.contains(&key)
                     {
                         said.push(key);
-                        space.excluded.push(why);
+                        if !space.excluded.contains(&why) {
+                            space.excluded.push(why);
+                        }
                     }
                 }
             }
@@ -255,6 +271,14 @@ fn admit(setup: &Setup, versions: &[TorchVersion], c: &Candidate) -> Result<(), 
     }
     let platform = setup.platform.value;
     for &v in versions {
+        // parse_config's env read (c10/cuda/CUDAAllocatorConfig) arrived in 1.10:
+        // before, the value is valid text that PyTorch never reads.
+        if v < TorchVersion::new(1, 10) {
+            return Err(format!(
+                "PyTorch {v} does not read PYTORCH_CUDA_ALLOC_CONF (it appeared in 1.10): \
+                 pass --torch-version when yours is 1.10 or later"
+            ));
+        }
         let value = c.value(v);
         let parsed = crate::conf::parse(&value, v)
             .map_err(|e| format!("PyTorch {v} rejects {value}: {e}"))?;

@@ -29,11 +29,11 @@ pub fn run(opts: &ConfCheckOptions) -> Result<Outcome, Error> {
     let report = crate::advise::conf_check::check(&opts.conf, version, opts.platform);
     let stdout = match opts.format {
         Format::Text => crate::report::conf::text(&report),
-        Format::Json => crate::report::conf::json(&report),
+        Format::Json | Format::Jsonl => crate::report::conf::json(&report),
         Format::Markdown => crate::report::conf::markdown(&report),
     };
     Ok(Outcome {
-        stdout,
+        stdout: opts.format.finish(stdout),
         stderr: Vec::new(),
         exit_code: if report.valid { 0 } else { 1 },
     })

@@ -5,6 +5,7 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::{self, Context, Diagnosis};
 use crate::evidence::Evidence;
+use crate::limits::Limits;
 use crate::report::views::ReportViews;
 use crate::rules::RuleSet;
 use crate::trial::trace_check::TraceChecker;
@@ -24,45 +25,104 @@ pub struct DiagnoseOptions {
     /// Your PyTorch version (e.g. 2.4) when the evidence does not show it.
     #[cfg_attr(feature = "cli", arg(long))]
     pub torch_version: Option<String>,
-    /// The platform PyTorch runs on (default: what the evidence shows, else linux).
+    /// The platform PyTorch runs on (default: what the evidence shows, such as
+    /// Windows paths, else linux); the flag overrides what the text suggests.
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub platform: Option<crate::conf::Platform>,
     /// The PYTORCH_CUDA_ALLOC_CONF in effect when the OOM happened (read from the text when it shows one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub conf: Option<String>,
     /// Also write a self-contained HTML report.
-    #[cfg_attr(feature = "cli", arg(long))]
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "each"))]
     pub report: Option<PathBuf>,
+    /// Every input its own incident: directories walked, one result per file
+    /// (with --format jsonl, one JSON line naming the file), files run in parallel.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub each: bool,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
     /// How much one input may make allocdoc read and hold.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub limits: Limits,
+}
+
+/// What every incident of one run shares: the rules and what the flags say.
+struct Shared {
+    rules: RuleSet,
+    ctx: Context,
+    /// Warnings about the flags, for standard error.
+    notes: Vec<String>,
+}
+
+impl Shared {
+    fn new(opts: &DiagnoseOptions) -> Result<Shared, Error> {
+        let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
+        let mut ctx = context(opts.torch_version.as_deref(), opts.platform)?;
+        let mut notes = Vec::new();
+        if let Some(c) = &opts.conf
+            && let Err(why) = ctx.set_current(c, "--conf")
+        {
+            notes.push(format!("allocdoc: warning: {why}"));
+        }
+        Ok(Shared { rules, ctx, notes })
+    }
+
+    /// One incident: `inputs` read together.
+    fn diagnose(&self, inputs: &[String], opts: &DiagnoseOptions) -> Result<Diagnosis, Error> {
+        let mut ctx = self.ctx.clone();
+        let evidence = read_inputs(inputs, &opts.buffers, &opts.limits, &mut ctx)?;
+        Ok(diagnose(
+            evidence,
+            &ctx,
+            &self.rules,
+            (&opts.buffers, &opts.limits),
+        ))
+    }
 }
 
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
-    let rules = RuleSet::with_dir(opts.rules_dir.as_deref())?;
-    let mut ctx = context(opts.torch_version.as_deref(), opts.platform)?;
-    let mut notes = Vec::new();
-    if let Some(c) = &opts.conf
-        && let Err(why) = ctx.set_current(c, "--conf")
-    {
-        notes.push(format!("allocdoc: warning: {why}"));
+    let shared = Shared::new(opts)?;
+    if opts.each {
+        let mut out = super::each::run(&opts.inputs, opts.format, |name| {
+            let d = shared.diagnose(&[name.to_owned()], opts)?;
+            let stdout = match opts.format {
+                Format::Json | Format::Jsonl => crate::report::common::json_of(
+                    name,
+                    &crate::report::diagnose::document(&d),
+                    opts.format == Format::Jsonl,
+                ),
+                _ => render(&d, opts.format, opts.verbose),
+            };
+            Ok(super::each::Done {
+                stdout,
+                notes: notes(&d),
+            })
+        });
+        out.stderr.splice(0..0, shared.notes);
+        return Ok(out);
     }
-    let evidence = read_inputs(&opts.inputs, &opts.limits, &mut ctx)?;
-    let d = diagnose(evidence, &ctx, &rules, &opts.limits);
+    let mut notes = shared.notes.clone();
+    let d = shared.diagnose(&opts.inputs, opts)?;
     if let Some(path) = &opts.report {
-        std::fs::write(
-            path,
-            crate::report::diagnose::html(&d, pictures(&opts.inputs, &opts.limits)),
-        )
-        .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
+        let html = crate::report::diagnose::html(&d, pictures(opts));
+        notes.push(super::write_report(path, &html)?);
     }
-    let mut out = Outcome::ok(render(&d, opts.format, opts.verbose));
-    notes.extend(d.evidence.notes.iter().map(|n| format!("note: {n}")));
+    let mut out = Outcome::ok(opts.format.finish(render(&d, opts.format, opts.verbose)));
+    notes.extend(self::notes(&d));
     out.stderr = notes;
     Ok(out)
+}
+
+fn notes(d: &Diagnosis) -> Vec<String> {
+    d.evidence
+        .notes
+        .iter()
+        .map(|n| format!("note: {n}"))
+        .collect()
 }
 
 /// The diagnosis every command starts from (`recommend` and `validate` too):
@@ -72,10 +132,10 @@ pub fn diagnose(
     evidence: Evidence,
     ctx: &Context,
     rules: &RuleSet,
-    limits: &crate::limits::Limits,
+    (buffers, limits): (&super::Buffers, &Limits),
 ) -> Diagnosis {
     let traced = advise::facts::trace_source(&evidence).map(|o| o.input.clone());
-    let mut checker = traced.map(|name| TraceChecker::new(&name, *limits));
+    let mut checker = traced.map(|name| TraceChecker::new(&name, buffers.clone(), *limits));
     let mut check = |facts: &_, settings: &_| match &mut checker {
         Some(c) => c.check(facts, settings),
         None => Err("no snapshot with a trace among the inputs".to_string()),
@@ -85,14 +145,14 @@ pub fn diagnose(
 
 /// The snapshot pickles among the inputs, read again for the report's
 /// timeline and segment map (standard input was consumed by the diagnosis).
-fn pictures(inputs: &[String], limits: &crate::limits::Limits) -> ReportViews {
+fn pictures(opts: &DiagnoseOptions) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
-    for name in inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = crate::ingest::read_input_with(name, limits) else {
+    for name in opts.inputs.iter().filter(|n| n.as_str() != "-") {
+        let Ok(data) = opts.buffers.read(name, &opts.limits) else {
             continue;
         };
         if crate::snapshot::is_pickle(&data)
-            && let Ok(snap) = crate::snapshot::load_with(name, &data, limits)
+            && let Ok(snap) = crate::snapshot::load_with(name, &data, &opts.limits)
         {
             views.add_snapshot(name, &snap);
         }
@@ -103,7 +163,7 @@ fn pictures(inputs: &[String], limits: &crate::limits::Limits) -> ReportViews {
 pub fn render(d: &Diagnosis, format: Format, verbose: bool) -> String {
     match format {
         Format::Text => crate::report::diagnose::text(d, verbose),
-        Format::Json => crate::report::diagnose::json(d),
+        Format::Json | Format::Jsonl => crate::report::diagnose::json(d),
         Format::Markdown => crate::report::diagnose::markdown(d),
     }
 }
@@ -129,10 +189,11 @@ pub fn context(
 /// parses its evidence and the clues its text gives on the same pass.
 pub fn read_one(
     name: &str,
-    limits: &crate::limits::Limits,
+    buffers: &super::Buffers,
+    limits: &Limits,
     ctx: &mut Context,
 ) -> Result<(crate::ingest::Bytes, Evidence), Error> {
-    let data = crate::ingest::read_input_with(name, limits)?;
+    let data = buffers.read(name, limits)?;
     let mut clues = crate::evidence::TextClues::default();
     let ev = crate::ingest::parse_with_clues(name, &data, limits, &mut clues)?;
     ctx.absorb(&clues);
@@ -143,11 +204,13 @@ pub fn read_one(
 /// surrounding text gives (versions, configs, platform) on the same pass.
 pub fn read_inputs(
     inputs: &[String],
-    limits: &crate::limits::Limits,
+    buffers: &super::Buffers,
+    limits: &Limits,
     ctx: &mut Context,
 ) -> Result<Evidence, Error> {
     let mut clues = crate::evidence::TextClues::default();
-    let evidence = crate::ingest::load_with(inputs, limits, &mut clues)?;
+    let evidence =
+        crate::ingest::load_from(inputs, limits, &mut clues, |name, l| buffers.open(name, l))?;
     ctx.absorb(&clues);
     Ok(evidence)
 }

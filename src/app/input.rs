@@ -32,6 +32,7 @@ pub fn prepare(
     (torch_version, platform): (Option<&str>, Option<Platform>),
     current: Option<&str>,
     (capacity, limits): (Option<u64>, &crate::limits::Limits),
+    buffers: &super::Buffers,
 ) -> Result<Prepared, Error> {
     let name = if input.is_empty() { "-" } else { input };
     let mut ctx = context(torch_version, platform)?;
@@ -39,12 +40,12 @@ pub fn prepare(
         ctx.set_current(c, "--current")
             .map_err(|why| Error::Usage(format!("--current {c:?}: {why}")))?;
     }
-    let (data, evidence) = read_one(name, limits, &mut ctx)?;
+    let (data, evidence) = read_one(name, buffers, limits, &mut ctx)?;
     let diagnosis = match crate::ingest::detect(&data) {
         InputKind::TraceCsv | InputKind::RmmLog => None,
         InputKind::Pickle | InputKind::Text => {
             let rules = crate::rules::RuleSet::with_dir(None)?;
-            Some(diagnose(evidence, &ctx, &rules, limits))
+            Some(diagnose(evidence, &ctx, &rules, (buffers, limits)))
         }
     };
     let setup = match &diagnosis {
@@ -55,7 +56,7 @@ pub fn prepare(
     let current_conf = current.unwrap_or_default().to_string();
     let settings = conf_at("--current", &current_conf, &setup)?;
     let loaded = Workload::from_bytes(
-        name,
+        crate::ingest::input_name(name),
         data,
         capacity,
         &settings,

@@ -6,6 +6,7 @@
 
 pub mod conf_check;
 pub mod diagnose;
+pub mod each;
 pub mod input;
 pub mod parse;
 pub mod recommend;
@@ -14,6 +15,16 @@ pub mod rules_cmd;
 pub mod validate;
 
 pub use crate::report::Format;
+
+use crate::Error;
+pub use crate::ingest::Buffers;
+
+/// Writes an HTML report (`--report`) and returns the note that says where.
+pub(crate) fn write_report(path: &std::path::Path, html: &str) -> Result<String, Error> {
+    std::fs::write(path, html)
+        .map_err(|e| Error::Usage(format!("{}: cannot write the report: {e}", path.display())))?;
+    Ok(format!("note: wrote the HTML report {}", path.display()))
+}
 
 /// What a command produced: text for standard output, notes for standard
 /// error, and the exit code the contract assigns.

@@ -9,6 +9,13 @@ use crate::{ingest, report};
 pub struct ParseOptions {
     /// Inputs; `-` or nothing reads standard input.
     pub inputs: Vec<String>,
+    /// Every input its own result: directories walked, one result per file
+    /// (with --format jsonl, one JSON line naming the file), files run in parallel.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub each: bool,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -18,12 +25,44 @@ pub struct ParseOptions {
 }
 
 pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
-    let clues = &mut crate::evidence::TextClues::default();
-    let ev = ingest::load_with(&opts.inputs, &opts.limits, clues)?;
-    let mut out = Outcome::ok(report::parse::render(&ev, &opts.inputs, opts.format));
-    // In JSON the notes cannot go to stdout (the contract fixes its shape).
-    if opts.format == Format::Json {
-        out.stderr = ev.notes.iter().map(|n| format!("note: {n}")).collect();
+    // Clues about the environment are for diagnose; parse shows the evidence alone.
+    let load = |inputs: &[String]| {
+        let clues = &mut crate::evidence::TextClues::default();
+        ingest::load_from(inputs, &opts.limits, clues, |name, limits| {
+            opts.buffers.open(name, limits)
+        })
+    };
+    if opts.each {
+        return Ok(super::each::run(&opts.inputs, opts.format, |name| {
+            let inputs = [name.to_owned()];
+            let ev = load(&inputs)?;
+            let stdout = match opts.format {
+                Format::Json | Format::Jsonl => report::common::json_of(
+                    name,
+                    &report::parse::document(&ev),
+                    opts.format == Format::Jsonl,
+                ),
+                _ => report::parse::render(&ev, &inputs, opts.format),
+            };
+            Ok(super::each::Done {
+                stdout,
+                notes: json_notes(&ev, opts.format),
+            })
+        }));
     }
+    let ev = load(&opts.inputs)?;
+    let rendered = report::parse::render(&ev, &opts.inputs, opts.format);
+    let mut out = Outcome::ok(opts.format.finish(rendered));
+    out.stderr = json_notes(&ev, opts.format);
     Ok(out)
+}
+
+/// In JSON the notes cannot go to stdout (the contract fixes its shape): they
+/// go to standard error; text and Markdown show them with the evidence.
+fn json_notes(ev: &crate::evidence::Evidence, format: Format) -> Vec<String> {
+    if format.is_json() {
+        ev.notes.iter().map(|n| format!("note: {n}")).collect()
+    } else {
+        Vec::new()
+    }
 }

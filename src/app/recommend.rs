@@ -36,6 +36,9 @@ pub struct RecommendOptions {
     /// config's memory over the trace, the segment map, the ranked table.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -58,6 +61,7 @@ pub fn run_with_progress(
         (opts.torch_version.as_deref(), opts.platform),
         opts.current.as_deref(),
         (opts.capacity, &opts.limits),
+        &opts.buffers,
     )?;
     let workload = match p.loaded {
         Loaded::Ready(w) => w,
@@ -66,7 +70,7 @@ pub fn run_with_progress(
             let only = RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why);
             return Ok(Outcome {
                 exit_code: i32::from(only.answer.recommendation.is_none()),
-                stdout: rules_only(&only, opts.format),
+                stdout: opts.format.finish(rules_only(&only, opts.format)),
                 stderr: p.notes,
             });
         }
@@ -83,6 +87,7 @@ pub fn run_with_progress(
     let mut result = recommend(&workload, capacity, &search, progress)?;
     result.notes.extend(p.notes);
     let stdout = recommendation(&result, opts.format);
+    let mut stderr = Vec::new();
     if let Some(path) = &opts.report {
         // The current config against the recommended one (or the best that still ran out).
         let shown = result
@@ -97,12 +102,14 @@ pub fn run_with_progress(
             runs.push((conf_name(conf), settings));
         }
         let views = views::of_workload(&workload, &runs, capacity.0)?;
-        std::fs::write(path, recommendation_html(&result, &views))
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        stderr.push(super::write_report(
+            path,
+            &recommendation_html(&result, &views),
+        )?);
     }
     Ok(Outcome {
-        stdout,
-        stderr: Vec::new(),
+        stdout: opts.format.finish(stdout),
+        stderr,
         exit_code: result.exit_code(),
     })
 }

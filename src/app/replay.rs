@@ -50,6 +50,9 @@ pub struct ReplayOptions {
     /// Also write a self-contained HTML report.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -62,7 +65,7 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
     let replay = execute(opts)?;
     let mut stdout = match opts.format {
         Format::Text => crate::report::replay::text(&replay),
-        Format::Json => crate::report::replay::json(&replay),
+        Format::Json | Format::Jsonl => crate::report::replay::json(&replay),
         Format::Markdown => crate::report::replay::markdown(&replay),
     };
     if let (Some(path), Some(last)) = (&opts.compare_with, replay.runs.last()) {
@@ -70,6 +73,9 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
         crate::report::replay::append_torch_comparison(&mut stdout, &comparison, opts.format)?;
     }
     let mut stderr = replay.notes.clone();
+    if let Some(path) = &opts.report {
+        stderr.push(format!("note: wrote the HTML report {}", path.display()));
+    }
     if replay.capacity_defaulted {
         stderr.push(format!(
             "note: no --capacity given: replaying on a simulated {} card",
@@ -81,7 +87,7 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
         _ => 0,
     };
     Ok(Outcome {
-        stdout,
+        stdout: opts.format.finish(stdout),
         stderr,
         exit_code,
     })
@@ -108,9 +114,10 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         history: opts.emit_snapshot.is_some(),
         limits: opts.limits,
     };
-    let replay = crate::trial::replay::replay(&plan)?;
+    let data = opts.buffers.read(&opts.trace, &opts.limits)?;
+    let replay = crate::trial::replay::replay(&plan, &data)?;
     if let Some(path) = &opts.report {
-        write_output(path, crate::report::replay::html(&replay).as_bytes())?;
+        super::write_report(path, &crate::report::replay::html(&replay))?;
     }
     if let Some(path) = &opts.emit_snapshot
         && let Some(bytes) = emitted_snapshot(&replay)?

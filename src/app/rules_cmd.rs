@@ -62,10 +62,10 @@ pub fn run(opts: &RulesOptions) -> Result<Outcome, Error> {
     };
     let set = RuleSet::with_dir(dir)?;
     match &opts.action {
-        RulesAction::List => Ok(Outcome::ok(crate::report::rules::list(
-            &set.rules,
-            opts.format,
-        ))),
+        RulesAction::List => Ok(Outcome::ok(
+            opts.format
+                .finish(crate::report::rules::list(&set.rules, opts.format)),
+        )),
         RulesAction::Show { id } => {
             let rule = set.get(id).ok_or_else(|| {
                 Error::Usage(format!(
@@ -77,7 +77,10 @@ pub fn run(opts: &RulesOptions) -> Result<Outcome, Error> {
                         .join(", ")
                 ))
             })?;
-            Ok(Outcome::ok(crate::report::rules::show(rule, opts.format)))
+            Ok(Outcome::ok(
+                opts.format
+                    .finish(crate::report::rules::show(rule, opts.format)),
+            ))
         }
         RulesAction::Test { .. } => {
             let results = rules::run_tests(&set.rules);
@@ -93,7 +96,7 @@ pub fn run(opts: &RulesOptions) -> Result<Outcome, Error> {
                 );
             }
             Ok(Outcome {
-                stdout: out,
+                stdout: opts.format.finish(out),
                 stderr: Vec::new(),
                 exit_code: i32::from(failed > 0),
             })

@@ -43,6 +43,9 @@ pub struct ValidateOptions {
     /// trace overlaid, the segment map at the OOM or the peak, the verdict.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
     /// Output format.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
     pub format: Format,
@@ -58,6 +61,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         (opts.torch_version.as_deref(), opts.platform),
         opts.current.as_deref(),
         (opts.capacity, &opts.limits),
+        &opts.buffers,
     )?;
     let candidate = conf_at("--conf", &opts.conf, &p.setup)?;
     let workload = match p.loaded {
@@ -80,6 +84,8 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         (p.diagnosis.as_ref(), &p.setup),
     )?;
     let stdout = validation(&v, opts.format);
+    let mut stderr = p.notes;
+    stderr.extend(ignored_notes("--conf", &opts.conf, &p.setup));
     if let Some(path) = &opts.report {
         // The pictures come from the simulated card, whatever --device ran the verdict.
         let runs = [
@@ -87,13 +93,10 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
             (conf_name(&opts.conf), &candidate),
         ];
         let views = views::of_workload(&workload, &runs, v.capacity_bytes)?;
-        std::fs::write(path, validation_html(&v, &views))
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        stderr.push(super::write_report(path, &validation_html(&v, &views))?);
     }
-    let mut stderr = p.notes;
-    stderr.extend(ignored_notes("--conf", &opts.conf, &p.setup));
     Ok(Outcome {
-        stdout,
+        stdout: opts.format.finish(stdout),
         stderr,
         exit_code: v.verdict.exit_code,
     })

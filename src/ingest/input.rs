@@ -348,10 +348,16 @@ impl Opened {
 /// Opens one input (a path, or `-` for standard input): decodes its layers
 /// and decides its kind from the decoded content.
 pub fn open(name: &str, limits: &Limits) -> Result<Opened, Error> {
-    let fail = |e: io::Error| Error::Input(format!("cannot read '{name}': {e}"));
-    let file = if name == "-" {
+    // How errors and the stream name the input: `-` is standard input.
+    let shown = super::input_name(name);
+    let stdin = shown == super::STANDARD_INPUT;
+    let fail = |e: io::Error| match stdin {
+        true => Error::Input(format!("cannot read {shown}: {e}")),
+        false => Error::Input(format!("cannot read '{name}': {e}")),
+    };
+    let file = if stdin {
         #[cfg(not(unix))]
-        return open_stream(name, Box::new(io::stdin()), limits);
+        return open_stream(shown, Box::new(io::stdin()), limits);
         #[cfg(unix)]
         stdin_file().map_err(fail)?
     } else {
@@ -368,11 +374,11 @@ pub fn open(name: &str, limits: &Limits) -> Result<Opened, Error> {
         // truncated while we read it can fault, as with every mmap-based
         // reader (ripgrep makes the same trade); logs are not rewritten in place.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(fail)?;
-        match layer_of(&map).map_err(|what| refused(name, what))? {
+        match layer_of(&map).map_err(|what| refused(shown, what))? {
             None => {
                 if meta.len() > limits.max_input_bytes {
                     return Err(limits.exceeded(
-                        name,
+                        shown,
                         Limit::InputBytes,
                         &format!("the file has {} bytes", meta.len()),
                     ));
@@ -391,7 +397,7 @@ pub fn open(name: &str, limits: &Limits) -> Result<Opened, Error> {
             Some(_) => drop(map),
         }
     }
-    open_stream(name, Box::new(file), limits)
+    open_stream(shown, Box::new(file), limits)
 }
 
 /// Standard input as a file, so that a redirected file (`< big.log`) is mapped.

@@ -25,6 +25,7 @@
 //! - A `[rankN]` prefix sets `rank`; a `(VllmWorkerProcess pid=N)` prefix is
 //!   stripped from wrapped lines but names no rank.
 
+mod buffers;
 mod clues;
 mod input;
 mod oom;
@@ -33,6 +34,7 @@ mod stats;
 mod summary;
 mod text;
 
+pub use buffers::Buffers;
 pub use input::{Body, Bytes, Layer, Opened, Stream, layer_of, open, open_stream};
 pub use summary::SUMMARY_ROWS;
 
@@ -135,7 +137,7 @@ fn parse_whole(
         InputKind::Text => {
             binary_note(input_name, data, ev);
             ev.observations
-                .extend(scan::scan_with_clues(data, input_name, clues));
+                .extend(scan::scan_with_clues(data, input_name, clues, limits)?);
         }
     }
     Ok(())
@@ -174,6 +176,19 @@ fn looks_binary(data: &[u8]) -> bool {
     !head.is_empty() && ctrl * 16 > head.len()
 }
 
+/// What allocdoc calls standard input wherever it names it (`input` fields,
+/// tables, errors).
+pub const STANDARD_INPUT: &str = "standard input";
+
+/// How an input is named in output: `-` (or no name) is standard input.
+pub fn input_name(name: &str) -> &str {
+    if name == "-" || name.is_empty() {
+        STANDARD_INPUT
+    } else {
+        name
+    }
+}
+
 /// Reads one input whole (a path, or `-` for standard input), decoded
 /// ([`open`]): every command that parses an input whole reads it through
 /// here, so errors read the same everywhere.
@@ -199,6 +214,17 @@ pub fn load_with(
     limits: &Limits,
     clues: &mut TextClues,
 ) -> Result<Evidence, Error> {
+    load_from(inputs, limits, clues, open)
+}
+
+/// [`load_with`], opening each input with `open` (inputs the caller holds in
+/// memory are opened there).
+pub fn load_from(
+    inputs: &[String],
+    limits: &Limits,
+    clues: &mut TextClues,
+    open: impl Fn(&str, &Limits) -> Result<Opened, Error>,
+) -> Result<Evidence, Error> {
     let stdin = ["-".to_owned()];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -207,7 +233,13 @@ pub fn load_with(
     };
     let mut all = Evidence::default();
     for name in inputs {
-        read_opened(name, open(name, limits)?, limits, clues, &mut all)?;
+        read_opened(
+            input_name(name),
+            open(name, limits)?,
+            limits,
+            clues,
+            &mut all,
+        )?;
     }
     Ok(all)
 }
@@ -225,7 +257,7 @@ pub fn read_opened(
         Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, ev),
         Body::Stream(mut stream) => {
             binary_note(name, stream.head(), ev);
-            let found = scan::scan_stream(&mut stream, name, clues)?;
+            let found = scan::scan_stream(&mut stream, name, clues, limits)?;
             ev.observations.extend(found);
             Ok(())
         }

@@ -15,6 +15,7 @@ use super::input::Stream;
 use super::{oom, stats, summary};
 use crate::Error;
 use crate::evidence::{Kind, Observation, TextClues};
+use crate::limits::{Limit, Limits};
 use aho_corasick::{AhoCorasick, Input, MatchKind};
 use std::sync::LazyLock;
 
@@ -125,10 +126,15 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
 
 /// Every observation in a text buffer, in order; the clues of the text go
 /// into `clues`.
-pub fn scan_with_clues(data: &[u8], input: &str, clues: &mut TextClues) -> Vec<Observation> {
-    let mut s = Scanner::new(input, clues);
+pub fn scan_with_clues(
+    data: &[u8],
+    input: &str,
+    clues: &mut TextClues,
+    limits: &Limits,
+) -> Result<Vec<Observation>, Error> {
+    let mut s = Scanner::new(input, clues, limits);
     s.span(data, 0, data.len());
-    s.out
+    s.finish()
 }
 
 /// Every observation in a stream, read in chunks (see the module doc).
@@ -136,8 +142,9 @@ pub fn scan_stream(
     stream: &mut Stream,
     input: &str,
     clues: &mut TextClues,
+    limits: &Limits,
 ) -> Result<Vec<Observation>, Error> {
-    scan_chunks(stream, input, clues, CHUNK)
+    scan_chunks(stream, input, clues, limits, CHUNK)
 }
 
 /// [`scan_stream`] reading `chunk` bytes ahead per step.
@@ -145,17 +152,18 @@ fn scan_chunks(
     stream: &mut Stream,
     input: &str,
     clues: &mut TextClues,
+    limits: &Limits,
     chunk: usize,
 ) -> Result<Vec<Observation>, Error> {
-    let mut s = Scanner::new(input, clues);
+    let mut s = Scanner::new(input, clues, limits);
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let from = s.next - s.base;
         let more = stream.fill(&mut buf, from + REACH + chunk)?;
         let limit = if more { buf.len() - REACH } else { buf.len() };
         s.span(&buf, s.base, s.base + limit.max(from));
-        if !more {
-            return Ok(s.out);
+        if !more || s.over.is_some() {
+            return s.finish();
         }
         // Keep BACK bytes behind where the next search starts.
         let keep = s.next.saturating_sub(BACK).max(s.base);
@@ -182,11 +190,19 @@ struct Scanner<'c> {
     /// Where the next search starts: every anchor before it has been seen.
     next: usize,
     last_oom: Option<(usize, usize)>, // (index in out, end offset)
+    /// The most observations kept ([`Limits::max_observations`]).
+    max: usize,
+    limits: Limits,
+    /// The line of the first observation past `max`; the scan stops there.
+    over: Option<u64>,
 }
 
 impl<'c> Scanner<'c> {
-    fn new(input: &'c str, clues: &'c mut TextClues) -> Self {
+    fn new(input: &'c str, clues: &'c mut TextClues, limits: &Limits) -> Self {
         Scanner {
+            max: usize::try_from(limits.max_observations).unwrap_or(usize::MAX),
+            limits: *limits,
+            over: None,
             input,
             clues,
             finder: clues::Finder::default(),
@@ -204,7 +220,7 @@ impl<'c> Scanner<'c> {
     /// unless the input ends first.
     fn span(&mut self, buf: &[u8], base: usize, limit: usize) {
         let (ac, kinds) = &*ANCHORS;
-        while self.next < limit {
+        while self.next < limit && self.over.is_none() {
             let Some(m) = ac.find(Input::new(buf).span(self.next - base..buf.len())) else {
                 break;
             };
@@ -278,7 +294,23 @@ impl<'c> Scanner<'c> {
             }
             self.last_oom = Some((self.out.len(), f.end));
         }
+        if self.out.len() >= self.max {
+            self.over = Some(f.obs.line.unwrap_or(0));
+            return;
+        }
         self.out.push(f.obs);
+    }
+
+    /// The observations, or the limit they went over.
+    fn finish(self) -> Result<Vec<Observation>, Error> {
+        match self.over {
+            None => Ok(self.out),
+            Some(line) => Err(self.limits.exceeded(
+                self.input,
+                Limit::Observations,
+                &format!("one more starts at line {line}"),
+            )),
+        }
     }
 }
 
@@ -382,7 +414,8 @@ mod tests {
     fn a_stream_in_small_chunks_finds_what_one_span_finds() {
         let data = log();
         let mut whole_clues = TextClues::default();
-        let whole = scan_with_clues(&data, "log", &mut whole_clues);
+        let limits = crate::limits::Limits::default();
+        let whole = scan_with_clues(&data, "log", &mut whole_clues, &limits).unwrap();
         assert!(whole.len() > 300, "{}", whole.len());
         assert_eq!(whole_clues.torch_version, Some((2, 3)));
         assert!(whole_clues.windows_paths && whole_clues.ipc_user);
@@ -395,7 +428,7 @@ mod tests {
                 panic!("a stream");
             };
             let mut clues = TextClues::default();
-            let got = scan_chunks(&mut stream, "log", &mut clues, chunk).unwrap();
+            let got = scan_chunks(&mut stream, "log", &mut clues, &limits, chunk).unwrap();
             assert_eq!(got.len(), whole.len(), "chunk {chunk}");
             assert!(got == whole, "chunk {chunk}");
             assert_eq!(clues, whole_clues, "chunk {chunk}");

@@ -167,12 +167,72 @@ pub fn markdown_table(header: &[String], rows: &[Vec<String>], numeric: &[usize]
     out
 }
 
-/// Pretty JSON with a trailing newline.
-pub fn json<T: Serialize>(value: &T) -> String {
-    let mut s =
-        serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+/// The version of the JSON documents (docs/json.md). It goes up when a
+/// documented field changes meaning or type or goes away; new fields leave it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A JSON document: `schema_version` first, the input it is about (with
+/// `--each`), then the fields of `body`.
+#[derive(Serialize)]
+struct Document<'a, T: ?Sized> {
+    schema_version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    input: Option<&'a str>,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+/// A JSON document (`value`'s fields after `schema_version`), pretty, with a
+/// trailing newline. Every command's JSON output is written here.
+pub fn json<T: Serialize + ?Sized>(value: &T) -> String {
+    document(None, value, false)
+}
+
+/// One input's document of an `--each` run: `input` after `schema_version`;
+/// on one line for `jsonl`.
+pub fn json_of<T: Serialize + ?Sized>(input: &str, value: &T, one_line: bool) -> String {
+    document(Some(input), value, one_line)
+}
+
+fn document<T: Serialize + ?Sized>(input: Option<&str>, body: &T, one_line: bool) -> String {
+    let doc = Document {
+        schema_version: SCHEMA_VERSION,
+        input,
+        body,
+    };
+    let written = if one_line {
+        serde_json::to_string(&doc)
+    } else {
+        serde_json::to_string_pretty(&doc)
+    };
+    let mut s = written.unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
     s
+}
+
+/// Pretty JSON on one line, with a trailing newline: the whitespace between
+/// tokens dropped, strings kept as they are (so field order is kept too).
+pub fn one_line(pretty: &str) -> String {
+    let mut out = String::with_capacity(pretty.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in pretty.chars() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+            out.push(c);
+        } else if !c.is_ascii_whitespace() {
+            out.push(c);
+        }
+    }
+    out.push('\n');
+    out
 }
 
 /// A size with two decimals in binary units ("186.00 MiB", "191.45 GiB",

@@ -163,10 +163,7 @@ pub fn text(r: &ConfCheck) -> String {
 }
 
 pub fn json(r: &ConfCheck) -> String {
-    let mut s =
-        serde_json::to_string_pretty(r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-    s.push('\n');
-    s
+    super::common::json(r)
 }
 
 fn md_escape(s: &str) -> String {

@@ -279,7 +279,7 @@ fn kind_name(k: Kind) -> &'static str {
 
 /// `train.log:812: caching-allocator OOM (PyTorch 2.4+ format), cuda:0, rank 3`.
 fn describe(o: &Observation) -> String {
-    let mut s = super::parse::display_name(&o.input).to_owned();
+    let mut s = o.input.clone();
     if let Some(l) = o.line {
         let _ = write!(s, ":{l}");
     }
@@ -340,7 +340,7 @@ fn sizes(o: &Observation) -> Vec<String> {
 /// `diagnose --format json`: the contract's fields in the contract's order,
 /// then ours (`verdict`, `next_steps`, `not_evaluated`).
 #[derive(Serialize)]
-struct Json<'a> {
+pub struct Json<'a> {
     observations: &'a [Observation],
     cause: &'static str,
     findings: &'a [Finding],
@@ -362,7 +362,12 @@ struct Json<'a> {
 }
 
 pub fn json(d: &Diagnosis) -> String {
-    crate::report::common::json(&Json {
+    crate::report::common::json(&document(d))
+}
+
+/// The fields of `diagnose --format json`.
+pub fn document(d: &Diagnosis) -> Json<'_> {
+    Json {
         observations: &d.evidence.observations,
         cause: d.cause.as_str(),
         findings: &d.findings,
@@ -378,7 +383,7 @@ pub fn json(d: &Diagnosis) -> String {
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
         withheld: &d.withheld,
-    })
+    }
 }
 
 pub fn markdown(d: &Diagnosis) -> String {

@@ -23,4 +23,21 @@ pub enum Format {
     Text,
     Json,
     Markdown,
+    /// JSON, one document a line (with `--each`: one line per input).
+    Jsonl,
+}
+
+impl Format {
+    /// Either JSON format: the renderers write the same document for both.
+    pub fn is_json(self) -> bool {
+        matches!(self, Format::Json | Format::Jsonl)
+    }
+
+    /// A rendered output in its final form: `jsonl` puts the document on one line.
+    pub fn finish(self, out: String) -> String {
+        match self {
+            Format::Jsonl => common::one_line(&out),
+            _ => out,
+        }
+    }
 }

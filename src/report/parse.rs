@@ -6,23 +6,28 @@
 use super::Format;
 use super::common::{ABSENT, Grid, json, opt, signed_size, size};
 use crate::evidence::{DeviceKind, Evidence, Kind, Observation, StatValues};
-use crate::ingest::SUMMARY_ROWS;
+use crate::ingest::{STANDARD_INPUT, SUMMARY_ROWS, input_name};
 use serde::Serialize;
 
 /// Said when the inputs hold nothing we read.
 pub const NOTHING_FOUND: &str = "no PyTorch memory evidence found";
 
+/// The fields of `parse --format json`.
 #[derive(Serialize)]
-struct ParseJson<'a> {
+pub struct ParseJson<'a> {
     observations: &'a [Observation],
+}
+
+pub fn document(ev: &Evidence) -> ParseJson<'_> {
+    ParseJson {
+        observations: &ev.observations,
+    }
 }
 
 /// The whole output of `parse` in `format`; `inputs` names what was read.
 pub fn render(ev: &Evidence, inputs: &[String], format: Format) -> String {
     match format {
-        Format::Json => json(&ParseJson {
-            observations: &ev.observations,
-        }),
+        Format::Json | Format::Jsonl => json(&document(ev)),
         Format::Text => {
             let mut s =
                 single_input(ev).map_or_else(String::new, |i| format!("Evidence in {i}\n\n"));
@@ -61,11 +66,11 @@ pub fn render(ev: &Evidence, inputs: &[String], format: Format) -> String {
 
 fn names(inputs: &[String]) -> String {
     if inputs.is_empty() {
-        "standard input".to_owned()
+        STANDARD_INPUT.to_owned()
     } else {
         inputs
             .iter()
-            .map(|i| display_name(i))
+            .map(|i| input_name(i))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -87,16 +92,7 @@ fn single_input(ev: &Evidence) -> Option<&str> {
     ev.observations
         .iter()
         .all(|o| o.input == first.input)
-        .then_some(display_name(&first.input))
-}
-
-/// How an input is named to a reader: `-` is standard input.
-pub(crate) fn display_name(input: &str) -> &str {
-    if input == "-" {
-        "standard input"
-    } else {
-        input
-    }
+        .then_some(first.input.as_str())
 }
 
 fn device(o: &Observation) -> String {

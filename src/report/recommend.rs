@@ -360,11 +360,7 @@ fn recommended_block(r: &Recommendation) -> String {
 /// `recommend`'s output when nothing could be replayed: the rules' answer.
 pub fn rules_only(r: &RulesOnly, format: Format) -> String {
     match format {
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(r).unwrap_or_default();
-            s.push('\n');
-            s
-        }
+        Format::Json | Format::Jsonl => super::common::json(r),
         Format::Text => {
             let mut s = format!("recommend: nothing to replay: {}\n", r.not_replayed);
             for l in answer_lines(&r.answer) {
@@ -400,7 +396,7 @@ pub fn rules_only(r: &RulesOnly, format: Format) -> String {
 /// `recommend`'s output in `format`.
 pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     match format {
-        Format::Json => json_with_probe(r, r.probe.as_ref(), r.torch_version),
+        Format::Json | Format::Jsonl => json_with_probe(r, r.probe.as_ref(), r.torch_version),
         Format::Text => {
             let mut s = format!(
                 "recommend: {} ({} events), capacity {}\n",
@@ -555,7 +551,7 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
 /// `validate`'s output in `format`.
 pub fn validation(v: &Validation, format: Format) -> String {
     match format {
-        Format::Json => json_with_probe(v, v.ensemble.as_ref(), v.torch_version),
+        Format::Json | Format::Jsonl => json_with_probe(v, v.ensemble.as_ref(), v.torch_version),
         Format::Text => {
             let mut s = format!(
                 "validate: {} on {}, capacity {}\n",
@@ -611,13 +607,11 @@ fn json_with_probe(
         obj.insert("probe".into(), probe_json(e));
         obj.insert("capture".into(), serde_json::json!(capture_lines(version)));
     }
-    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
-    s.push('\n');
-    s
+    super::common::json(&value)
 }
 
 fn probe_json(e: &Ensemble) -> serde_json::Value {
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "synthetic": true,
         "observed": {"allocated_bytes": e.observed.allocated_bytes,
                      "reserved_bytes": e.observed.reserved_bytes,
@@ -638,7 +632,27 @@ fn probe_json(e: &Ensemble) -> serde_json::Value {
             "within_tolerance": m.within_tolerance,
             "reproduces": m.reproduces,
         })).collect::<Vec<_>>(),
-    })
+    });
+    // The closest member's fit at the top, as when one probe was fitted.
+    if let (Some(m), Some(obj)) = (e.best(), v.as_object_mut()) {
+        for (k, x) in [
+            ("family", serde_json::json!(m.family.name())),
+            ("steps", serde_json::json!(m.params.steps)),
+            ("unit_bytes", serde_json::json!(m.params.unit)),
+            ("seed", serde_json::json!(m.params.seed)),
+            (
+                "reproduced",
+                serde_json::json!({"allocated_bytes": m.reproduced.allocated_bytes,
+                                   "reserved_bytes": m.reproduced.reserved_bytes}),
+            ),
+            ("fit_error", serde_json::json!(m.error)),
+            ("within_tolerance", serde_json::json!(m.within_tolerance)),
+            ("reproduces_oom", serde_json::json!(m.reproduces)),
+        ] {
+            obj.insert(k.into(), x);
+        }
+    }
+    v
 }
 
 /// `validate --report`: the self-contained HTML page.
@@ -674,10 +688,8 @@ pub fn validation_html(v: &Validation, views: &RunViews) -> String {
 
 /// `replay --compare-with`: the bundled allocator next to PyTorch, differences flagged.
 pub fn torch_comparison(c: &TorchComparison, format: Format) -> String {
-    if format == Format::Json {
-        let mut s = serde_json::to_string_pretty(c).unwrap_or_default();
-        s.push('\n');
-        return s;
+    if format.is_json() {
+        return super::common::json(c);
     }
     let show = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let rows: Vec<TableRow> = c

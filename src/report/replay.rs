@@ -224,9 +224,7 @@ pub fn json(replay: &Replay) -> String {
     if let (Some(f), Some(map)) = (&replay.fidelity, doc.as_object_mut()) {
         map.insert("fidelity".into(), json!(f));
     }
-    let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
-    out.push('\n');
-    out
+    super::common::json(&doc)
 }
 
 /// The one-line verdict on the last config (the candidate), naming the
@@ -384,17 +382,17 @@ pub fn append_torch_comparison(
     comparison: &TorchComparison,
     format: Format,
 ) -> Result<(), crate::Error> {
-    if format == Format::Json {
+    if format.is_json() {
         let mut value: serde_json::Value = serde_json::from_str(stdout)
             .map_err(|e| crate::Error::Input(format!("replay JSON: {e}")))?;
         if let Some(obj) = value.as_object_mut() {
+            obj.remove("schema_version");
             obj.insert(
                 "compare_with".into(),
                 serde_json::to_value(comparison).unwrap_or_default(),
             );
         }
-        *stdout = serde_json::to_string_pretty(&value).unwrap_or_default();
-        stdout.push('\n');
+        *stdout = super::common::json(&value);
     } else {
         stdout.push('\n');
         stdout.push_str(&super::recommend::torch_comparison(comparison, format));

@@ -9,12 +9,12 @@ use std::fmt::Write;
 
 pub fn list(rules: &[Rule], format: Format) -> String {
     match format {
-        Format::Json => {
+        Format::Json | Format::Jsonl => {
             let v: Vec<_> = rules
                 .iter()
                 .map(|r| json!({"id": r.id, "title": r.title, "severity": r.severity, "cause": r.cause, "priority": r.priority, "tests": r.tests.len()}))
                 .collect();
-            serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+            super::common::json(&json!({ "rules": v }))
         }
         Format::Markdown => {
             let mut out = String::from(
@@ -59,12 +59,12 @@ pub fn list(rules: &[Rule], format: Format) -> String {
 }
 
 pub fn test(results: &[CaseResult], format: Format) -> String {
-    if format == Format::Json {
+    if format.is_json() {
         let v: Vec<_> = results
             .iter()
             .map(|r| json!({"rule": r.rule, "case": r.case, "passed": r.failure.is_none(), "failure": r.failure}))
             .collect();
-        return serde_json::to_string_pretty(&v).unwrap_or_default() + "\n";
+        return super::common::json(&json!({ "results": v }));
     }
     let mut out = String::new();
     for r in results {
@@ -86,7 +86,7 @@ pub fn show(rule: &Rule, format: Format) -> String {
         .iter()
         .map(|(k, v)| (k.clone(), v.source().to_string()))
         .collect();
-    if format == Format::Json {
+    if format.is_json() {
         let value = json!({
             "id": rule.id, "title": rule.title, "severity": rule.severity,
             "cause": rule.cause, "priority": rule.priority, "when": rule.when_text,
@@ -94,7 +94,7 @@ pub fn show(rule: &Rule, format: Format) -> String {
             "because": rule.because.source, "reference": rule.reference,
             "source": rule.source, "tests": rule.tests.len(),
         });
-        return serde_json::to_string_pretty(&value).unwrap_or_default() + "\n";
+        return super::common::json(&value);
     }
     let mut out = String::new();
     let _ = writeln!(out, "{} — {}", rule.id, rule.title);

@@ -95,28 +95,25 @@ impl Plan {
     }
 }
 
-/// Loads the input, parses every config and replays the input under each.
-pub fn replay(plan: &Plan) -> Result<Replay, Error> {
-    let data = crate::ingest::read_input_with(&plan.input, &plan.limits)?;
-    let name = match plan.input.as_str() {
-        "" | "-" => "<stdin>".to_string(),
-        path => path.to_string(),
-    };
-    let is_snapshot = crate::snapshot::is_pickle(&data);
+/// Parses every config and replays the input (`data`, read by the caller)
+/// under each.
+pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
+    let name = crate::ingest::input_name(&plan.input).to_string();
+    let is_snapshot = crate::snapshot::is_pickle(data);
     if plan.fidelity && !is_snapshot {
         return Err(Error::Usage(
             "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),
         ));
     }
     if is_snapshot {
-        return snapshot_replay(plan, name, &data);
+        return snapshot_replay(plan, name, data);
     }
     let version = plan.torch_version;
     let mut notes = Vec::new();
-    let trace = match detect_trace(&name, &data)? {
+    let trace = match detect_trace(&name, data)? {
         Some(trace) => trace,
-        None if crate::workload::rmm::is_rmm_log(&data) => {
-            let (trace, skipped) = crate::workload::rmm::parse(&name, &data)?.to_trace()?;
+        None if crate::workload::rmm::is_rmm_log(data) => {
+            let (trace, skipped) = crate::workload::rmm::parse(&name, data)?.to_trace()?;
             notes.push(format!(
                 "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
                 skipped.failed_allocations, skipped.unmatched_frees

@@ -24,16 +24,23 @@ use std::collections::BTreeMap;
 /// suggestions is made once and reused.
 pub struct TraceChecker {
     name: String,
+    /// Where `name` is read from when it is not a file (the Python API's contents).
+    buffers: crate::ingest::Buffers,
     limits: crate::limits::Limits,
     workload: Option<Result<Workload, String>>,
     baseline: Option<(String, Settings, super::Run, u64)>,
 }
 
 impl TraceChecker {
-    /// The checker of the snapshot input `name`.
-    pub fn new(name: &str, limits: crate::limits::Limits) -> TraceChecker {
+    /// The checker of the snapshot input `name` (a file, or one of `buffers`).
+    pub fn new(
+        name: &str,
+        buffers: crate::ingest::Buffers,
+        limits: crate::limits::Limits,
+    ) -> TraceChecker {
         TraceChecker {
             name: name.to_string(),
+            buffers,
             limits,
             workload: None,
             baseline: None,
@@ -57,14 +64,14 @@ impl TraceChecker {
                 human(super::workload::DEFAULT_CAPACITY)
             ));
         }
-        let (name, limits) = (&self.name, &self.limits);
+        let (name, buffers, limits) = (&self.name, &self.buffers, &self.limits);
         let workload = self
             .workload
             .get_or_insert_with(|| {
-                if name == "-" {
+                if name == "-" || name == crate::ingest::STANDARD_INPUT {
                     return Err("standard input is read once: save the snapshot to a file to have it replayed".into());
                 }
-                let data = crate::ingest::read_input_with(name, limits).map_err(|e| e.to_string())?;
+                let data = buffers.read(name, limits).map_err(|e| e.to_string())?;
                 Workload::snapshot(name, data, limits)
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| super::workload::no_trace(name))

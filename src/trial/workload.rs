@@ -10,6 +10,7 @@ use crate::advise::Diagnosis;
 use crate::conf::Settings;
 use crate::device::sim::Placement;
 use crate::evidence::{Kind, Observation};
+use crate::ingest::Bytes;
 use crate::workload::Trace;
 use crate::workload::probe::{self, Ensemble, Figures, Target};
 use crate::workload::snapshot_trace::{SnapshotTrace, recorded_settings, traced_device};
@@ -25,7 +26,7 @@ pub enum Source {
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
     /// borrows them) with the limits it is decoded within; replayed from the
     /// state the trace started in.
-    Snapshot(crate::ingest::Bytes, crate::limits::Limits),
+    Snapshot(Bytes, crate::limits::Limits),
 }
 
 /// What loading an input gave: a workload, or why there is nothing to
@@ -215,15 +216,16 @@ impl Workload {
         diagnosis: Option<&Diagnosis>,
         limits: &crate::limits::Limits,
     ) -> Result<Loaded, Error> {
-        let name = if input.is_empty() { "-" } else { input };
-        let data = crate::ingest::read_input_with(name, limits)?;
+        let data =
+            crate::ingest::read_input_with(if input.is_empty() { "-" } else { input }, limits)?;
+        let name = crate::ingest::input_name(input);
         Workload::from_bytes(name, data, capacity, current, (diagnosis, limits))
     }
 
     /// [`Workload::load`] for an input already read (standard input is read once).
     pub fn from_bytes(
         name: &str,
-        data: crate::ingest::Bytes,
+        data: Bytes,
         capacity: Option<u64>,
         current: &Settings,
         (diagnosis, limits): (Option<&Diagnosis>, &crate::limits::Limits),

@@ -1,0 +1,5 @@
+"""`python -m allocdoc ...`: the `allocdoc` command."""
+
+from ._cli import main
+
+main()

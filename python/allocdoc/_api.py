@@ -1,0 +1,124 @@
+"""The functions of the `allocdoc` package: each runs one command of the Rust
+library (`allocdoc._native`, the GIL released while it works) with
+`--format json` and returns that JSON as a dict.
+
+`src` is a path (`str` or `os.PathLike`), the input's content as `bytes`, or
+its text as a `str`. A `str` is read as a path when it is one line naming an
+existing file, and as text otherwise; pass a `pathlib.Path` to make a path
+explicit. Notes the command writes to standard error go to the `allocdoc`
+logger (notes at INFO, warnings at WARNING).
+"""
+
+import json
+import logging
+import os
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._native import SCHEMA_VERSION, Error, InputError, NoDeviceError, UsageError  # noqa: F401 (the package's names)
+
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
+#: A size: bytes as an int, or text as the command takes it ("24GiB", "23.5G").
+Size = Union[int, str]
+
+_log = logging.getLogger("allocdoc")
+
+
+def _input(src: Source) -> Tuple[str, Optional[bytes]]:
+    """(name, content): content None means "read the file `name`"."""
+    if isinstance(src, os.PathLike):
+        return os.fspath(src), None
+    if isinstance(src, bytes):
+        return "<bytes>", src
+    if isinstance(src, (bytearray, memoryview)):
+        return "<bytes>", bytes(src)
+    if isinstance(src, str):
+        if "\n" not in src and os.path.isfile(src):
+            return src, None
+        return "<string>", src.encode("utf-8")
+    raise TypeError(f"expected a path, bytes or str, not {type(src).__name__}")
+
+
+def _inputs(src: Union[Source, Sequence[Source]]) -> list:
+    """One source, or a list or tuple of them (read together, as one incident);
+    contents in memory are numbered when there are several."""
+    if not isinstance(src, (list, tuple)):
+        return [_input(src)]
+    found = [_input(s) for s in src]
+    if sum(data is not None for _, data in found) < 2:
+        return found
+    return [
+        (f"{name[:-1]} {i}>", data) if data is not None else (name, data)
+        for i, (name, data) in enumerate(found, 1)
+    ]
+
+
+def _result(produced: Tuple[str, Iterable[str], int]) -> Dict[str, Any]:
+    stdout, notes, _code = produced
+    for note in notes:
+        _log.log(logging.WARNING if "warning:" in note else logging.INFO, "%s", note)
+    return json.loads(stdout)
+
+
+def parse(src: Union[Source, Sequence[Source]]) -> Dict[str, Any]:
+    """The evidence in `src` (`allocdoc parse --format json`)."""
+    return _result(_native.parse(_inputs(src)))
+
+
+def diagnose(
+    src: Union[Source, Sequence[Source]],
+    torch_version: Optional[str] = None,
+    platform: Optional[str] = None,
+    conf: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The cause and the one setting to use (`allocdoc diagnose --format json`).
+
+    torch_version: your PyTorch version when the evidence does not show it.
+    platform: "linux", "windows" or "rocm" (default: what the evidence shows,
+    else linux); it overrides what the text suggests.
+    conf: the PYTORCH_CUDA_ALLOC_CONF in effect at the OOM.
+    """
+    return _result(_native.diagnose(_inputs(src), torch_version, platform, conf))
+
+
+def replay(
+    trace: Source,
+    confs: Sequence[str] = (),
+    capacity: Optional[Size] = None,
+    fidelity: bool = False,
+    torch_version: Optional[str] = None,
+) -> Dict[str, Any]:
+    """`trace` (a trace CSV, an RMM log or a snapshot pickle) through the bundled
+    allocator under each config (`allocdoc replay --format json`): "" is
+    PyTorch's defaults; none runs what the command runs without `--conf`."""
+    if isinstance(confs, str):
+        confs = [confs]
+    return _result(_native.replay(_input(trace), list(confs), capacity, fidelity, torch_version))
+
+
+def recommend(
+    src: Source,
+    capacity: Optional[Size] = None,
+    current: Optional[str] = None,
+    torch_version: Optional[str] = None,
+    platform: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The config search by replay (`allocdoc recommend --format json`);
+    torch_version and platform as for `diagnose`."""
+    return _result(_native.recommend(_input(src), capacity, current, torch_version, platform))
+
+
+def validate(
+    src: Source,
+    conf: str,
+    current: Optional[str] = None,
+    capacity: Optional[Size] = None,
+    device: str = "sim",
+    torch_version: Optional[str] = None,
+    platform: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The current config against `conf` (`allocdoc validate --format json`);
+    torch_version and platform as for `diagnose`."""
+    return _result(
+        _native.validate(_input(src), conf, current, capacity, device, torch_version, platform)
+    )

@@ -1,0 +1,250 @@
+//! `allocdoc._native`: the Python extension. Each function runs one command of
+//! the library with `--format json` and hands back the JSON text, the notes
+//! meant for standard error and the exit code; `allocdoc/_api.py` turns them
+//! into a dict, log records and exceptions. `cli` is the whole `allocdoc`
+//! command, compiled from the binary's own source. The GIL is released while
+//! the library works.
+
+use allocdoc::app::{self, Buffers, Format, Outcome};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use std::ffi::OsString;
+
+// The binary's source, so the wheel's command is the same code; its `main` is
+// the binary's entry and unused here.
+#[allow(dead_code)]
+#[path = "../../src/main.rs"]
+mod cli;
+
+create_exception!(allocdoc, Error, PyException, "An allocdoc error.");
+create_exception!(
+    allocdoc,
+    InputError,
+    Error,
+    "An unreadable or invalid input (the command's exit code 2)."
+);
+create_exception!(
+    allocdoc,
+    UsageError,
+    Error,
+    "A bad option value (the command's exit code 2)."
+);
+create_exception!(
+    allocdoc,
+    NoDeviceError,
+    Error,
+    "No usable CUDA driver or GPU for --device cuda (the command's exit code 3)."
+);
+
+fn py_err(e: allocdoc::Error) -> PyErr {
+    match e {
+        allocdoc::Error::Input(m) => InputError::new_err(m),
+        allocdoc::Error::Usage(m) => UsageError::new_err(m),
+        allocdoc::Error::NoDevice(m) => NoDeviceError::new_err(m),
+    }
+}
+
+/// What a command produced: JSON on standard output, notes, exit code.
+type Produced = (String, Vec<String>, i32);
+
+/// Runs a command with the GIL released.
+fn run(
+    py: Python<'_>,
+    command: impl FnOnce() -> Result<Outcome, allocdoc::Error> + Send,
+) -> PyResult<Produced> {
+    py.detach(command)
+        .map(|o| (o.stdout, o.stderr, o.exit_code))
+        .map_err(py_err)
+}
+
+/// One input from Python: its name, and its content when it is not a file.
+type Source = (String, Option<Vec<u8>>);
+
+/// The input names, with the in-memory contents under their names.
+fn sources(list: Vec<Source>) -> (Vec<String>, Buffers) {
+    let mut buffers = Buffers::default();
+    let names = list
+        .into_iter()
+        .map(|(name, data)| {
+            if let Some(data) = data {
+                buffers.add(name.clone(), data);
+            }
+            name
+        })
+        .collect();
+    (names, buffers)
+}
+
+fn source(one: Source) -> (String, Buffers) {
+    let (mut names, buffers) = sources(vec![one]);
+    (names.pop().unwrap_or_default(), buffers)
+}
+
+/// A size as Python gives it: bytes, or text as the command takes it.
+#[derive(FromPyObject)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+fn size(s: Option<Size>) -> PyResult<Option<u64>> {
+    match s {
+        None => Ok(None),
+        Some(Size::Bytes(b)) => Ok(Some(b)),
+        Some(Size::Text(t)) => allocdoc::units::parse_size(&t)
+            .map(Some)
+            .map_err(|e| UsageError::new_err(format!("capacity {t:?}: {e}"))),
+    }
+}
+
+/// A platform as `--platform` takes it (`linux`, `windows`, `rocm`).
+fn platform(p: Option<String>) -> PyResult<Option<allocdoc::conf::Platform>> {
+    p.map(|p| {
+        clap::ValueEnum::from_str(&p, true)
+            .map_err(|e| UsageError::new_err(format!("platform {p:?}: {e}")))
+    })
+    .transpose()
+}
+
+#[pyfunction]
+fn parse(py: Python<'_>, inputs: Vec<Source>) -> PyResult<Produced> {
+    let (inputs, buffers) = sources(inputs);
+    let opts = app::parse::ParseOptions {
+        inputs,
+        buffers,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::parse::run(&opts))
+}
+
+#[pyfunction]
+#[pyo3(signature = (inputs, torch_version=None, platform=None, conf=None))]
+fn diagnose(
+    py: Python<'_>,
+    inputs: Vec<Source>,
+    torch_version: Option<String>,
+    platform: Option<String>,
+    conf: Option<String>,
+) -> PyResult<Produced> {
+    let (inputs, buffers) = sources(inputs);
+    let opts = app::diagnose::DiagnoseOptions {
+        inputs,
+        buffers,
+        torch_version,
+        platform: self::platform(platform)?,
+        conf,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::diagnose::run(&opts))
+}
+
+#[pyfunction]
+#[pyo3(signature = (trace, confs, capacity=None, fidelity=false, torch_version=None))]
+fn replay(
+    py: Python<'_>,
+    trace: Source,
+    confs: Vec<String>,
+    capacity: Option<Size>,
+    fidelity: bool,
+    torch_version: Option<String>,
+) -> PyResult<Produced> {
+    let (trace, buffers) = source(trace);
+    let opts = app::replay::ReplayOptions {
+        trace,
+        buffers,
+        confs,
+        capacity: size(capacity)?,
+        device: "sim".into(),
+        fidelity,
+        torch_version,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::replay::run(&opts))
+}
+
+#[pyfunction]
+#[pyo3(signature = (input, capacity=None, current=None, torch_version=None, platform=None))]
+fn recommend(
+    py: Python<'_>,
+    input: Source,
+    capacity: Option<Size>,
+    current: Option<String>,
+    torch_version: Option<String>,
+    platform: Option<String>,
+) -> PyResult<Produced> {
+    let (input, buffers) = source(input);
+    let opts = app::recommend::RecommendOptions {
+        input,
+        buffers,
+        capacity: size(capacity)?,
+        current,
+        torch_version,
+        platform: self::platform(platform)?,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::recommend::run(&opts))
+}
+
+#[pyfunction]
+#[pyo3(signature = (input, conf, current=None, capacity=None, device="sim".to_owned(), torch_version=None, platform=None))]
+#[allow(clippy::too_many_arguments)]
+fn validate(
+    py: Python<'_>,
+    input: Source,
+    conf: String,
+    current: Option<String>,
+    capacity: Option<Size>,
+    device: String,
+    torch_version: Option<String>,
+    platform: Option<String>,
+) -> PyResult<Produced> {
+    let (input, buffers) = source(input);
+    let opts = app::validate::ValidateOptions {
+        input,
+        buffers,
+        conf,
+        current,
+        torch_version,
+        platform: self::platform(platform)?,
+        capacity: size(capacity)?,
+        device,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::validate::run(&opts))
+}
+
+/// The `allocdoc` command: `argv` as `sys.argv` (the program first); prints
+/// as the binary does and returns the exit code.
+#[pyfunction]
+fn command(py: Python<'_>, argv: Vec<OsString>) -> u8 {
+    py.detach(|| cli::cli(argv))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    for (name, kind, ty) in [
+        ("InputError", "input", py.get_type::<InputError>()),
+        ("UsageError", "usage", py.get_type::<UsageError>()),
+        ("NoDeviceError", "no_device", py.get_type::<NoDeviceError>()),
+    ] {
+        // `kind` is what `--each` writes in its error documents.
+        ty.setattr("kind", kind)?;
+        m.add(name, ty)?;
+    }
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("SCHEMA_VERSION", allocdoc::report::common::SCHEMA_VERSION)?;
+    m.add_function(wrap_pyfunction!(parse, m)?)?;
+    m.add_function(wrap_pyfunction!(diagnose, m)?)?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(recommend, m)?)?;
+    m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(command, m)?)?;
+    Ok(())
+}
