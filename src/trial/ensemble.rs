@@ -605,6 +605,19 @@ impl EnsembleSearch {
             };
             return (None, verdict);
         };
+        if best.avoids == 0 && self.ranked.len() < 2 {
+            // Only the config in use ran: the setup admits no other.
+            let verdict = Verdict {
+                basis,
+                strength: ensemble_strength(n, n),
+                finding: format!(
+                    "No allocator setting could be tried for this setup; the current config runs \
+                     out of memory on every one of the {n} workloads {consistent}"
+                ),
+                exit_code: 1,
+            };
+            return (None, verdict);
+        }
         if best.avoids == 0 {
             let need = self
                 .needed_capacity_bytes

@@ -317,12 +317,21 @@ fn recorded_verdict(
         })
         .collect();
     let Some(top) = runs.first().filter(|r| r.figures.oom.is_none()).cloned() else {
-        let finding = format!(
-            "every one of the {} configs runs out of memory at {}: no allocator setting avoids \
-             this OOM",
-            runs.len(),
-            human(cap)
-        );
+        let finding = if runs.len() < 2 {
+            // Only the config in use ran: the setup admits no other (the notes say why).
+            format!(
+                "no allocator setting could be tried for this setup; the current config runs out \
+                 of memory at {}",
+                human(cap)
+            )
+        } else {
+            format!(
+                "every one of the {} configs runs out of memory at {}: no allocator setting \
+                 avoids this OOM",
+                runs.len(),
+                human(cap)
+            )
+        };
         let verdict = Verdict {
             basis: Basis::Recorded,
             strength: Strength::Proven,
