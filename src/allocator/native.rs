@@ -75,6 +75,8 @@ pub struct CachingAllocator<D: Device> {
     /// `Block::stream_uses` of the blocks that have any: (block, stream).
     stream_uses: Vec<(BlockId, u64)>,
     trace: Option<Vec<TraceEntry>>,
+    /// See [`Self::max_split_flips`].
+    split_flips: u64,
 }
 
 impl<D: Device> CachingAllocator<D> {
@@ -99,6 +101,7 @@ impl<D: Device> CachingAllocator<D> {
             cuda_events: BTreeMap::new(),
             stream_uses: Vec::new(),
             trace: None,
+            split_flips: 0,
         };
         if let Some(fraction) = allocator.settings.per_process_memory_fraction {
             allocator.set_memory_fraction(fraction);
@@ -130,6 +133,20 @@ impl<D: Device> CachingAllocator<D> {
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
     }
+    /// Bit `k` set: under a `max_split_size` of `2^k` bytes instead of this
+    /// run's, some decision so far would have gone the other way. The
+    /// threshold decides in three places: `get_free_block` (an oversize block
+    /// refused to a normal request, a non-exact oversize fit refused),
+    /// `should_split` (no split of an oversize request's block) and
+    /// `release_available_cached_blocks` (sets every bit). Elsewhere it only
+    /// counts the oversize stats. So with the bit of `T` clear, a run under
+    /// `T` takes every decision this run took: the same run, but for the
+    /// oversize stats and the `max_split_size` stat. Kept for the unset
+    /// threshold (`u64::MAX`), which the config search compares against.
+    pub fn max_split_flips(&self) -> u64 {
+        self.split_flips
+    }
+
     /// Bytes currently obtained from the device (`total_allocated_memory`).
     pub fn total_allocated_memory(&self) -> u64 {
         self.total_allocated_memory
@@ -139,6 +156,7 @@ impl<D: Device> CachingAllocator<D> {
     /// blocks stay where they are (the `max_split_size` stat keeps its first value).
     pub fn set_settings(&mut self, settings: Settings) {
         self.settings = settings;
+        self.split_flips = u64::MAX;
         if let Some(fraction) = self.settings.per_process_memory_fraction {
             self.set_memory_fraction(fraction);
         }
@@ -340,6 +358,12 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         let found = arena.get(id).size;
+        // Thresholds in (p.size, found] would refuse this block as oversize;
+        // those up to p.size would, when the fit is not near-exact.
+        self.split_flips |= pow2_in(p.size + 1, found);
+        if found >= p.size.saturating_add(tolerance) {
+            self.split_flips |= pow2_in(1, p.size);
+        }
         // Never hand an oversize block to a normal request, and give an oversize
         // request only a near-exact fit.
         if p.size < max_split && found >= max_split {
@@ -353,12 +377,16 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// `should_split`.
-    fn should_split(&self, block: BlockId, size: u64) -> bool {
+    fn should_split(&mut self, block: BlockId, size: u64) -> bool {
         let b = self.arena.get(block);
         let remaining = b.size - size;
         if b.small || self.settings.expandable_segments {
             remaining >= MIN_BLOCK_SIZE
         } else {
+            if remaining > SMALL_SIZE {
+                // Thresholds up to `size` would keep the block whole.
+                self.split_flips |= pow2_in(1, size);
+            }
             size < self.settings.max_split_size && remaining > SMALL_SIZE
         }
     }
@@ -684,6 +712,8 @@ impl<D: Device> CachingAllocator<D> {
     /// `release_available_cached_blocks`: with max_split_size set, free one
     /// cached oversize block large enough, or the largest ones until enough.
     fn release_available_cached_blocks(&mut self, p: &AllocParams) -> bool {
+        // Unset, this returns at once; under any threshold it may release.
+        self.split_flips = u64::MAX;
         let max_split = self.settings.max_split_size;
         if max_split == u64::MAX {
             return false;
@@ -820,5 +850,42 @@ fn apply_net(array: &mut super::stats::StatArray, small: bool, net: i64) {
         array.increase(small, net as u64);
     } else if net < 0 {
         array.decrease(small, net.unsigned_abs());
+    }
+}
+
+/// The bits of the powers of two in `lo..=hi` (none when `lo > hi`).
+#[inline]
+fn pow2_in(lo: u64, hi: u64) -> u64 {
+    if lo > hi || hi == 0 {
+        return 0;
+    }
+    // Bits up to and including floor(log2(hi)), minus those below ceil(log2(lo)).
+    let top = 63 - hi.leading_zeros();
+    let up_to_hi = u64::MAX >> (63 - top);
+    let below_lo = if lo <= 1 {
+        0
+    } else {
+        let bottom = 64 - (lo - 1).leading_zeros(); // ceil(log2(lo))
+        if bottom >= 64 {
+            return 0;
+        }
+        (1u64 << bottom) - 1
+    };
+    up_to_hi & !below_lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pow2_in;
+
+    #[test]
+    fn powers_of_two_in_a_range() {
+        assert_eq!(pow2_in(1, 1), 0b1);
+        assert_eq!(pow2_in(3, 4), 0b100);
+        assert_eq!(pow2_in(5, 7), 0, "no power of two in 5..=7");
+        assert_eq!(pow2_in(4, 3), 0);
+        assert_eq!(pow2_in(33 << 20, 1 << 30), 0b11111 << 26, "64 MiB to 1 GiB");
+        assert_eq!(pow2_in(1, u64::MAX), u64::MAX);
+        assert_eq!(pow2_in(u64::MAX, u64::MAX), 0);
     }
 }

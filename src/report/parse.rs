@@ -331,3 +331,55 @@ fn stats_grid(o: &Observation, place: &str) -> Grid {
     }
     g
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` copies of one 2.4-era OOM message, one a line.
+    fn ooms(n: usize) -> Evidence {
+        let line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. \
+                    GPU 0 has a total capacity of 79.15 GiB of which 1.20 GiB is free. Process \
+                    4242 has 1.00 GiB memory in use. Including non-PyTorch memory, this process \
+                    has 76.93 GiB memory in use. Of the allocated memory 62.50 GiB is allocated \
+                    by PyTorch, and 12.10 GiB is reserved by PyTorch but unallocated.\n";
+        crate::ingest::parse_input("train.log", line.repeat(n).as_bytes()).expect("text")
+    }
+
+    /// The text output of `n` incidents is one table with `n` rows, each row
+    /// as tall as the others and every line of the table as wide (at most the
+    /// layout width): its size grows by one row per incident, not faster.
+    #[test]
+    fn text_output_grows_by_one_row_per_incident() {
+        for n in [1, 9, 99, 999] {
+            let ev = ooms(n);
+            assert_eq!(ev.observations.len(), n);
+            let text = render(&ev, &[], Format::Text);
+            let title = "Out-of-memory errors from the caching allocator";
+            assert_eq!(text.matches(title).count(), 1);
+            // The lines between the header's rule (╞) and the bottom border (└).
+            let body: Vec<&str> = text
+                .lines()
+                .skip_while(|l| !l.starts_with('╞'))
+                .skip(1)
+                .take_while(|l| !l.starts_with('└'))
+                .collect();
+            let starts = body.iter().filter(|l| l.starts_with("│ line ")).count();
+            assert_eq!(starts, n, "one row per incident");
+            let height = body.len() / n;
+            assert!(
+                (1..=3).contains(&height) && body.len() == n * height,
+                "{text}"
+            );
+            for (i, l) in body.iter().enumerate() {
+                assert_eq!(l.starts_with("│ line "), i % height == 0, "{text}");
+            }
+            let width = body[0].chars().count();
+            assert!(width <= usize::from(crate::report::common::TEXT_WIDTH));
+            assert!(body.iter().all(|l| l.chars().count() == width), "{text}");
+            // Nothing else grows with n: title, borders, header, the input's name.
+            let rest = text.len() - body.iter().map(|l| l.len() + 1).sum::<usize>();
+            assert!(rest < 2_000, "{n} incidents: {rest} bytes outside the rows");
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! The search does not know how a run happens: the caller passes `run(settings,
 //! capacity)`, so the same code drives the simulated card, a probe or a GPU.
 
-use crate::advise::space::Candidate;
+use crate::advise::space::{Candidate, ROUNDUP_DIVISIONS};
 use crate::allocator::sizes::{get_allocation_size, round_size};
 use crate::conf::{MIB, Settings};
 use crate::workload::RunFigures;
@@ -57,19 +57,43 @@ pub struct Pruning {
 /// Bisection stops when the bracket is this narrow.
 pub const CAPACITY_RESOLUTION: u64 = MIB;
 
-/// The candidate `c` behaves exactly like: `max_split_size_mb` is dropped when
-/// no segment the trace can create reaches it. Without expandable segments a
-/// block is never larger than its segment, and every check on the threshold
-/// (`get_free_block`, `should_split`, `release_available_cached_blocks`, the
-/// oversize stats) compares a block or request against it, so a threshold
-/// above the largest segment changes nothing. `request_sizes` are the trace's
-/// distinct request sizes (`None` when unknown, e.g. a snapshot's start state).
+/// The candidate `c` behaves exactly like, judged before any replay from the
+/// trace's distinct request sizes (`None` when unknown, e.g. a snapshot's
+/// start state):
+/// - `max_split_size_mb` is dropped when no segment the trace can create
+///   reaches it. Without expandable segments a block is never larger than its
+///   segment, and every check on the threshold (`get_free_block`,
+///   `should_split`, `release_available_cached_blocks`, the oversize stats)
+///   compares a block or request against it, so a threshold above the largest
+///   segment changes nothing.
+/// - `roundup_power2_divisions` is replaced by the first setting (unset, then
+///   the space's values) that rounds every request size of the trace alike:
+///   `round_size` is the only place the allocator reads it
+///   (src/allocator/sizes.rs), so the allocator sees the same requests.
 fn equivalent(c: &Candidate, base: &Settings, request_sizes: Option<&[u64]>) -> Candidate {
     let mut key = c.clone();
-    if let (false, Some(mb), Some(sizes)) =
-        (c.expandable_segments, c.max_split_size_mb, request_sizes)
-    {
+    let Some(sizes) = request_sizes else {
+        return key;
+    };
+    if c.roundup_power2_divisions.is_some() {
         let s = c.settings(base);
+        let alike = |d: Option<u64>| {
+            let other = Candidate {
+                roundup_power2_divisions: d,
+                ..c.clone()
+            }
+            .settings(base);
+            sizes
+                .iter()
+                .all(|&r| round_size(r, &s) == round_size(r, &other))
+        };
+        key.roundup_power2_divisions = std::iter::once(None)
+            .chain(ROUNDUP_DIVISIONS.iter().copied().map(Some))
+            .find(|&d| d == c.roundup_power2_divisions || alike(d))
+            .flatten();
+    }
+    if let (false, Some(mb)) = (c.expandable_segments, c.max_split_size_mb) {
+        let s = key.settings(base);
         let largest = sizes
             .iter()
             .map(|&r| get_allocation_size(round_size(r, &s), &s))
@@ -93,22 +117,114 @@ fn gc_never_runs(peak_reserved: u64, threshold: f64, base: &Settings, capacity: 
     peak_reserved <= (threshold * allowed as f64) as u64
 }
 
-/// How many candidates of a phase run before the rest, unbounded by each
-/// other: the simplest expandable-segments ones, which usually set the bound.
+/// The replays so far and what they prove about the other candidates.
+struct Runs<'a> {
+    /// The distinct candidates to rank (after [`equivalent`]).
+    keys: Vec<Candidate>,
+    done: Vec<(Candidate, RunFigures)>,
+    base: &'a Settings,
+    capacity: u64,
+}
+
+impl Runs<'_> {
+    /// The candidate `k` stands on: itself without its collector threshold,
+    /// and itself without its `max_split_size_mb`.
+    fn simpler(k: &Candidate) -> [Option<Candidate>; 2] {
+        [
+            k.garbage_collection_threshold.map(|_| Candidate {
+                garbage_collection_threshold: None,
+                ..k.clone()
+            }),
+            k.max_split_size_mb.map(|_| Candidate {
+                max_split_size_mb: None,
+                ..k.clone()
+            }),
+        ]
+    }
+
+    /// The run `k` provably gives: its own replay, or that of a simpler
+    /// candidate whose run never reached what `k` changes. A collector
+    /// threshold the run never reaches ([`gc_never_runs`]) or a
+    /// `max_split_size_mb` (a power of two) that would have turned no decision
+    /// of the run without it ([`RunFigures::max_split_flips`]) leaves each
+    /// decision of the allocator as it was, up to the end, the OOM, or the stop at the same
+    /// bound. A run stopped at an earlier wave's (higher or equal) bound still
+    /// passed the best finished run's peak, so it ranks below it as `k` would.
+    fn of(&self, k: &Candidate) -> Option<&RunFigures> {
+        if let Some((_, o)) = self.done.iter().find(|(c, _)| c == k) {
+            return Some(o);
+        }
+        let [without_gc, without_split] = Self::simpler(k);
+        if let (Some(t), Some(o)) = (
+            k.garbage_collection_threshold,
+            without_gc.and_then(|p| self.of(&p)),
+        ) && gc_never_runs(o.peak_reserved_bytes, t, self.base, self.capacity)
+        {
+            return Some(o);
+        }
+        if let (Some(mb), Some(o)) = (k.max_split_size_mb, without_split.and_then(|p| self.of(&p)))
+            && (mb * MIB).is_power_of_two()
+            && o.max_split_flips.is_some_and(|f| f & (mb * MIB) == 0)
+        {
+            return Some(o);
+        }
+        None
+    }
+
+    /// Whether `k`'s run is still to come: nothing proves it yet, and it is
+    /// to be replayed or may share the run of a simpler candidate still to come.
+    fn pending(&self, k: &Candidate) -> bool {
+        self.of(k).is_none()
+            && (self.keys.contains(k) || Self::simpler(k).iter().flatten().any(|p| self.pending(p)))
+    }
+
+    /// Whether `k` needs its own replay now: nothing proves its run, and no
+    /// simpler candidate it could share one with is still to come.
+    fn needs_replay(&self, k: &Candidate) -> bool {
+        self.of(k).is_none() && !Self::simpler(k).iter().flatten().any(|p| self.pending(p))
+    }
+
+    /// The bound for the next wave: the lowest peak reserved of a finished run
+    /// without an OOM (a run that passes it ranks below that run).
+    fn bound(&self) -> Option<u64> {
+        self.done
+            .iter()
+            .filter(|(_, o)| o.oom.is_none() && o.stopped_early_at_event.is_none())
+            .map(|(_, o)| o.peak_reserved_bytes)
+            .min()
+    }
+}
+
+/// Best first: stopped runs last; stable on ties: the candidate with fewer
+/// keys set wins (less to explain).
+fn rank(runs: &mut [(Candidate, RunFigures)]) {
+    runs.sort_by(|a, b| {
+        let stopped = |r: &RunFigures| r.stopped_early_at_event.is_some();
+        stopped(&a.1)
+            .cmp(&stopped(&b.1))
+            .then(a.1.rank(&b.1))
+            .then(a.0.keys().cmp(&b.0.keys()))
+    });
+}
+
+/// Replays in the first wave, which runs unbounded and sets the first bound:
+/// a constant, so that the bounds (and so the result) do not depend on the
+/// number of threads.
 const FIRST_WAVE: usize = 2;
 
-/// Replays every candidate at `capacity` in parallel, ranks them, and (when
-/// `bisect`) bisects the winner's smallest capacity. `run(settings, capacity,
-/// stop_above)` must be deterministic and may stop once reserved memory passes
-/// `stop_above`; `progress` is called from worker threads.
+/// Replays every candidate at `capacity` in parallel, ranks them, and (when `bisect`) bisects
+/// the winner's smallest capacity. `run(settings, capacity, stop_above)` must
+/// be deterministic and may stop once reserved memory passes `stop_above`;
+/// `progress` is called from worker threads.
 ///
-/// Candidates that provably behave alike share one replay: a
-/// `max_split_size_mb` above every segment of the trace ([`equivalent`]), and a
-/// `garbage_collection_threshold` the run without it never reaches. Replays
-/// are bounded by the lowest peak reserved of a run that finished without an
-/// OOM: a run whose reserved memory passes it ranks below that run, so it
-/// stops there. The simplest expandable-segments candidates run first, as
-/// they usually set the lowest bound; the result does not depend on the order.
+/// Candidates that provably behave alike share one replay ([`equivalent`]
+/// before any replay, [`Runs::of`] after their simpler candidate ran).
+/// Replays go in waves, each bounded by the lowest peak reserved of a run
+/// that finished without an OOM in an earlier wave: a run whose reserved
+/// memory passes it ranks below that run, so it stops there. Each wave's bound
+/// is fixed before it starts, so the result does not depend on thread timing.
+/// The simplest expandable-segments candidates make the first wave
+/// ([`FIRST_WAVE`]), as they usually set the lowest bound.
 pub fn search<R, P>(
     candidates: Vec<Candidate>,
     base: &Settings,
@@ -121,122 +237,67 @@ where
     R: Fn(&Settings, u64, Option<u64>) -> RunFigures + Sync,
     P: Fn(Progress) + Sync,
 {
-    let done = AtomicUsize::new(0);
-    let replay_one = |k: Candidate, total: usize, bound: Option<u64>| -> (Candidate, RunFigures) {
-        // The base config (the one in use) always runs in full: it is reported beside the winner.
-        let settings = k.settings(base);
-        let bound = bound.filter(|_| settings != *base);
-        let out = run(&settings, capacity, bound);
-        let n = done.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-        progress(Progress::Candidates { done: n, total });
-        (k, out)
-    };
-    // The lowest peak reserved of the finished runs without an OOM.
-    let bound_of = |runs: &[(Candidate, RunFigures)]| {
-        runs.iter()
-            .filter(|(_, o)| o.oom.is_none() && o.stopped_early_at_event.is_none())
-            .map(|(_, o)| o.peak_reserved_bytes)
-            .min()
-    };
-    // The bound is fixed per wave, from runs already finished, so which runs
-    // stop (and where) never depends on thread timing: the output is the same
-    // on every run and every machine.
-    let replay_all = |mut keys: Vec<Candidate>,
-                      total: usize,
-                      earlier: &[(Candidate, RunFigures)]|
-     -> Vec<(Candidate, RunFigures)> {
-        // A first wave of a fixed size (not the thread count, so that every
-        // machine gives the same output) sets the bound for the rest.
-        let rest = keys.split_off(keys.len().min(FIRST_WAVE));
-        let bound = bound_of(earlier);
-        let mut runs: Vec<_> = keys
-            .into_par_iter()
-            .map(|k| replay_one(k, total, bound))
-            .collect();
-        let bound = bound_of(&runs).into_iter().chain(bound).min();
-        runs.extend(
-            rest.into_par_iter()
-                .map(|k| replay_one(k, total, bound))
-                .collect::<Vec<_>>(),
-        );
-        runs
-    };
     let keys: Vec<Candidate> = candidates
         .iter()
         .map(|c| equivalent(c, base, request_sizes))
         .collect();
-    // Phase 1: the distinct candidates without a collector threshold.
-    let mut first: Vec<Candidate> = Vec::new();
+    let mut distinct: Vec<Candidate> = Vec::new();
     for k in &keys {
-        let plain = Candidate {
-            garbage_collection_threshold: None,
-            ..k.clone()
-        };
-        if !first.contains(&plain) {
-            first.push(plain);
+        if !distinct.contains(k) {
+            distinct.push(k.clone());
         }
     }
-    first.sort_by_key(|k| (!k.expandable_segments, k.keys()));
-    let estimate = first.len()
-        + keys
-            .iter()
-            .filter(|k| k.garbage_collection_threshold.is_some())
-            .count();
-    let mut runs = replay_all(first, estimate, &[]);
-    // Phase 2: thresholds that the plain run reaches need their own replay
-    // (and those whose plain run stopped early: it might have reached them).
-    let mut second: Vec<Candidate> = Vec::new();
-    for k in &keys {
-        let Some(t) = k.garbage_collection_threshold else {
-            continue;
-        };
-        let plain = Candidate {
-            garbage_collection_threshold: None,
-            ..k.clone()
-        };
-        let reached = runs
-            .iter()
-            .find(|(c, _)| *c == plain)
-            .is_some_and(|(_, o)| {
-                o.stopped_early_at_event.is_some()
-                    || !gc_never_runs(o.peak_reserved_bytes, t, base, capacity)
-            });
-        if reached && !second.contains(k) {
-            second.push(k.clone());
-        }
-    }
-    let total = runs.len() + second.len();
-    runs.extend(replay_all(second, total, &runs));
-    let result_of = |k: &Candidate| -> Option<RunFigures> {
-        let plain = Candidate {
-            garbage_collection_threshold: None,
-            ..k.clone()
-        };
-        runs.iter()
-            .find(|(c, _)| c == k)
-            .or_else(|| runs.iter().find(|(c, _)| *c == plain))
-            .map(|(_, o)| o.clone())
+    distinct.sort_by_key(|k| (!k.expandable_segments, k.keys()));
+    let mut runs = Runs {
+        keys: distinct,
+        done: Vec::new(),
+        base,
+        capacity,
     };
+    let done = AtomicUsize::new(0);
+    let mut first_wave = true;
+    loop {
+        let mut wave: Vec<Candidate> = runs
+            .keys
+            .iter()
+            .filter(|k| runs.needs_replay(k))
+            .cloned()
+            .collect();
+        if wave.is_empty() {
+            break;
+        }
+        if first_wave {
+            wave.truncate(FIRST_WAVE);
+            first_wave = false;
+        }
+        let total = runs.done.len() + runs.keys.iter().filter(|k| runs.of(k).is_none()).count();
+        let bound = runs.bound();
+        let finished: Vec<(Candidate, RunFigures)> = wave
+            .into_par_iter()
+            .map(|k| {
+                let settings = k.settings(base);
+                // The base config (the one in use) always runs in full: it is reported beside the winner.
+                let out = run(&settings, capacity, bound.filter(|_| settings != *base));
+                let n = done.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+                progress(Progress::Candidates { done: n, total });
+                (k, out)
+            })
+            .collect();
+        runs.done.extend(finished);
+    }
     let mut ranked: Vec<(Candidate, RunFigures)> = candidates
         .into_iter()
         .zip(&keys)
-        .filter_map(|(c, k)| result_of(k).map(|o| (c, o)))
+        .filter_map(|(c, k)| runs.of(k).map(|o| (c, o.clone())))
         .collect();
-    // Stopped runs last; stable on ties: the candidate with fewer keys set wins (less to explain).
-    ranked.sort_by(|a, b| {
-        let stopped = |r: &RunFigures| r.stopped_early_at_event.is_some();
-        stopped(&a.1)
-            .cmp(&stopped(&b.1))
-            .then(a.1.rank(&b.1))
-            .then(a.0.keys().cmp(&b.0.keys()))
-    });
+    rank(&mut ranked);
     let stopped = ranked
         .iter()
         .filter(|(_, r)| r.stopped_early_at_event.is_some())
         .count();
     let mut pruning = Pruning {
         configs: ranked.len(),
-        replays: runs.len(),
+        replays: runs.done.len(),
         configs_finished: ranked.len() - stopped,
         configs_stopped_early: stopped,
         bisection_replays: 0,
@@ -305,8 +366,10 @@ mod tests {
     use crate::advise::space::all as space;
     use crate::workload::OomEvent;
 
-    /// Thresholds above every segment of the trace, and collector thresholds
-    /// the run never reaches, share a replay; everything is still ranked.
+    /// Thresholds above every segment of the trace, divisions that round
+    /// every request alike, collector thresholds the run never reaches and
+    /// thresholds that would turn no decision of the run without them share a
+    /// replay; everything is still ranked.
     #[test]
     fn provably_equal_candidates_share_a_replay() {
         use std::sync::atomic::AtomicUsize;
@@ -314,9 +377,11 @@ mod tests {
             per_process_memory_fraction: Some(0.9),
             ..Settings::default()
         };
-        // Largest request 40 MiB: segments up to 40 MiB, so 64..1024 act as unset.
+        // Largest request 40 MiB: segments up to 40 MiB, so 64..1024 act as
+        // unset without ES. Divisions 4, 8 and 16 round 4 KiB, 3 MiB and
+        // 40 MiB as unset does; 2 rounds 3 MiB to 4 MiB and 40 MiB to 48 MiB.
         let sizes = [4 << 10, 3 * MIB, 40 * MIB];
-        let count = |cap: u64| {
+        let count = |cap: u64, flips: Option<u64>| {
             // Replays at the search's capacity (the bisection's come on top).
             let replays = AtomicUsize::new(0);
             let run = |_: &Settings, c: u64, _: Option<u64>| {
@@ -325,6 +390,7 @@ mod tests {
                 }
                 RunFigures {
                     peak_reserved_bytes: 100 * MIB,
+                    max_split_flips: flips,
                     ..RunFigures::default()
                 }
             };
@@ -332,10 +398,17 @@ mod tests {
             assert_eq!(r.ranked.len(), 280, "every candidate is ranked");
             replays.load(AtomicOrdering::Relaxed)
         };
-        // Without ES: splits {unset, 32} × 5 divisions; with ES: 7 × 5; no GC reached.
-        assert_eq!(count(8 << 30), 2 * 5 + 7 * 5);
+        // Without ES: splits {unset, 32} × divisions {unset, 2}; with ES: 7 × 2; no GC reached.
+        assert_eq!(count(8 << 30, None), 2 * 2 + 7 * 2);
         // allowed = 0.9 × 150 MiB = 135 MiB: 0.6 (81 MiB) is reached, 0.8 and 0.95 are not.
-        assert_eq!(count(150 * MIB), 2 * (2 * 5 + 7 * 5));
+        assert_eq!(count(150 * MIB, None), 2 * (2 * 2 + 7 * 2));
+        // Runs in which only 32 and 64 MiB would turn a decision: ES keeps
+        // {unset, 32, 64}, and without ES 32 is still replayed.
+        let (mib32, mib64, gib) = (1 << 25, 1 << 26, 1 << 30);
+        assert_eq!(count(8 << 30, Some(mib32 | mib64)), 2 * 2 + 3 * 2);
+        // Only 1 GiB would: ES keeps {unset, 1024}; without ES 32 goes too.
+        assert_eq!(count(8 << 30, Some(gib)), 2 + 2 * 2);
+        assert_eq!(count(8 << 30, Some(0)), 2 + 2);
     }
 
     /// A fake workload whose need depends on the settings: the search must
@@ -388,6 +461,132 @@ mod tests {
         assert_eq!(r.min_capacity_bytes, None, "everything OOMs");
     }
 
+    /// A run under a power-of-two `max_split_size` whose bit the run without
+    /// it left clear ([`RunFigures::max_split_flips`]) is that run; and the
+    /// bits are not all set: some thresholds are proven harmless, and some
+    /// that are not do change the run.
+    #[test]
+    fn a_threshold_that_turns_no_decision_gives_the_same_run() {
+        use crate::device::sim::SimDevice;
+        use crate::workload::{Event, Trace, replay};
+        let (mut proven, mut changed) = (0, 0);
+        for seed in 1..40u64 {
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            // Mixed sizes (small pool, 1–10 MiB, up to 300 MiB) and frees in
+            // random order, so free blocks of every size meet requests.
+            let (mut events, mut live, mut id) = (Vec::new(), Vec::new(), 0u32);
+            for _ in 0..300 {
+                if live.is_empty() || next() % 100 < 55 {
+                    let size = match next() % 10 {
+                        0..4 => 1 + next() % MIB,
+                        4..7 => MIB + next() % (9 * MIB),
+                        _ => 10 * MIB + next() % (290 * MIB),
+                    };
+                    events.push(Event::Alloc {
+                        id,
+                        size,
+                        stream: 0,
+                    });
+                    live.push(id);
+                    id += 1;
+                } else {
+                    let at = (next() % live.len() as u64) as usize;
+                    events.push(Event::Free {
+                        id: live.swap_remove(at),
+                    });
+                }
+            }
+            let trace = Trace::from_events(events).expect("ids stay live");
+            for es in [false, true] {
+                for capacity in [16 << 30, 2 << 30] {
+                    let unset = Settings {
+                        expandable_segments: es,
+                        ..Settings::default()
+                    };
+                    let base = replay(&trace, &unset, SimDevice::new(capacity)).figures;
+                    let flips = base.max_split_flips.expect("known");
+                    for mb in [32, 64, 128, 256, 512] {
+                        let t = Settings {
+                            max_split_size: mb * MIB,
+                            ..unset.clone()
+                        };
+                        let run = replay(&trace, &t, SimDevice::new(capacity)).figures;
+                        if flips & (mb * MIB) == 0 {
+                            assert_eq!(run, base, "seed {seed} es {es} at {capacity}: {mb} MiB");
+                            proven += 1;
+                        } else if run != base {
+                            changed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            proven > 20 && changed > 20,
+            "proven {proven}, changed {changed}"
+        );
+    }
+
+    /// Each place where the threshold decides sets the bit of a threshold
+    /// that changes the run there, and only there: a fresh 34 MiB segment
+    /// for a 32.25 MiB request that 32 MiB keeps whole (`should_split`); a
+    /// freed 100 MiB expandable block (not at the segment's end) that 32 MiB
+    /// refuses to a 40 MiB request (`get_free_block`: not a near-exact fit); a
+    /// full card where 32 MiB releases only the
+    /// oversize cached blocks (`release_available_cached_blocks`).
+    #[test]
+    fn each_deciding_place_sets_the_bits_it_needs() {
+        use crate::device::sim::SimDevice;
+        use crate::workload::{Event, Trace, replay};
+        let alloc = |id, mib: u64| Event::Alloc {
+            id,
+            size: mib * MIB,
+            stream: 0,
+        };
+        let free = |id| Event::Free { id };
+        let split = vec![Event::Alloc {
+            id: 0,
+            size: 32 * MIB + MIB / 4,
+            stream: 0,
+        }];
+        let oversize = vec![alloc(0, 100), alloc(1, 20), free(0), alloc(2, 40)];
+        let release = vec![
+            alloc(0, 100),
+            alloc(1, 60),
+            alloc(2, 12),
+            free(0),
+            free(1),
+            free(2),
+            alloc(3, 150),
+        ];
+        for (events, es, capacity) in [
+            (split, false, 1 << 30),
+            (oversize, true, 1 << 30),
+            (release, false, 200 * MIB),
+        ] {
+            let trace = Trace::from_events(events).expect("ids stay live");
+            let unset = Settings {
+                expandable_segments: es,
+                ..Settings::default()
+            };
+            let t = Settings {
+                max_split_size: 32 * MIB,
+                ..unset.clone()
+            };
+            let base = replay(&trace, &unset, SimDevice::new(capacity)).figures;
+            let run = replay(&trace, &t, SimDevice::new(capacity)).figures;
+            assert_ne!(run, base, "{trace:?}: 32 MiB changes nothing");
+            let flips = base.max_split_flips.expect("known");
+            assert_ne!(flips & (32 * MIB), 0, "{trace:?}: 32 MiB changes the run");
+        }
+    }
+
     /// A small trace of training-like steps: activations of step-dependent
     /// sizes, temporaries, a slowly growing set of long-lived tensors.
     fn step_trace(seed: u64, steps: u32) -> crate::workload::Trace {
@@ -427,15 +626,16 @@ mod tests {
         Trace::from_events(events).expect("ids stay live")
     }
 
-    /// Bounded replays change nothing a user reads: the same recommendation,
-    /// the same smallest capacity, the finished runs in the unbounded order
-    /// with the same figures, and every stopped config ranked below the winner
-    /// by the unbounded search too.
+    /// Bounded and shared replays change nothing a user reads: against every
+    /// candidate replayed on its own, unbounded, the same recommendation and
+    /// smallest capacity, every finished run with its own run's figures and in
+    /// its order, every stopped config ranked below the winner; and the same
+    /// result on one thread as on three.
     #[test]
     fn pruned_search_agrees_with_the_unpruned_one() {
         use crate::device::sim::SimDevice;
         use crate::workload::{ReplayOptions, replay_with};
-        let mut stopped_somewhere = 0;
+        let (mut stopped_somewhere, mut shared_somewhere) = (0, 0);
         for (seed, base) in [
             (1, Settings::default()),
             (7, Settings::default()),
@@ -458,54 +658,70 @@ mod tests {
                     replay_with(&trace, s, SimDevice::new(cap), options).figures
                 };
                 let with_gc = base.per_process_memory_fraction.is_some();
-                let pruned = search(
-                    space(with_gc),
-                    &base,
-                    capacity,
-                    Some(&sizes),
-                    (replay, true),
-                    |_| {},
-                );
-                let full = search(
-                    space(with_gc),
-                    &base,
-                    capacity,
-                    Some(&sizes),
-                    (|s: &Settings, cap, _| replay(s, cap, None), true),
-                    |_| {},
-                );
-                assert_eq!(full.pruning.configs_stopped_early, 0);
-                assert_eq!(pruned.min_capacity_bytes, full.min_capacity_bytes);
+                let on = |threads: usize| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("a thread pool")
+                        .install(|| {
+                            search(
+                                space(with_gc),
+                                &base,
+                                capacity,
+                                Some(&sizes),
+                                (replay, true),
+                                |_| {},
+                            )
+                        })
+                };
+                let pruned = on(1);
                 assert_eq!(
-                    pruned.ranked[0], full.ranked[0],
-                    "seed {seed} at {capacity}"
+                    pruned,
+                    on(3),
+                    "seed {seed} at {capacity}: thread count matters"
                 );
+                let mut full: Vec<(Candidate, RunFigures)> = space(with_gc)
+                    .into_iter()
+                    .map(|c| {
+                        let run = replay(&c.settings(&base), capacity, None);
+                        (c, run)
+                    })
+                    .collect();
+                rank(&mut full);
+                let full_min = full[0].1.oom.is_none().then(|| {
+                    let settings = full[0].0.settings(&base);
+                    min_capacity(
+                        &full[0].1,
+                        capacity,
+                        false,
+                        |cap| replay(&settings, cap, None),
+                        &|_| {},
+                    )
+                });
+                assert_eq!(pruned.min_capacity_bytes, full_min);
+                assert_eq!(pruned.ranked[0], full[0], "seed {seed} at {capacity}");
                 let finished: Vec<_> = pruned
                     .ranked
                     .iter()
                     .filter(|(_, r)| r.stopped_early_at_event.is_none())
                     .collect();
                 let full_order: Vec<_> = full
-                    .ranked
                     .iter()
                     .filter(|(c, _)| finished.iter().any(|(f, _)| f == c))
                     .collect();
                 assert_eq!(finished.len(), pruned.pruning.configs_finished);
                 assert_eq!(finished, full_order, "seed {seed} at {capacity}");
                 for (c, r) in &pruned.ranked[pruned.pruning.configs_finished..] {
-                    let at = full
-                        .ranked
-                        .iter()
-                        .position(|(f, _)| f == c)
-                        .expect("ranked");
+                    let at = full.iter().position(|(f, _)| f == c).expect("ranked");
                     assert!(at > 0, "{c:?} stopped at {r:?} but wins unbounded");
                 }
                 stopped_somewhere += pruned.pruning.configs_stopped_early;
+                shared_somewhere += pruned.pruning.configs - pruned.pruning.replays;
             }
         }
         assert!(
-            stopped_somewhere > 0,
-            "the bound stopped no run: the test checks nothing"
+            stopped_somewhere > 0 && shared_somewhere > 0,
+            "no run stopped or none shared: the test checks nothing"
         );
     }
 }

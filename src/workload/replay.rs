@@ -78,6 +78,12 @@ pub struct RunFigures {
     /// events up to it (the peak reserved already above the bound).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_early_at_event: Option<u64>,
+    /// Bit `k`: under a `max_split_size` of `2^k` bytes some decision of the
+    /// run would have gone the other way
+    /// ([`crate::allocator::CachingAllocator::max_split_flips`]); `None`
+    /// when not known.
+    #[serde(skip)]
+    pub max_split_flips: Option<u64>,
 }
 
 impl RunFigures {
@@ -171,6 +177,7 @@ impl RunResult {
                 peak_event_index: end.peak_event_index,
                 allocated_at_peak_reserved: end.allocated_at_peak_reserved,
                 stopped_early_at_event: end.stopped_early_at_event,
+                max_split_flips: Some(allocator.max_split_flips()),
             },
             stats,
             counters: end.counters,
