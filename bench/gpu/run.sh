@@ -7,6 +7,7 @@
 #   5. the torch cross-check: 3 traces x 3 configs, when torch is importable
 #   6. allocdoc.capture: its recording cost, then a captured OOM replayed with --fidelity
 #      (written without a GPU: not yet run on one)
+#   7. where the driver places segments: which simulated placement policy matches
 # Everything lands under $OUT (default bench/gpu/out). Run from the repository root:
 #   OUT=/tmp/gpu bash bench/gpu/run.sh
 set -u -o pipefail
@@ -72,6 +73,8 @@ else
   echo "torch with CUDA is not importable here: cross-check skipped" | tee "$OUT/torch-skipped.txt"
 fi
 
+step "segment placement: the driver's cuMemAlloc / cuMemAddressReserve / cuMemMap addresses vs the simulated policies"
+timeout 120 target/release/examples/gpu_placement --out "$OUT/placement.json" | tee "$OUT/placement.txt" || echo "placement failed: $?"
 step "allocdoc.capture: recording cost, then an OOM captured and replayed (NOT YET RUN on a GPU)"
 if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   mkdir -p "$OUT/capture"

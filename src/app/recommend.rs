@@ -110,6 +110,6 @@ pub fn run_with_progress(
     Ok(Outcome {
         stdout: opts.format.finish(stdout),
         stderr,
-        exit_code: i32::from(result.recommendation.is_none()),
+        exit_code: result.exit_code(),
     })
 }

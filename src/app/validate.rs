@@ -98,6 +98,6 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     Ok(Outcome {
         stdout: opts.format.finish(stdout),
         stderr,
-        exit_code: i32::from(v.candidate.figures.oom.is_some()),
+        exit_code: v.verdict.exit_code,
     })
 }

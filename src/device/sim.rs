@@ -1,6 +1,13 @@
 //! The simulated card: a capacity, memory held outside PyTorch (the CUDA
 //! context, other processes), deterministic addresses, and a cost model of the
 //! driver calls PyTorch's allocator makes.
+//!
+//! Where the card places a segment matters: the allocator's best-fit search
+//! breaks ties between equal-sized free blocks by address, and which segment
+//! `release_available_cached_blocks` frees first follows the same order. The
+//! real driver's placement is not documented, so the card has several
+//! [`Placement`] policies, and a verdict can be checked under each of them
+//! (`trial::placement`).
 
 use super::{Device, DeviceCounters, DeviceError};
 use crate::evidence::ProcessUse;
@@ -36,6 +43,39 @@ pub mod cost {
     pub const PAGE: u64 = 2 << 20;
 }
 
+/// How the simulated card chooses the address of a new segment or
+/// reservation. Every policy aligns to [`ADDRESS_ALIGN`] and never overlaps a
+/// live range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// The lowest free address that fits (freed ranges are reused).
+    #[default]
+    FirstFit,
+    /// Always above every address handed out so far (freed ranges are never
+    /// reused), like a bump allocator of virtual addresses.
+    Rising,
+    /// A seeded pseudo-random free address within a window of twice the
+    /// card's capacity above [`ADDRESS_BASE`].
+    Random(u64),
+}
+
+impl Placement {
+    /// The policies a verdict is checked under (the random one with a fixed seed).
+    pub const ALL: [Placement; 3] = [
+        Placement::FirstFit,
+        Placement::Rising,
+        Placement::Random(0x5eed),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::FirstFit => "first-fit",
+            Placement::Rising => "rising addresses",
+            Placement::Random(_) => "random placement",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     capacity: u64,
@@ -55,6 +95,11 @@ pub struct SimDevice {
     no_gap_below: u64,
     /// Addresses to hand out instead of laying segments out (fidelity replay).
     recorded: VecDeque<u64>,
+    placement: Placement,
+    /// The end of the highest range handed out so far (for `Rising`).
+    high_water: u64,
+    /// The `Random` policy's xorshift state.
+    rng: u64,
     counters: DeviceCounters,
 }
 
@@ -70,8 +115,20 @@ impl SimDevice {
             ranges: BTreeMap::new(),
             no_gap_below: ADDRESS_BASE,
             recorded: VecDeque::new(),
+            placement: Placement::FirstFit,
+            high_water: ADDRESS_BASE,
+            rng: 0,
             counters: DeviceCounters::default(),
         }
+    }
+
+    /// Places new segments and reservations by `placement`.
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        if let Placement::Random(seed) = placement {
+            self.rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        }
+        self
     }
 
     /// Memory this process holds outside the caching allocator (the CUDA context).
@@ -114,43 +171,85 @@ impl SimDevice {
             .saturating_sub(self.external_bytes())
     }
 
-    /// First fit in the address space, 2 MiB aligned, or the next recorded address.
+    /// The next recorded address, else an address chosen by the placement policy.
     fn place(&mut self, size: u64) -> Result<u64, DeviceError> {
-        let align = |end: u64| {
-            end.checked_next_multiple_of(ADDRESS_ALIGN)
-                .ok_or(DeviceError::OutOfMemory)
-        };
         let addr = match self.recorded.pop_front() {
             Some(addr) => {
                 self.no_gap_below = ADDRESS_BASE;
                 addr
             }
-            None => {
-                let from = self.no_gap_below;
-                let mut candidate = from;
-                if let Some((&start, &len)) = self.ranges.range(..from).next_back() {
-                    candidate = candidate.max(align(start + len)?);
-                }
-                let first = candidate;
-                for (&start, &len) in self.ranges.range(from..) {
-                    if start >= candidate && start - candidate >= size {
-                        break;
-                    }
-                    candidate = candidate.max(align(start + len)?);
-                }
-                if candidate == first
-                    && let Some(end) = candidate.checked_add(size)
-                {
-                    self.no_gap_below = align(end)?;
-                }
-                candidate
-            }
+            None => match self.placement {
+                Placement::FirstFit => self.first_fit(size)?,
+                Placement::Rising => self.high_water,
+                Placement::Random(_) => match self.random_fit(size) {
+                    Some(addr) => addr,
+                    None => self.first_fit(size)?,
+                },
+            },
         };
-        if addr.checked_add(size).is_none() {
-            return Err(DeviceError::OutOfMemory);
-        }
+        let end = addr.checked_add(size).ok_or(DeviceError::OutOfMemory)?;
+        self.high_water = self.high_water.max(
+            end.checked_next_multiple_of(ADDRESS_ALIGN)
+                .ok_or(DeviceError::OutOfMemory)?,
+        );
         self.ranges.insert(addr, size);
         Ok(addr)
+    }
+
+    /// The lowest 2 MiB-aligned address at which `size` bytes fit.
+    fn first_fit(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let align = |end: u64| {
+            end.checked_next_multiple_of(ADDRESS_ALIGN)
+                .ok_or(DeviceError::OutOfMemory)
+        };
+        let from = self.no_gap_below;
+        let mut candidate = from;
+        if let Some((&start, &len)) = self.ranges.range(..from).next_back() {
+            candidate = candidate.max(align(start + len)?);
+        }
+        let first = candidate;
+        for (&start, &len) in self.ranges.range(from..) {
+            if start >= candidate && start - candidate >= size {
+                break;
+            }
+            candidate = candidate.max(align(start + len)?);
+        }
+        if candidate == first
+            && let Some(end) = candidate.checked_add(size)
+        {
+            self.no_gap_below = align(end)?;
+        }
+        Ok(candidate)
+    }
+
+    /// Whether `[addr, addr + size)` overlaps no live range: ranges never
+    /// overlap each other, so only the last one starting below its end can.
+    fn is_free(&self, addr: u64, size: u64) -> bool {
+        let Some(end) = addr.checked_add(size.max(1)) else {
+            return false;
+        };
+        self.ranges
+            .range(..end)
+            .next_back()
+            .is_none_or(|(&start, &len)| start.saturating_add(len) <= addr)
+    }
+
+    /// A seeded random aligned address in the window that fits, if one of a
+    /// few tries finds one (a crowded window falls back to first fit).
+    fn random_fit(&mut self, size: u64) -> Option<u64> {
+        const TRIES: u32 = 32;
+        let window = self.capacity.max(size).saturating_mul(2) / ADDRESS_ALIGN;
+        for _ in 0..TRIES {
+            self.rng ^= self.rng >> 12;
+            self.rng ^= self.rng << 25;
+            self.rng ^= self.rng >> 27;
+            let slot = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) % window.max(1);
+            let addr = ADDRESS_BASE.checked_add(slot.checked_mul(ADDRESS_ALIGN)?)?;
+            if self.is_free(addr, size) {
+                return Some(addr);
+            }
+        }
+        None
     }
 
     fn pages(size: u64) -> f64 {
@@ -274,5 +373,55 @@ mod tests {
         let mut d = SimDevice::new(1 << 30).with_recorded_addresses([0x1000_0000]);
         assert_eq!(d.malloc(2 << 20).unwrap(), 0x1000_0000);
         assert_eq!(d.malloc(2 << 20).unwrap(), ADDRESS_BASE);
+    }
+
+    #[test]
+    fn rising_placement_never_reuses_a_freed_range() {
+        let mut d = SimDevice::new(1 << 30).with_placement(Placement::Rising);
+        let a = d.malloc(20 << 20).unwrap();
+        d.free(a, 20 << 20).unwrap();
+        let b = d.malloc(4 << 20).unwrap();
+        assert_eq!(a, ADDRESS_BASE);
+        assert_eq!(b, ADDRESS_BASE + (20 << 20));
+        let r = d.reserve_address(3 << 20).unwrap();
+        assert_eq!(r, ADDRESS_BASE + (24 << 20));
+        // An unaligned size still leaves the next range aligned.
+        assert_eq!(d.malloc(2 << 20).unwrap(), ADDRESS_BASE + (28 << 20));
+    }
+
+    #[test]
+    fn random_placement_is_seeded_aligned_and_never_overlaps() {
+        let layout = |seed| {
+            let mut d = SimDevice::new(1 << 30).with_placement(Placement::Random(seed));
+            let mut out: Vec<(u64, u64)> = Vec::new();
+            for i in 0..60u64 {
+                let size = ((i % 7) + 1) << 20;
+                let addr = d.malloc(size).unwrap();
+                if i % 3 == 0 {
+                    d.free(addr, size).unwrap();
+                } else {
+                    out.push((addr, size));
+                }
+            }
+            out
+        };
+        let a = layout(1);
+        assert_eq!(a, layout(1), "the same seed gives the same addresses");
+        assert_ne!(a, layout(2), "another seed gives other addresses");
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        for w in sorted.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{w:?} overlap");
+        }
+        for (addr, _) in &a {
+            assert_eq!(addr % ADDRESS_ALIGN, 0);
+            assert!(*addr >= ADDRESS_BASE && *addr < ADDRESS_BASE + (2 << 30));
+        }
+        // Not simply first fit: some segment sits above the lowest free address.
+        let ff = {
+            let mut d = SimDevice::new(1 << 30);
+            d.malloc(1 << 20).unwrap()
+        };
+        assert!(a.iter().any(|&(addr, _)| addr != ff));
     }
 }

@@ -5,15 +5,18 @@ use super::html::{Figure, ReportData, Table, TableRow, Tone, Verdict};
 use super::markdown;
 use super::views::ReportViews;
 use crate::advise::Recommendation;
+use crate::conf::TorchVersion;
 use crate::trial::answer::{Answer, same_config};
 use crate::trial::compare::TorchComparison;
+use crate::trial::ensemble::{EnsembleSearch, WorkloadJudgement};
+use crate::trial::placement::Fate;
 use crate::trial::recommend::{RecommendResult, RulesOnly};
 use crate::trial::run::Run;
-use crate::trial::validate::{Outcome, Validation};
+use crate::trial::validate::{Outcome, Strength, Validation, Verdict as Judgement};
 use crate::trial::views::RunViews;
 use crate::trial::workload::CapacitySource;
-use crate::units::human;
-use crate::workload::probe::Calibration;
+use crate::units::{format_size, human};
+use crate::workload::probe::Ensemble;
 use std::fmt::Write;
 
 /// How many ranked candidates the text and Markdown tables show.
@@ -82,81 +85,195 @@ fn runs_table(title: &str, rows: Vec<TableRow>, note: Option<String>) -> Table {
     }
 }
 
-/// The probe's fit: observed vs reproduced, and what the probe is.
-fn fit_table(p: &Calibration) -> Table {
-    let pct = |got: u64, want: u64| {
-        if want == 0 {
-            "-".to_string()
-        } else {
-            format!("{:+.1} %", 100.0 * (got as f64 - want as f64) / want as f64)
-        }
-    };
-    let mut rows = vec![
-        TableRow {
-            cells: vec![
-                "allocated".into(),
-                human(p.observed.allocated_bytes),
-                human(p.reproduced.allocated_bytes),
-                pct(p.reproduced.allocated_bytes, p.observed.allocated_bytes),
-            ],
-            flag: None,
-        },
-        TableRow {
-            cells: vec![
-                "reserved".into(),
-                human(p.observed.reserved_bytes),
-                human(p.reproduced.reserved_bytes),
-                pct(p.reproduced.reserved_bytes, p.observed.reserved_bytes),
-            ],
-            flag: None,
-        },
-    ];
-    if let Some(r) = p.observed.requested_bytes {
-        rows.push(TableRow {
-            cells: vec![
-                "request".into(),
-                human(r),
-                if p.reproduces_oom {
-                    format!("{} (OOM reproduced)", human(r))
-                } else {
-                    format!("{} (no OOM under the current config)", human(r))
-                },
-                "-".into(),
-            ],
-            flag: (!p.reproduces_oom).then(|| "OOM not reproduced".to_string()),
-        });
+/// The evidence the workloads were fitted to, in one line.
+fn observed_text(e: &Ensemble) -> String {
+    let o = &e.observed;
+    let mut s = format!(
+        "allocated {}, reserved {}",
+        human(o.allocated_bytes),
+        human(o.reserved_bytes)
+    );
+    if let Some(r) = o.requested_bytes {
+        let _ = write!(s, ", a {} request", format_size(r));
     }
+    if e.capacity != crate::device::NO_LIMIT {
+        let _ = write!(s, " failing with {} of room", human(e.capacity));
+    }
+    s
+}
+
+/// Every workload fitted to the evidence: its fit, how the current config's
+/// run of it ended, and (validate) what the candidate did on it.
+fn workloads_table(e: &Ensemble, judged: &[WorkloadJudgement]) -> Table {
+    let with_candidate = judged.iter().any(|j| j.candidate.is_some());
+    let mut headers = vec![
+        "workload".to_string(),
+        "fit error".to_string(),
+        "current config".to_string(),
+    ];
+    if with_candidate {
+        headers.push("candidate".to_string());
+    }
+    let rows = judged
+        .iter()
+        .map(|j| {
+            let mut cells = vec![
+                j.family.to_string(),
+                format!("{:.1} %", 100.0 * j.fit_error),
+                j.current.clone(),
+            ];
+            if with_candidate {
+                cells.push(match (j.candidate, crate::trial::ensemble::peak_words(j)) {
+                    (Some(Fate::Avoids), Some(peak)) if e.observed.requested_bytes.is_none() => {
+                        peak
+                    }
+                    (Some(Fate::Avoids), _) => format!(
+                        "avoids the OOM (peak reserved {})",
+                        j.candidate_peak_reserved_bytes
+                            .map_or_else(String::new, human)
+                    ),
+                    (Some(Fate::AvoidsNarrowly), _) => format!(
+                        "avoids the OOM, narrowly (peak reserved {})",
+                        j.candidate_peak_reserved_bytes
+                            .map_or_else(String::new, human)
+                    ),
+                    (Some(Fate::Fails), _) => "runs out of memory".to_string(),
+                    (Some(Fate::DependsOnPlacement), _) => {
+                        "runs out of memory under some placements only".to_string()
+                    }
+                    (None, _) => "-".to_string(),
+                });
+            }
+            TableRow {
+                cells,
+                flag: (!j.reproduces).then(|| "does not reproduce".to_string()),
+            }
+        })
+        .collect();
     Table {
-        title: "Synthetic probe fit (observed in the evidence vs reproduced by replay)".into(),
-        headers: vec![
-            "figure".into(),
-            "observed".into(),
-            "reproduced".into(),
-            "error".into(),
-        ],
+        title: "Workloads fitted to the evidence (SYNTHETIC)".into(),
+        headers,
         rows,
         note: Some(format!(
-            "SYNTHETIC: no trace was given, so this is a \"{}\" workload ({} steps of {} tensors) \
-             fitted to the evidence; fit error {:.1} % ({} the {:.0} % tolerance). Results are \
-             only as good as the fit.",
-            p.family.name(),
-            p.params.steps,
-            human(p.params.unit),
-            100.0 * p.error,
-            if p.within_tolerance {
-                "within"
+            "SYNTHETIC: no trace was given, so these workload shapes were fitted to the evidence \
+             ({}). Only those that reproduce it count: under the current config they {} with \
+             allocated and reserved within {:.0} %.",
+            observed_text(e),
+            if e.observed.requested_bytes.is_some() {
+                "run out of memory on the message's request"
             } else {
-                "OUTSIDE"
+                "run without an OOM"
             },
             100.0 * crate::workload::probe::TOLERANCE
         )),
     }
 }
 
+/// The ensemble's ranking: how many plausible workloads each config survives.
+fn ensemble_table(found: &EnsembleSearch) -> Table {
+    let rows = found
+        .ranked
+        .iter()
+        .take(SHOWN)
+        .enumerate()
+        .map(|(i, c)| TableRow {
+            cells: vec![
+                format!("#{} {}", i + 1, conf_label(&c.conf)),
+                format!("{} of {}", c.avoids, found.plausible),
+                format!("{} of {}", c.avoids_with_margin, found.plausible),
+                c.avoids_under_every_placement.map_or_else(
+                    || "-".to_string(),
+                    |k| format!("{k} of {}", found.plausible),
+                ),
+                if c.fails_on.is_empty() {
+                    "-".to_string()
+                } else {
+                    c.fails_on.join(", ")
+                },
+            ],
+            flag: None,
+        })
+        .collect();
+    Table {
+        title: format!(
+            "Best {} of {} configs across the {} plausible workloads",
+            SHOWN.min(found.ranked.len()),
+            found.ranked.len(),
+            found.plausible
+        ),
+        headers: vec![
+            "config".into(),
+            "avoids the OOM on".into(),
+            "with 3 % to spare".into(),
+            "and under every placement".into(),
+            "fails on".into(),
+        ],
+        rows,
+        note: Some(
+            "Ranked by: plausible workloads without OOM, with 3 % of the room to spare, under \
+             every placement (checked for the best few), then with that margin, then without \
+             OOM, then the lower mean peak reserved, then fewer driver calls."
+                .into(),
+        ),
+    }
+}
+
+/// The lines that make the next run a trace, so the next answer is proven
+/// (`torch.cuda.memory._record_memory_history` and `_dump_snapshot` from 2.1;
+/// 2.0 has only the boolean form and no `_dump_snapshot`).
+pub fn capture_lines(version: TorchVersion) -> Vec<String> {
+    let mut lines = vec![
+        "# Record a trace, so that the next answer is proven rather than fitted:".to_string(),
+        "import torch".to_string(),
+    ];
+    if version >= TorchVersion::new(2, 1) {
+        lines.extend([
+            "torch.cuda.memory._record_memory_history(max_entries=100_000)  # at start".to_string(),
+            "try:".to_string(),
+            "    train()  # your workload".to_string(),
+            "except torch.cuda.OutOfMemoryError:".to_string(),
+            "    torch.cuda.memory._dump_snapshot(\"oom_snapshot.pickle\")".to_string(),
+            "    raise".to_string(),
+        ]);
+    } else {
+        lines.extend([
+            "import pickle".to_string(),
+            "torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=100_000)  # at start"
+                .to_string(),
+            "try:".to_string(),
+            "    train()  # your workload".to_string(),
+            "except RuntimeError:  # the CUDA out-of-memory error".to_string(),
+            "    with open(\"oom_snapshot.pickle\", \"wb\") as f:".to_string(),
+            "        pickle.dump(torch.cuda.memory._snapshot(), f)".to_string(),
+            "    raise".to_string(),
+        ]);
+    }
+    lines.push("# then: allocdoc recommend oom_snapshot.pickle".to_string());
+    lines
+}
+
+/// "Verdict: …" and "Evidence: …" lines.
+fn verdict_lines(label: &str, v: &Judgement) -> String {
+    format!(
+        "{label}: {}
+Evidence: {}
+",
+        v.sentence(),
+        v.evidence()
+    )
+}
+
 fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
     let mut tables = Vec::new();
-    if let Some(p) = &r.probe {
-        tables.push(fit_table(p));
+    if let (Some(e), Some(found)) = (&r.probe, &r.ensemble) {
+        tables.push(workloads_table(e, &found.workloads));
+        if found.plausible > 0 {
+            tables.push(ensemble_table(found));
+        }
+    }
+    let on_probe = r.probe.is_some();
+    if on_probe && r.ensemble.as_ref().is_none_or(|f| f.plausible == 0) {
+        return tables;
     }
     let ranked = r
         .candidates
@@ -165,20 +282,22 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
         .enumerate()
         .map(|(i, c)| run_row(format!("#{} {}", i + 1, conf_label(&c.conf)), c, None))
         .collect();
-    tables.push(runs_table(
-        &format!("Best {} of {} configs, ranked", SHOWN.min(r.candidates.len()), r.candidates.len()),
-        ranked,
-        Some(format!(
-            "Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree (mallocs, frees), retries and synchronisations.{}",
-            match r.search.configs_stopped_early {
-                0 => String::new(),
-                n => format!(
-                    " {n} configs stopped once their reserved memory passed the best finished run's peak (figures marked ≥ are as of the stop); they rank after the {} that finished.",
-                    r.search.configs_finished
-                ),
-            }
-        )),
-    ));
+    if !on_probe {
+        tables.push(runs_table(
+            &format!("Best {} of {} configs, ranked", SHOWN.min(r.candidates.len()), r.candidates.len()),
+            ranked,
+            Some(format!(
+                "Ranked by: no OOM first, then lowest peak reserved, then fewest cudaMalloc+cudaFree (mallocs, frees), retries and synchronisations.{}",
+                match r.search.configs_stopped_early {
+                    0 => String::new(),
+                    n => format!(
+                        " {n} configs stopped once their reserved memory passed the best finished run's peak (figures marked ≥ are as of the stop); they rank after the {} that finished.",
+                        r.search.configs_finished
+                    ),
+                }
+            )),
+        ));
+    }
     let mut rows = vec![run_row(
         format!("current: {}", conf_label(&r.current.conf)),
         &r.current,
@@ -197,7 +316,18 @@ fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
             None,
         ));
     }
-    tables.push(runs_table("Against the current config", rows, None));
+    let title = match r
+        .ensemble
+        .as_ref()
+        .and_then(|f| f.workloads.iter().find(|w| w.reproduces))
+    {
+        Some(w) => format!(
+            "Against the current config, on the closest plausible workload ('{}')",
+            w.family
+        ),
+        None => "Against the current config".to_string(),
+    };
+    tables.push(runs_table(&title, rows, None));
     tables
 }
 
@@ -212,78 +342,6 @@ fn answer_lines(a: &Answer) -> Vec<String> {
         v.push(format!("Replay vs rules: {o}."));
     }
     v
-}
-
-fn recommendation_headline(r: &RecommendResult) -> String {
-    let Some(rec) = &r.recommendation else {
-        return if r.candidates.len() < 2 {
-            // Only the config in use ran: the setup admits no other (the notes say why).
-            format!(
-                "no allocator setting could be tried for this setup{}",
-                if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
-                    format!(
-                        "; the current config runs out of memory at {}",
-                        human(r.capacity_bytes)
-                    )
-                } else {
-                    String::new()
-                }
-            )
-        } else if r.candidates.iter().all(|c| c.figures.oom.is_some()) {
-            format!(
-                "every one of the {} configs runs out of memory at {}: no allocator setting avoids this OOM",
-                r.candidates.len(),
-                human(r.capacity_bytes)
-            )
-        } else {
-            match r.answer.cause {
-                Some(c) if c.rules_out_settings() => format!(
-                    "no allocator setting: the cause is {}, which no setting fixes",
-                    c.as_str()
-                ),
-                _ => "no allocator setting to recommend from this evidence".to_string(),
-            }
-        };
-    };
-    let run = r
-        .candidates
-        .iter()
-        .chain(r.advice.iter())
-        .find(|c| same_config(&c.conf, &rec.value));
-    let mut s = if rec.value.is_empty() {
-        "PyTorch's defaults do best here (unset PYTORCH_CUDA_ALLOC_CONF)".to_string()
-    } else if r
-        .candidates
-        .first()
-        .is_some_and(|b| same_config(&b.conf, &rec.value))
-    {
-        format!("{} does best", rec.value)
-    } else {
-        format!("{} is the answer", rec.value)
-    };
-    if let Some(run) = run {
-        match (
-            &r.current.figures.oom,
-            r.current
-                .figures
-                .peak_reserved_bytes
-                .checked_sub(run.figures.peak_reserved_bytes),
-        ) {
-            (Some(_), _) => s.push_str(": it avoids the OOM the current config hits"),
-            (None, Some(saved)) if saved > 0 => {
-                let _ = write!(
-                    s,
-                    ": peak reserved {} lower than the current config",
-                    human(saved)
-                );
-            }
-            _ => {}
-        }
-    }
-    if let Some(m) = r.min_capacity_bytes {
-        let _ = write!(s, "; it still runs with {}", human(m));
-    }
-    s
 }
 
 /// The line to set, for every shell of the platform and in Python.
@@ -338,7 +396,7 @@ pub fn rules_only(r: &RulesOnly, format: Format) -> String {
 /// `recommend`'s output in `format`.
 pub fn recommendation(r: &RecommendResult, format: Format) -> String {
     match format {
-        Format::Json | Format::Jsonl => json_with_probe(r, r.probe.as_ref()),
+        Format::Json | Format::Jsonl => json_with_probe(r, r.probe.as_ref(), r.torch_version),
         Format::Text => {
             let mut s = format!(
                 "recommend: {} ({} events), capacity {}\n",
@@ -349,7 +407,7 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
             for l in answer_lines(&r.answer) {
                 let _ = writeln!(s, "{l}");
             }
-            let _ = writeln!(s, "{}\n", recommendation_headline(r));
+            let _ = writeln!(s, "{}", verdict_lines("Verdict", &r.verdict));
             for t in recommendation_tables(r) {
                 s.push_str(&t.to_text());
                 s.push('\n');
@@ -360,10 +418,17 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
             for n in &r.notes {
                 let _ = writeln!(s, "note: {n}");
             }
+            if r.probe.is_some() {
+                s.push('\n');
+                for line in capture_lines(r.torch_version) {
+                    let _ = writeln!(s, "{line}");
+                }
+            }
             s
         }
         Format::Markdown => {
-            let mut s = markdown::summary_line("allocdoc recommend", &recommendation_headline(r));
+            let mut s = markdown::summary_line("allocdoc recommend", &r.verdict.sentence());
+            let _ = writeln!(s, "Evidence: {}\n", markdown::cell(&r.verdict.evidence()));
             s.push('\n');
             for l in answer_lines(&r.answer) {
                 let _ = writeln!(s, "- {}", markdown::cell(&l));
@@ -379,8 +444,24 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
             for n in &r.notes {
                 let _ = writeln!(s, "- note: {}", markdown::cell(n));
             }
+            if r.probe.is_some() {
+                s.push('\n');
+                s.push_str(&markdown::code_block(
+                    "python",
+                    &capture_lines(r.torch_version).join("\n"),
+                ));
+            }
             s
         }
+    }
+}
+
+/// The verdict box's colour: green only for what would pass a gate (exit 0).
+fn tone(v: &Judgement) -> Tone {
+    match v.exit_code {
+        0 => Tone::Good,
+        1 => Tone::Bad,
+        _ => Tone::Neutral,
     }
 }
 
@@ -399,15 +480,15 @@ pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
         title: "allocdoc recommend".into(),
         subtitle: Some(format!("{} ({} events)", r.input, r.events)),
         verdict: Verdict {
-            headline: recommendation_headline(r),
-            tone: if r.recommendation.is_some() {
-                Tone::Good
-            } else {
-                Tone::Bad
-            },
+            headline: r.verdict.sentence(),
+            tone: tone(&r.verdict),
         },
         export_line: r.recommendation.as_ref().map(export_lines),
         figures: vec![
+            Figure {
+                label: "evidence".into(),
+                value: r.verdict.evidence(),
+            },
             Figure {
                 label: "capacity".into(),
                 value: capacity_text(r.capacity_bytes, r.capacity_source),
@@ -429,12 +510,22 @@ pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
 
 fn validation_tables(v: &Validation) -> Vec<Table> {
     let mut tables = Vec::new();
-    if let Some(p) = &v.probe {
-        tables.push(fit_table(p));
+    if let Some(e) = &v.ensemble {
+        tables.push(workloads_table(e, &v.workloads));
+        if v.verdict.strength == Strength::Uncertain && v.workloads.iter().all(|w| !w.reproduces) {
+            return tables;
+        }
     }
     let flag = |r: &Run| r.figures.oom.as_ref().map(|_| "OOM".to_string());
+    let title = match v.workloads.iter().find(|w| w.reproduces) {
+        Some(w) => format!(
+            "Current vs candidate, on the closest plausible workload ('{}')",
+            w.family
+        ),
+        None => "Current vs candidate".to_string(),
+    };
     tables.push(runs_table(
-        "Current vs candidate",
+        &title,
         vec![
             run_row(
                 format!("current: {}", conf_label(&v.current.conf)),
@@ -460,7 +551,7 @@ fn validation_tables(v: &Validation) -> Vec<Table> {
 /// `validate`'s output in `format`.
 pub fn validation(v: &Validation, format: Format) -> String {
     match format {
-        Format::Json | Format::Jsonl => json_with_probe(v, v.probe.as_ref()),
+        Format::Json | Format::Jsonl => json_with_probe(v, v.ensemble.as_ref(), v.torch_version),
         Format::Text => {
             let mut s = format!(
                 "validate: {} on {}, capacity {}\n",
@@ -471,16 +562,21 @@ pub fn validation(v: &Validation, format: Format) -> String {
             for l in answer_lines(&v.answer) {
                 let _ = writeln!(s, "{l}");
             }
-            let _ = writeln!(s, "Verdict: {}\n", v.verdict.sentence());
+            let _ = writeln!(s, "{}", verdict_lines("Verdict", &v.verdict));
             for t in validation_tables(v) {
                 s.push_str(&t.to_text());
                 s.push('\n');
+            }
+            if v.ensemble.is_some() {
+                for line in capture_lines(v.torch_version) {
+                    let _ = writeln!(s, "{line}");
+                }
             }
             s
         }
         Format::Markdown => {
             let mut s = markdown::summary_line("allocdoc validate", &v.verdict.sentence());
-            s.push('\n');
+            let _ = writeln!(s, "Evidence: {}\n", markdown::cell(&v.verdict.evidence()));
             for l in answer_lines(&v.answer) {
                 let _ = writeln!(s, "- {}", markdown::cell(&l));
             }
@@ -488,38 +584,75 @@ pub fn validation(v: &Validation, format: Format) -> String {
             for t in validation_tables(v) {
                 s.push_str(&markdown::titled_table(&t));
             }
+            if v.ensemble.is_some() {
+                s.push_str(&markdown::code_block(
+                    "python",
+                    &capture_lines(v.torch_version).join("\n"),
+                ));
+            }
             s
         }
     }
 }
 
-/// `value` as pretty JSON, with the probe's fit under `probe` when there is one.
-fn json_with_probe(value: &impl serde::Serialize, probe: Option<&Calibration>) -> String {
+/// `value` as pretty JSON; for text evidence with the ensemble's summary under
+/// `probe` and the lines that record a trace under `capture`.
+fn json_with_probe(
+    value: &impl serde::Serialize,
+    ensemble: Option<&Ensemble>,
+    version: TorchVersion,
+) -> String {
     let mut value = serde_json::to_value(value).unwrap_or_default();
-    if let (Some(p), Some(obj)) = (probe, value.as_object_mut()) {
-        obj.insert("probe".into(), probe_json(p));
+    if let (Some(e), Some(obj)) = (ensemble, value.as_object_mut()) {
+        obj.insert("probe".into(), probe_json(e));
+        obj.insert("capture".into(), serde_json::json!(capture_lines(version)));
     }
     super::common::json(&value)
 }
 
-fn probe_json(p: &Calibration) -> serde_json::Value {
-    serde_json::json!({
+fn probe_json(e: &Ensemble) -> serde_json::Value {
+    let mut v = serde_json::json!({
         "synthetic": true,
-        "family": p.family.name(),
-        "steps": p.params.steps,
-        "unit_bytes": p.params.unit,
-        "seed": p.params.seed,
-        "observed": {"allocated_bytes": p.observed.allocated_bytes,
-                     "reserved_bytes": p.observed.reserved_bytes,
-                     "requested_bytes": p.observed.requested_bytes},
-        "reproduced": {"allocated_bytes": p.reproduced.allocated_bytes,
-                       "reserved_bytes": p.reproduced.reserved_bytes},
-        "fit_error": p.error,
+        "observed": {"allocated_bytes": e.observed.allocated_bytes,
+                     "reserved_bytes": e.observed.reserved_bytes,
+                     "requested_bytes": e.observed.requested_bytes},
+        "capacity_bytes": e.capacity,
         "tolerance": crate::workload::probe::TOLERANCE,
-        "within_tolerance": p.within_tolerance,
-        "reproduces_oom": p.reproduces_oom,
-        "capacity_bytes": p.capacity,
-    })
+        "fitted": e.members.len(),
+        "plausible": e.plausible().count(),
+        "members": e.members.iter().map(|m| serde_json::json!({
+            "family": m.family.name(),
+            "steps": m.params.steps,
+            "unit_bytes": m.params.unit,
+            "seed": m.params.seed,
+            "request_bytes": m.request_bytes,
+            "reproduced": {"allocated_bytes": m.reproduced.allocated_bytes,
+                           "reserved_bytes": m.reproduced.reserved_bytes},
+            "fit_error": m.error,
+            "within_tolerance": m.within_tolerance,
+            "reproduces": m.reproduces,
+        })).collect::<Vec<_>>(),
+    });
+    // The closest member's fit at the top, as when one probe was fitted.
+    if let (Some(m), Some(obj)) = (e.best(), v.as_object_mut()) {
+        for (k, x) in [
+            ("family", serde_json::json!(m.family.name())),
+            ("steps", serde_json::json!(m.params.steps)),
+            ("unit_bytes", serde_json::json!(m.params.unit)),
+            ("seed", serde_json::json!(m.params.seed)),
+            (
+                "reproduced",
+                serde_json::json!({"allocated_bytes": m.reproduced.allocated_bytes,
+                                   "reserved_bytes": m.reproduced.reserved_bytes}),
+            ),
+            ("fit_error", serde_json::json!(m.error)),
+            ("within_tolerance", serde_json::json!(m.within_tolerance)),
+            ("reproduces_oom", serde_json::json!(m.reproduces)),
+        ] {
+            obj.insert(k.into(), x);
+        }
+    }
+    v
 }
 
 /// `validate --report`: the self-contained HTML page.
@@ -529,19 +662,24 @@ pub fn validation_html(v: &Validation, views: &RunViews) -> String {
         subtitle: Some(format!("{} on {}", v.input, v.device)),
         verdict: Verdict {
             headline: v.verdict.sentence(),
-            tone: match v.outcome() {
-                Outcome::Helps => Tone::Good,
-                Outcome::Same => Tone::Neutral,
-                Outcome::Worse => Tone::Bad,
-            },
+            tone: tone(&v.verdict),
         },
-        // The block to copy only for a candidate that helps and is the answer's line.
+        // The block to copy only for a candidate that helps, is the answer's
+        // line, and whose verdict would pass a gate (exit 0).
         export_line: v
             .answer
             .recommendation
             .as_ref()
-            .filter(|r| v.outcome() == Outcome::Helps && same_config(&r.value, &v.candidate.conf))
+            .filter(|r| {
+                v.verdict.exit_code == 0
+                    && v.outcome() == Outcome::Helps
+                    && same_config(&r.value, &v.candidate.conf)
+            })
             .map(export_lines),
+        figures: vec![Figure {
+            label: "evidence".into(),
+            value: v.verdict.evidence(),
+        }],
         capacity: Some(v.capacity_bytes),
         tables: validation_tables(v),
         ..ReportViews::of_run_views(views).into_data()

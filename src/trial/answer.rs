@@ -40,7 +40,17 @@ impl Strength {
     fn replaying(self) -> &'static str {
         match self {
             Strength::Proven => "replaying your trace",
-            Strength::Likely | Strength::Uncertain => "on a synthetic probe fitted to your figures",
+            Strength::Likely => "on the synthetic workloads fitted to your figures",
+            // A text ensemble, or a trace whose outcome depends on placement.
+            Strength::Uncertain => "by replay, on uncertain evidence",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strength::Proven => "proven",
+            Strength::Likely => "likely",
+            Strength::Uncertain => "uncertain",
         }
     }
 }
@@ -150,7 +160,7 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
             Some(b) => {
                 answer.overrides = Some(format!(
                     "the rules suggest {}; {how}, it still runs out of memory and {} avoids the OOM, \
-                     but the probe did not reproduce your OOM, so the rules' line stands",
+                     but that evidence is not strong enough to change the rules' line",
                     x.value,
                     shown(&b.conf)
                 ));
@@ -249,7 +259,7 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
                 let why = if ruled_out {
                     "that gets past this one allocation, not the next ones"
                 } else {
-                    "the probe did not reproduce your OOM, so it cannot show that a setting helps"
+                    "that evidence is not strong enough to show that a setting helps"
                 };
                 answer.overrides = Some(format!("{rules_said}; {how}, {what}, but {why}"));
             }
@@ -364,7 +374,7 @@ mod tests {
         let s = probe.overrides.unwrap();
         assert!(
             s.starts_with(
-                "the rules find capacity: no allocator setting can help; on a synthetic probe"
+                "the rules find capacity: no allocator setting can help; on the synthetic workloads"
             ),
             "{s}"
         );

@@ -1,14 +1,22 @@
 //! `recommend`'s judgement: search the candidate space by replay
 //! ([`super::search`]), rank, bisect the winner's smallest capacity, and set
-//! the rule engine's advice beside it.
+//! the rule engine's advice beside it. A recorded workload's best configs are
+//! checked under every placement policy, and a config that avoids the OOM
+//! under all of them is preferred; text evidence is searched on every
+//! plausible workload of its ensemble ([`super::ensemble::search`]).
 
 use super::answer::{Answer, Replays, decide, same_config};
+use super::ensemble::{self, EnsembleSearch};
+use super::placement::{self, Fate, PolicyOutcome};
 use super::run::{Replayer, Run};
 use super::search::{self, Progress, Pruning};
+use super::validate::{Basis, EXIT_UNCERTAIN, Strength, Verdict, config_name};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
 use crate::advise::{Diagnosis, Recommendation, Space};
 use crate::conf::Settings;
+use crate::device::sim::Placement::FirstFit;
+use crate::units::human;
 use serde::Serialize;
 
 /// `recommend` when nothing can be replayed (a snapshot without a trace,
@@ -63,8 +71,39 @@ pub struct RecommendResult {
     pub notes: Vec<String>,
     /// What the search replayed and what its bounds spared.
     pub search: Pruning,
+    /// What the search found, how sure, and the exit code.
+    pub verdict: Verdict,
+    /// How sure the verdict is (a field of its own for scripts).
+    pub strength: Strength,
+    /// Text evidence: the search across the plausible workloads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ensemble: Option<EnsembleSearch>,
+    /// A recorded workload: the best configs under each placement policy.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<PlacedConfig>,
     #[serde(skip)]
-    pub probe: Option<crate::workload::probe::Calibration>,
+    pub probe: Option<crate::workload::probe::Ensemble>,
+    /// The PyTorch version the current config was read for (the trace
+    /// recording lines depend on it).
+    #[serde(skip)]
+    pub torch_version: crate::conf::TorchVersion,
+}
+
+impl RecommendResult {
+    /// The exit code: the verdict's, but never 0 without a line to set.
+    pub fn exit_code(&self) -> i32 {
+        match (self.verdict.exit_code, &self.recommendation) {
+            (0, None) => 1,
+            (code, _) => code,
+        }
+    }
+}
+
+/// One of the best configs of a recorded workload under each placement policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlacedConfig {
+    pub conf: String,
+    pub outcomes: Vec<PolicyOutcome>,
 }
 
 /// What `recommend` searches: the space of the user's setup, the config
@@ -107,42 +146,56 @@ fn search_with(
                 .to_string(),
         );
     }
-    let sizes = workload.request_sizes();
-    let result = search::search(
-        s.space.candidates.clone(),
-        current,
-        cap,
-        sizes.as_deref(),
-        (
-            |settings: &Settings, cap, stop_above| replay(settings, "", cap, stop_above).figures,
-            s.bisect,
-        ),
-        progress,
-    );
-    let mut current_run = None;
-    let candidates: Vec<Run> = result
-        .ranked
-        .into_iter()
-        .map(|(c, figures)| {
-            let settings = c.settings(current);
-            let run = Run {
-                conf: crate::conf::render(&settings),
-                figures,
-            };
-            if settings == *current {
-                current_run = Some(run.clone());
-            }
-            run
-        })
-        .collect();
-    // The current config is in the space (and never stopped early) unless it
-    // sets keys the search does not vary.
-    let mut current_run = current_run.unwrap_or_else(|| replay(current, current_conf, cap, None));
+    // The current config runs in full: it is reported beside the winner.
+    let mut current_run = replay(current, current_conf, cap, None, FirstFit);
     current_run.conf = current_conf.to_string();
+    let found = match &workload.ensemble {
+        Some(e) => {
+            let found =
+                ensemble::search(e, s.space.candidates.clone(), current, s.bisect, progress);
+            let (rec, verdict) = found.verdict(e);
+            // Each config's run on the closest plausible workload (the
+            // replayed `source`), in the ensemble's order.
+            let runs = found
+                .ranked
+                .iter()
+                .map(|r| Run {
+                    conf: r.conf.clone(),
+                    figures: r.runs.first().cloned().unwrap_or_default(),
+                })
+                .collect();
+            Found {
+                min_capacity_bytes: rec.and(found.needed_capacity_bytes),
+                candidates: runs,
+                verdict,
+                pruning: found.pruning,
+                ensemble: Some(found),
+                placement: Vec::new(),
+            }
+        }
+        None => {
+            let sizes = workload.request_sizes();
+            let result = search::search(
+                s.space.candidates.clone(),
+                current,
+                cap,
+                sizes.as_deref(),
+                (
+                    |settings: &Settings, cap, stop_above| {
+                        replay(settings, "", cap, stop_above, FirstFit).figures
+                    },
+                    s.bisect,
+                ),
+                progress,
+            );
+            recorded_verdict(result, replay, (current, &current_run), cap, s.bisect)
+        }
+    };
+    let candidates = found.candidates;
     let advice = match &workload.advice {
         Some(value) => crate::conf::parse(value, current.version)
             .ok()
-            .map(|p| replay(&p.settings, value, cap, None)),
+            .map(|p| replay(&p.settings, value, cap, None, FirstFit)),
         None => {
             notes.push(if s.diagnosis.is_some() {
                 "the rule engine recommends no allocator setting for this evidence".to_string()
@@ -157,7 +210,7 @@ fn search_with(
         s.diagnosis,
         s.space.setup(),
         Some(Replays {
-            strength: workload.strength(),
+            strength: found.verdict.strength,
             current: &current_run,
             ranked: &candidates,
             rules: advice.as_ref(),
@@ -173,7 +226,7 @@ fn search_with(
                 .first()
                 .is_some_and(|b| same_config(&b.conf, &r.value)) =>
         {
-            result.min_capacity_bytes
+            found.min_capacity_bytes
         }
         Some(r) => advice
             .iter()
@@ -189,7 +242,7 @@ fn search_with(
                     &run.figures,
                     cap,
                     current.per_process_memory_fraction.is_none(),
-                    |c| replay(&settings, "", c, None).figures,
+                    |c| replay(&settings, "", c, None, FirstFit).figures,
                     &progress,
                 ))
             }),
@@ -207,7 +260,182 @@ fn search_with(
         input: workload.input.clone(),
         current: current_run,
         notes,
-        search: result.pruning,
-        probe: workload.probe.clone(),
+        search: found.pruning,
+        strength: found.verdict.strength,
+        verdict: found.verdict,
+        ensemble: found.ensemble,
+        placement: found.placement,
+        probe: workload.ensemble.clone(),
+        torch_version: current.version,
     }
+}
+
+/// What a search found: the configs ranked best first, the first one's
+/// smallest capacity, the verdict, and how it was found.
+struct Found {
+    candidates: Vec<Run>,
+    min_capacity_bytes: Option<u64>,
+    verdict: Verdict,
+    ensemble: Option<EnsembleSearch>,
+    placement: Vec<PlacedConfig>,
+    pruning: Pruning,
+}
+
+/// A recorded workload's search, its best configs checked under every
+/// placement policy: the first that avoids the OOM under all of them is
+/// recommended (and moved to the front); when none does, the first-fit
+/// winner is, with an uncertain verdict.
+fn recorded_verdict(
+    result: search::SearchResult,
+    replay: &Replayer,
+    (current, current_run): (&Settings, &Run),
+    cap: u64,
+    bisect: bool,
+) -> Found {
+    let mut runs: Vec<Run> = result
+        .ranked
+        .iter()
+        .map(|(c, figures)| Run {
+            conf: crate::conf::render(&c.settings(current)),
+            figures: figures.clone(),
+        })
+        .collect();
+    let avoiding = result
+        .ranked
+        .iter()
+        .take(ensemble::PLACEMENT_CHECKED)
+        .take_while(|(_, f)| f.oom.is_none() && f.stopped_early_at_event.is_none());
+    let placed: Vec<(usize, PlacedConfig, Fate)> = avoiding
+        .enumerate()
+        .map(|(i, (c, _))| {
+            let ooms = placement::ooms(replay, &c.settings(current), cap, false);
+            let placed = PlacedConfig {
+                conf: runs[i].conf.clone(),
+                outcomes: ooms.by_policy(),
+            };
+            (i, placed, ooms.fate())
+        })
+        .collect();
+    let Some(top) = runs.first().filter(|r| r.figures.oom.is_none()).cloned() else {
+        let finding = if runs.len() < 2 {
+            // Only the config in use ran: the setup admits no other (the notes say why).
+            format!(
+                "no allocator setting could be tried for this setup; the current config runs out \
+                 of memory at {}",
+                human(cap)
+            )
+        } else {
+            format!(
+                "every one of the {} configs runs out of memory at {}: no allocator setting \
+                 avoids this OOM",
+                runs.len(),
+                human(cap)
+            )
+        };
+        let verdict = Verdict {
+            basis: Basis::Recorded,
+            strength: Strength::Proven,
+            finding,
+            exit_code: 1,
+        };
+        return Found {
+            candidates: runs,
+            min_capacity_bytes: None,
+            verdict,
+            ensemble: None,
+            placement: Vec::new(),
+            pruning: result.pruning,
+        };
+    };
+    let robust = placed.iter().find(|(_, _, fate)| *fate == Fate::Avoids);
+    let (pick, strength) = match robust {
+        Some(&(i, _, _)) => (i, Strength::Proven),
+        None => (0, Strength::Uncertain),
+    };
+    let chosen = runs.remove(pick);
+    runs.insert(0, chosen.clone());
+    // The winner's smallest capacity: bisected by the search for the
+    // first-fit winner; for another pick, bisected here.
+    let min = if pick == 0 || !bisect {
+        result.min_capacity_bytes
+    } else {
+        let settings = result.ranked[pick].0.settings(current);
+        Some(search::min_capacity(
+            &chosen.figures,
+            cap,
+            true,
+            |c| replay(&settings, "", c, None, FirstFit).figures,
+            &|_| {},
+        ))
+    };
+    let mut finding = headline(current_run, &chosen, min);
+    // The policies under which the first-fit winner runs out of memory.
+    let flipped = placed
+        .first()
+        .map(|(_, p, _)| {
+            p.outcomes
+                .iter()
+                .filter(|o| o.oom)
+                .map(|o| o.policy)
+                .collect::<Vec<_>>()
+                .join(" and ")
+        })
+        .unwrap_or_default();
+    if pick != 0 {
+        finding.push_str(&format!(
+            "; {} ranks first with first-fit placement but runs out of memory under {flipped}, \
+             while {} avoids the OOM under every placement",
+            config_name(&top.conf),
+            config_name(&chosen.conf)
+        ));
+    } else if strength == Strength::Uncertain {
+        finding.push_str(&format!(
+            "; this depends on where the driver places segments: under {flipped} it runs out of memory"
+        ));
+    }
+    let verdict = Verdict {
+        basis: Basis::Recorded,
+        strength,
+        finding,
+        exit_code: if strength == Strength::Proven {
+            0
+        } else {
+            EXIT_UNCERTAIN
+        },
+    };
+    Found {
+        candidates: runs,
+        min_capacity_bytes: min,
+        verdict,
+        ensemble: None,
+        placement: placed.into_iter().map(|(_, p, _)| p).collect(),
+        pruning: result.pruning,
+    }
+}
+
+/// "X does best: it avoids the OOM the current config hits; it still runs with Y".
+fn headline(current: &Run, best: &Run, min: Option<u64>) -> String {
+    let mut s = if best.conf.is_empty() {
+        "PyTorch's defaults do best here (unset PYTORCH_CUDA_ALLOC_CONF)".to_string()
+    } else {
+        format!("{} does best", best.conf)
+    };
+    match (
+        &current.figures.oom,
+        current
+            .figures
+            .peak_reserved_bytes
+            .checked_sub(best.figures.peak_reserved_bytes),
+    ) {
+        (Some(_), _) => s.push_str(": it avoids the OOM the current config hits"),
+        (None, Some(saved)) if saved > 0 => s.push_str(&format!(
+            ": peak reserved {} lower than the current config",
+            human(saved)
+        )),
+        _ => {}
+    }
+    if let Some(m) = min {
+        s.push_str(&format!("; it still runs with {}", human(m)));
+    }
+    s
 }

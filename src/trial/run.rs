@@ -5,7 +5,7 @@
 use super::workload::{Source, Workload, with_snapshot_trace};
 use crate::Error;
 use crate::conf::{Settings, TorchVersion};
-use crate::device::sim::SimDevice;
+use crate::device::sim::{Placement, SimDevice};
 use crate::device::{Device, DeviceSpec};
 use crate::evidence::Backend;
 use crate::workload::snapshot_trace::SnapshotTrace;
@@ -32,12 +32,13 @@ impl Run {
 }
 
 /// One replay of a workload on the simulated card: `(settings, conf,
-/// capacity, stop_above_reserved)`; the bound
+/// capacity, stop_above_reserved, placement)`; the bound
 /// ([`ReplayOptions::stop_above_reserved`]) is kept by trace replays and
 /// ignored by snapshot replays, which run to the end.
-pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Option<u64>) -> Run + Sync + 'r;
+pub type Replayer<'r> = dyn Fn(&Settings, &str, u64, Option<u64>, Placement) -> Run + Sync + 'r;
 
-/// Replays `trace` on the simulated card under `settings` at `capacity`.
+/// Replays `trace` on the simulated card under `settings` at `capacity`
+/// (first-fit placement).
 pub fn replay(trace: &Trace, settings: &Settings, conf: &str, capacity: u64) -> Run {
     replay_bounded(trace, settings, conf, capacity, None)
 }
@@ -50,7 +51,34 @@ pub fn replay_bounded(
     capacity: u64,
     stop_above_reserved: Option<u64>,
 ) -> Run {
-    let device = SimDevice::new(capacity);
+    replay_on_card(
+        trace,
+        settings,
+        conf,
+        SimDevice::new(capacity),
+        stop_above_reserved,
+    )
+}
+
+/// [`replay`] with segments placed by `placement`.
+pub fn replay_placed(
+    trace: &Trace,
+    settings: &Settings,
+    conf: &str,
+    capacity: u64,
+    placement: Placement,
+) -> Run {
+    let device = SimDevice::new(capacity).with_placement(placement);
+    replay_on_card(trace, settings, conf, device, None)
+}
+
+fn replay_on_card(
+    trace: &Trace,
+    settings: &Settings,
+    conf: &str,
+    device: SimDevice,
+    stop_above_reserved: Option<u64>,
+) -> Run {
     let options = ReplayOptions {
         stop_above_reserved,
         ..ReplayOptions::default()
@@ -102,7 +130,7 @@ pub fn replay_on(
 ) -> Result<Run, Error> {
     if spec == DeviceSpec::Sim {
         let cap = capacity.unwrap_or(crate::device::NO_LIMIT);
-        return workload.with_replayer(|run| run(settings, conf, cap, None));
+        return workload.with_replayer(|run| run(settings, conf, cap, None, Placement::FirstFit));
     }
     let device = DeviceOpener {
         spec,

@@ -13,6 +13,7 @@ use super::run::conf_name;
 use super::workload::Workload;
 use crate::advise::ReplayCheck;
 use crate::conf::{Settings, TorchVersion};
+use crate::device::sim::Placement::FirstFit;
 use crate::rules::{Fact, Facts};
 use crate::units::human;
 use crate::workload::RunFigures;
@@ -82,7 +83,7 @@ impl TraceChecker {
             let (conf, mut current, _) = workload.current(None, Settings::default());
             cap_at_trace_peak(&mut current, facts, capacity);
             let run = workload
-                .with_replayer(|replay| replay(&current, &conf, capacity, None))
+                .with_replayer(|replay| replay(&current, &conf, capacity, None, FirstFit))
                 .map_err(|e| e.to_string())?;
             self.baseline = Some((conf, current, run, capacity));
         }
@@ -102,7 +103,7 @@ impl TraceChecker {
             .settings;
         with_settings.per_process_memory_fraction = current.per_process_memory_fraction;
         let with = workload
-            .with_replayer(|replay| replay(&with_settings, &with_conf, *capacity, None))
+            .with_replayer(|replay| replay(&with_settings, &with_conf, *capacity, None, FirstFit))
             .map_err(|e| e.to_string())?;
         let supported = with.figures.rank(&without.figures) == std::cmp::Ordering::Less;
         let mut sentence = difference(&without.figures, &with.figures);

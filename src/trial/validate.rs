@@ -1,15 +1,23 @@
 //! `validate`'s judgement: the current and a candidate config replayed on the
-//! same workload, side by side, and a verdict that says what it rests on.
+//! same workload, side by side, and a verdict that says what it found, what it
+//! rests on and how sure it is ([`Strength`]), which decides the exit code.
+//!
+//! A recorded workload (trace, RMM log, snapshot trace) is replayed as it
+//! happened; on the simulated card the verdict is also checked under every
+//! placement policy ([`super::placement`]). Text evidence is judged on the
+//! [`Ensemble`] of probes fitted to it ([`super::ensemble`]).
 
 use super::answer::{Answer, Replays, decide};
-use super::run::{Run, replay_on};
+use super::ensemble::{self, WorkloadJudgement};
+use super::placement::{self, Fate, PolicyOutcome};
+use super::run::{Run, conf_name, replay_on};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
 use crate::advise::{Diagnosis, Setup};
 use crate::conf::Settings;
 use crate::device::DeviceSpec;
+use crate::units::human;
 use crate::workload::RunFigures;
-use crate::workload::probe::Calibration;
 use serde::Serialize;
 
 /// Everything `validate` found, for the renderers.
@@ -20,13 +28,28 @@ pub struct Validation {
     /// The capacity both runs had (a GPU's cap when `--device cuda`).
     pub capacity_bytes: u64,
     pub capacity_source: CapacitySource,
+    /// The recorded workload's runs, or, for text evidence, the runs on the
+    /// probe closest to it.
     pub current: Run,
     pub candidate: Run,
     pub verdict: Verdict,
     /// The cause, the rules' line, and what the candidate's replay changes about it.
     pub answer: Answer,
+    /// How sure the verdict is (also in `verdict`; a field of its own for scripts).
+    pub strength: Strength,
+    /// Text evidence: every fitted workload and what the candidate did on it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workloads: Vec<WorkloadJudgement>,
+    /// A recorded workload on the simulated card: the outcome under each
+    /// placement policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementCheck>,
     #[serde(skip)]
-    pub probe: Option<Calibration>,
+    pub ensemble: Option<crate::workload::probe::Ensemble>,
+    /// The PyTorch version the current config was read for (the trace
+    /// recording lines depend on it).
+    #[serde(skip)]
+    pub torch_version: crate::conf::TorchVersion,
 }
 
 /// What the candidate did against the current config.
@@ -53,31 +76,84 @@ impl Validation {
     }
 }
 
+/// The current and the candidate config's OOMs under each placement policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlacementCheck {
+    pub current: Vec<PolicyOutcome>,
+    pub candidate: Vec<PolicyOutcome>,
+    /// Whether both outcomes are the same under every policy.
+    pub robust: bool,
+}
+
+/// How sure a verdict is, the one scale the answer weighs replays by:
+/// proven (a recorded workload replayed, the outcome the same under every
+/// placement policy, or a GPU run), likely (text evidence: at least
+/// [`MIN_PLAUSIBLE`] fitted workloads reproduce the figures and at least
+/// [`LIKELY_SHARE`] of them agree), uncertain (anything less).
+pub use super::answer::Strength;
+
+/// The share of plausible workloads that must agree for a "likely" verdict.
+pub const LIKELY_SHARE: f64 = 0.8;
+/// The fewest plausible workloads a "likely" verdict rests on.
+pub const MIN_PLAUSIBLE: usize = 3;
+
+/// The exit code of a verdict that is neither proven nor unanimous.
+pub const EXIT_UNCERTAIN: i32 = 4;
+
+/// "likely" when enough plausible workloads agree, else "uncertain".
+pub fn ensemble_strength(plausible: usize, agreeing: usize) -> Strength {
+    if plausible >= MIN_PLAUSIBLE && agreeing as f64 >= LIKELY_SHARE * plausible as f64 {
+        Strength::Likely
+    } else {
+        Strength::Uncertain
+    }
+}
+
 /// What a verdict rests on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Basis {
     /// The workload as recorded (a trace, an RMM log, a snapshot's trace).
     Recorded,
-    /// A synthetic probe of this family, fitted to text evidence.
-    Probe(&'static str),
+    /// Text evidence: `plausible` of `fitted` probes reproduce it.
+    Ensemble { plausible: usize, fitted: usize },
 }
 
-/// A judgement over runs: what was found, and on what basis. Serialized as
-/// its [`sentence`](Verdict::sentence).
+/// A judgement over runs: what was found, on what basis, how sure, and the
+/// exit code that follows. Serialized as its [`sentence`](Verdict::sentence).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     pub basis: Basis,
-    /// What the runs showed, e.g. "the candidate avoids the OOM …".
+    pub strength: Strength,
+    /// What the runs showed, e.g. "the candidate avoids the OOM …"; for text
+    /// evidence that was not reproduced, its first words say so.
     pub finding: String,
+    pub exit_code: i32,
 }
 
 impl Verdict {
-    /// The verdict as the reports print it: the finding, prefixed with the
-    /// probe it was found on.
+    /// The verdict as the reports print it.
     pub fn sentence(&self) -> String {
+        self.finding.clone()
+    }
+
+    /// What the strength rests on, in one line.
+    pub fn evidence(&self) -> String {
         match self.basis {
-            Basis::Recorded => self.finding.clone(),
-            Basis::Probe(family) => format!("on a synthetic probe ({family}), {}", self.finding),
+            Basis::Recorded if self.strength == Strength::Proven => {
+                "proven: the recorded workload was replayed".to_string()
+            }
+            Basis::Recorded => {
+                "uncertain: the recorded workload was replayed, but the outcome depends on where \
+                 segments are placed"
+                    .to_string()
+            }
+            Basis::Ensemble { plausible, fitted } => format!(
+                "{}: text only; {plausible} of {fitted} workload shapes fitted to the figures \
+                 reproduce them (\"likely\" needs at least {MIN_PLAUSIBLE} that do, {:.0} % of them \
+                 agreeing; exit 0 needs all to agree)",
+                self.strength.name(),
+                100.0 * LIKELY_SHARE
+            ),
         }
     }
 }
@@ -104,18 +180,73 @@ pub fn validate(
     let cap = (spec == DeviceSpec::Sim || source != CapacitySource::Default).then_some(capacity);
     let before = replay_on(spec, workload, current.1, current.0, cap)?;
     let after = replay_on(spec, workload, candidate.1, candidate.0, cap)?;
-    let verdict = Verdict {
-        basis: match &workload.probe {
-            Some(p) => Basis::Probe(p.family.name()),
-            None => Basis::Recorded,
-        },
-        finding: finding(&before, &after),
+    let name = if candidate.0.is_empty() {
+        "PyTorch's defaults"
+    } else {
+        candidate.0
+    };
+    let (verdict, workloads, placement) = match &workload.ensemble {
+        Some(e) => {
+            let (verdict, workloads) = ensemble::judge(e, current.1, (name, candidate.1));
+            (verdict, workloads, None)
+        }
+        None if spec == DeviceSpec::Sim => {
+            let check = workload.with_replayer(|replay| {
+                let current =
+                    placement::ooms(replay, current.1, capacity, before.figures.oom.is_some());
+                let candidate =
+                    placement::ooms(replay, candidate.1, capacity, after.figures.oom.is_some());
+                (current, candidate)
+            })?;
+            let robust = check.0.fate() != Fate::DependsOnPlacement
+                && check.1.fate() != Fate::DependsOnPlacement;
+            let mut finding = finding(&before, &after);
+            if !robust {
+                finding.push_str(&placement_clause(
+                    &before,
+                    &after,
+                    &check.0.differing(),
+                    &check.1.differing(),
+                ));
+            }
+            let verdict = Verdict {
+                basis: Basis::Recorded,
+                strength: if robust {
+                    Strength::Proven
+                } else {
+                    Strength::Uncertain
+                },
+                finding,
+                exit_code: match (robust, &after.figures.oom) {
+                    (false, _) => EXIT_UNCERTAIN,
+                    (true, Some(_)) => 1,
+                    (true, None) => 0,
+                },
+            };
+            let placement = PlacementCheck {
+                current: check.0.by_policy(),
+                candidate: check.1.by_policy(),
+                robust,
+            };
+            (verdict, Vec::new(), Some(placement))
+        }
+        // A GPU placed the segments itself: nothing to vary.
+        None => (
+            Verdict {
+                basis: Basis::Recorded,
+                strength: Strength::Proven,
+                finding: finding(&before, &after),
+                exit_code: i32::from(after.figures.oom.is_some()),
+            },
+            Vec::new(),
+            None,
+        ),
     };
     let answer = decide(
         diagnosis,
         setup,
         Some(Replays {
-            strength: workload.strength(),
+            strength: verdict.strength,
             current: &before,
             ranked: std::slice::from_ref(&after),
             rules: None,
@@ -129,35 +260,48 @@ pub fn validate(
         capacity_source: source,
         current: before,
         candidate: after,
+        strength: verdict.strength,
         verdict,
-        probe: workload.probe.clone(),
+        workloads,
+        placement,
+        ensemble: workload.ensemble.clone(),
+        torch_version: current.1.version,
     })
 }
 
+/// "; this depends on where the driver places segments: under … the
+/// candidate runs out of memory", for each config whose outcome flips.
+fn placement_clause(before: &Run, after: &Run, current: &[&str], candidate: &[&str]) -> String {
+    let part = |who: &str, run: &Run, policies: &[&str]| {
+        format!(
+            "under {} {who} {}",
+            policies.join(" and "),
+            if run.figures.oom.is_some() {
+                "does not run out of memory"
+            } else {
+                "runs out of memory"
+            }
+        )
+    };
+    let mut parts = Vec::new();
+    if !candidate.is_empty() {
+        parts.push(part("the candidate", after, candidate));
+    }
+    if !current.is_empty() {
+        parts.push(part("the current config", before, current));
+    }
+    format!(
+        "; this depends on where the driver places segments: {}",
+        parts.join(", and ")
+    )
+}
+
 /// What the candidate did against the current config, in one sentence.
-fn finding(current: &Run, candidate: &Run) -> String {
-    use crate::units::human;
+pub(crate) fn finding(current: &Run, candidate: &Run) -> String {
     let name = if candidate.conf.is_empty() {
         "PyTorch's defaults"
     } else {
         "the candidate"
-    };
-    let delta = |c: u64, n: u64| {
-        if n < c {
-            format!(
-                "lowers peak reserved by {} ({:.1} %)",
-                human(c - n),
-                100.0 * (c - n) as f64 / c.max(1) as f64
-            )
-        } else if n > c {
-            format!(
-                "raises peak reserved by {} ({:.1} %)",
-                human(n - c),
-                100.0 * (n - c) as f64 / c.max(1) as f64
-            )
-        } else {
-            "keeps peak reserved the same".to_string()
-        }
     };
     let (current, candidate) = (&current.figures, &candidate.figures);
     let work = |r: &RunFigures| r.device_allocs + r.device_frees;
@@ -175,7 +319,7 @@ fn finding(current: &Run, candidate: &Run) -> String {
         (None, None) => {
             let mut s = format!(
                 "{name} {}",
-                delta(current.peak_reserved_bytes, candidate.peak_reserved_bytes)
+                peak_change(current.peak_reserved_bytes, candidate.peak_reserved_bytes)
             );
             let (a, b) = (work(current), work(candidate));
             if a != b {
@@ -185,5 +329,47 @@ fn finding(current: &Run, candidate: &Run) -> String {
             }
             s
         }
+    }
+}
+
+/// "lowers peak reserved by X (p %)", "raises …", "keeps peak reserved the same".
+pub(crate) fn peak_change(current: u64, candidate: u64) -> String {
+    if candidate < current {
+        format!(
+            "lowers peak reserved by {} ({:.1} %)",
+            human(current - candidate),
+            100.0 * (current - candidate) as f64 / current.max(1) as f64
+        )
+    } else if candidate > current {
+        format!(
+            "raises peak reserved by {} ({:.1} %)",
+            human(candidate - current),
+            100.0 * (candidate - current) as f64 / current.max(1) as f64
+        )
+    } else {
+        "keeps peak reserved the same".to_string()
+    }
+}
+
+/// A config's name in a sentence.
+pub(crate) fn config_name(conf: &str) -> &str {
+    if conf.is_empty() {
+        "PyTorch's defaults"
+    } else {
+        conf_name(conf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strength_needs_enough_agreeing_workloads() {
+        assert_eq!(ensemble_strength(6, 6), Strength::Likely);
+        assert_eq!(ensemble_strength(6, 5), Strength::Likely, "5/6 = 83 %");
+        assert_eq!(ensemble_strength(6, 4), Strength::Uncertain, "4/6 = 67 %");
+        assert_eq!(ensemble_strength(2, 2), Strength::Uncertain, "too few");
+        assert_eq!(ensemble_strength(0, 0), Strength::Uncertain);
     }
 }

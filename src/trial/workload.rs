@@ -1,16 +1,18 @@
 //! The workload a command runs: a trace CSV, an RMM log or a snapshot's
 //! trace as recorded, or, for text-only evidence (an OOM message, summaries),
-//! a probe fitted to its figures ([`crate::workload::probe`]); where the
-//! capacity of its runs comes from; and the config it is compared against.
+//! an ensemble of probes fitted to its figures ([`crate::workload::probe`]);
+//! where the capacity of its runs comes from; and the config it is compared
+//! against.
 
-use super::run::{Replayer, replay, replay_bounded, replay_snapshot};
+use super::run::{Replayer, replay, replay_bounded, replay_placed, replay_snapshot};
 use crate::Error;
 use crate::advise::Diagnosis;
 use crate::conf::Settings;
+use crate::device::sim::Placement;
 use crate::evidence::{Kind, Observation};
 use crate::ingest::Bytes;
 use crate::workload::Trace;
-use crate::workload::probe::{self, Calibration, Figures, ReplayFigures, Target};
+use crate::workload::probe::{self, Ensemble, Figures, Target};
 use crate::workload::snapshot_trace::{SnapshotTrace, recorded_settings, traced_device};
 use serde::Serialize;
 
@@ -19,7 +21,7 @@ pub const DEFAULT_CAPACITY: u64 = 80 << 30;
 
 /// What a workload replays.
 pub enum Source {
-    /// A trace CSV, or a probe's generated trace.
+    /// A trace CSV, or the generated trace of the probe closest to text evidence.
     Trace(Trace),
     /// A snapshot pickle with a trace, kept as bytes (the decoded snapshot
     /// borrows them) with the limits it is decoded within; replayed from the
@@ -40,8 +42,9 @@ pub struct Workload {
     pub source: Source,
     /// The capacity the evidence implies (a snapshot's card, a probe's fit).
     pub implied_capacity: Option<u64>,
-    /// Set when the workload is a synthetic probe fitted to text evidence.
-    pub probe: Option<Calibration>,
+    /// Set for text evidence: the probes fitted to its figures (`source` is
+    /// the closest one's trace).
+    pub ensemble: Option<Ensemble>,
     /// The rule engine's recommended value for the evidence (`None` for a
     /// trace CSV, which holds no observations, or when no setting would help).
     pub advice: Option<String>,
@@ -117,6 +120,7 @@ pub fn probe_target(
     observations: &[Observation],
     primary: Option<usize>,
     capacity: Option<u64>,
+    current: &Settings,
 ) -> Option<Target> {
     let fit = |o: &&Observation| o.kind == Kind::Oom && o.allocated_bytes.is_some();
     let oom = primary
@@ -141,17 +145,18 @@ pub fn probe_target(
                 requested_bytes: o.requested_bytes,
             },
             capacity: capacity.unwrap_or(room),
+            settings: current.clone(),
         });
     }
     let dump = observations.iter().rev().find(|o| {
         matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats) && o.metrics.is_some()
     })?;
-    let current = |stat: &str| -> Option<u64> {
+    let now = |stat: &str| -> Option<u64> {
         let v = dump.metrics.as_ref()?.get(stat)?.get("all")?;
         u64::try_from(v.current.or(v.peak)?).ok()
     };
-    let allocated = current("allocated_bytes")?;
-    let reserved = current("reserved_bytes")?;
+    let allocated = now("allocated_bytes")?;
+    let reserved = now("reserved_bytes")?;
     Some(Target {
         observed: Figures {
             allocated_bytes: allocated,
@@ -159,6 +164,7 @@ pub fn probe_target(
             requested_bytes: None,
         },
         capacity: capacity.unwrap_or(crate::device::NO_LIMIT),
+        settings: current.clone(),
     })
 }
 
@@ -182,7 +188,7 @@ impl Workload {
             input: name.to_string(),
             implied_capacity,
             source: Source::Snapshot(data, *limits),
-            probe: None,
+            ensemble: None,
             advice: None,
             recorded,
         }))
@@ -194,7 +200,7 @@ impl Workload {
             input: name.to_string(),
             implied_capacity: trace.capacity_hint(),
             source: Source::Trace(trace),
-            probe: None,
+            ensemble: None,
             advice: None,
             recorded: None,
         }
@@ -260,7 +266,7 @@ impl Workload {
                 (&parsed[..], None)
             }
         };
-        let Some(target) = probe_target(observations, primary, capacity) else {
+        let Some(target) = probe_target(observations, primary, capacity, current) else {
             return Ok(Loaded::Nothing(format!(
                 "{name}: no trace, and no OOM message or memory summary with allocated and \
                  reserved figures to fit a probe to"
@@ -283,43 +289,26 @@ impl Workload {
                 crate::units::human(big)
             )));
         }
-        let calibration = probe::calibrate(&target, 1, |trace, cap| {
-            let run = replay(trace, current, "", cap).figures;
-            ReplayFigures {
-                allocated_bytes: run.end_allocated_bytes,
-                reserved_bytes: run.end_reserved_bytes,
-                oom: run.oom.is_some(),
-            }
+        let ensemble = probe::fit_ensemble(&target, 1, |trace, cap| {
+            replay(trace, current, "", cap).figures
         });
-        let Some(calibration) = calibration else {
+        let Some(ensemble) = ensemble else {
             return Ok(Loaded::Nothing(format!(
                 "{name}: the evidence shows nothing allocated to fit a probe to"
             )));
         };
+        let closest = ensemble.best().map(|m| m.trace.clone()).unwrap_or_default();
         Ok(Loaded::Ready(Box::new(Workload {
             input: name.to_string(),
-            source: Source::Trace(calibration.trace.clone()),
+            source: Source::Trace(closest),
             implied_capacity: (target.capacity != crate::device::NO_LIMIT)
                 .then_some(target.capacity),
-            probe: Some(calibration),
+            ensemble: Some(ensemble),
             advice,
             recorded: None,
         })))
     }
-
-    /// How strongly this workload's replays bear on the answer: a recording
-    /// is proof; a probe that reproduced the OOM within its fit tolerance is
-    /// likely; any other probe is uncertain.
-    pub fn strength(&self) -> super::answer::Strength {
-        use super::answer::Strength;
-        match &self.probe {
-            None => Strength::Proven,
-            Some(p) if p.reproduces_oom && p.within_tolerance => Strength::Likely,
-            Some(_) => Strength::Uncertain,
-        }
-    }
 }
-
 /// Why a snapshot without a trace cannot be replayed.
 pub(crate) fn no_trace(name: &str) -> String {
     format!(
@@ -386,14 +375,20 @@ impl Workload {
     /// Calls `f` with this workload's replayer on the simulated card.
     pub fn with_replayer<T>(&self, f: impl FnOnce(&Replayer) -> T) -> Result<T, Error> {
         match &self.source {
-            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop| {
-                replay_bounded(trace, s, conf, cap, stop)
+            // A bound is kept only with first-fit placement: the other
+            // policies check a verdict, so they run to the end.
+            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop, placement| match placement {
+                Placement::FirstFit => replay_bounded(trace, s, conf, cap, stop),
+                other => replay_placed(trace, s, conf, cap, other),
             })),
             Source::Snapshot(data, limits) => {
                 with_snapshot_trace(&self.input, data, limits, |st, _| {
-                    f(&|s, conf, cap, _| {
+                    // The start state sits at its recorded addresses; later
+                    // segments are placed by the policy.
+                    f(&|s, conf, cap, _, placement| {
                         let device = crate::device::sim::SimDevice::new(cap)
-                            .with_recorded_addresses(st.recorded_addresses(false));
+                            .with_recorded_addresses(st.recorded_addresses(false))
+                            .with_placement(placement);
                         replay_snapshot(st, s, conf, device)
                     })
                 })
@@ -415,7 +410,7 @@ mod tests {
         o.free_bytes = Some(2_000);
         o.total_capacity_bytes = Some(20_000);
         o.requested_bytes = Some(4_000);
-        let t = probe_target(&[o], None, None).expect("target");
+        let t = probe_target(&[o], None, None, &Settings::default()).expect("target");
         assert_eq!(t.observed.reserved_bytes, 10_500);
         assert_eq!(t.capacity, 12_500);
         assert_eq!(t.observed.requested_bytes, Some(4_000));
@@ -439,10 +434,10 @@ mod tests {
         m.insert("allocated_bytes".into(), stat(184_648 * 1024));
         m.insert("reserved_bytes".into(), stat(235_520 * 1024));
         o.metrics = Some(m);
-        let t = probe_target(&[o], None, Some(1 << 30)).expect("target");
+        let t = probe_target(&[o], None, Some(1 << 30), &Settings::default()).expect("target");
         assert_eq!(t.observed.allocated_bytes, 184_648 * 1024);
         assert_eq!(t.observed.reserved_bytes, 235_520 * 1024);
         assert_eq!(t.capacity, 1 << 30);
-        assert!(probe_target(&[], None, None).is_none());
+        assert!(probe_target(&[], None, None, &Settings::default()).is_none());
     }
 }

@@ -1,0 +1,52 @@
+//! The evaluation of text-only answers behind docs/EVALUATION.md ("Text-only
+//! validate and recommend against replays"): every trace family of
+//! `tests/support/trace_families.rs` over `--seeds N` seeds (default 10),
+//! the OOM message of each fed to text-only `validate` and `recommend`, the
+//! answers compared with replaying the trace.
+//!
+//!     cargo run --profile ci --example text_eval -- --seeds 10 [--detail] [--keep DIR]
+//!
+//! Deterministic: the same build prints the same tables.
+
+#[path = "../tests/support/text_eval.rs"]
+mod text_eval;
+#[path = "../tests/support/trace_families.rs"]
+mod trace_families;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let seeds: u64 = args
+        .iter()
+        .position(|a| a == "--seeds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // `--keep DIR`: write the messages and traces there, to look into a case.
+    let kept = args
+        .iter()
+        .position(|a| a == "--keep")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let dir_path = kept.clone().unwrap_or_else(|| dir.path().to_path_buf());
+    let mut cases = Vec::new();
+    for family in trace_families::TraceFamily::ALL {
+        for seed in 1..=seeds {
+            if let Some(c) = text_eval::evaluate(family, seed, &dir_path) {
+                eprintln!(
+                    "{} seed {seed}: ES {} / validate exit {} / recommend exit {}",
+                    family.name(),
+                    c.es_avoids,
+                    c.validate.exit_code,
+                    c.recommend.exit_code
+                );
+                cases.push(c);
+            }
+        }
+    }
+    print!("{}", text_eval::summary(&cases));
+    if args.iter().any(|a| a == "--detail") {
+        println!();
+        print!("{}", text_eval::detail(&cases));
+    }
+}
