@@ -275,6 +275,25 @@ mod tests {
     use crate::advise::SetupFlags;
     use crate::workload::{OomEvent, RunFigures};
 
+    /// The answer of `d` with `ranked` replays of `strength` beside the `current` run.
+    fn replayed(
+        d: &Diagnosis,
+        setup: &Setup,
+        strength: Strength,
+        (current, ranked): (&Run, &[Run]),
+    ) -> Answer {
+        decide(
+            Some(d),
+            setup,
+            Some(Replays {
+                strength,
+                current,
+                ranked,
+                rules: None,
+            }),
+        )
+    }
+
     fn run(conf: &str, oom: bool, peak: u64) -> Run {
         Run {
             conf: conf.into(),
@@ -315,16 +334,7 @@ mod tests {
             run("max_split_size_mb:64,expandable_segments:True", false, 8),
             run("expandable_segments:True", false, 9),
         ];
-        let proven = decide(
-            Some(&d),
-            &setup,
-            Some(Replays {
-                strength: Strength::Proven,
-                current: &current,
-                ranked: &ranked,
-                rules: None,
-            }),
-        );
+        let proven = replayed(&d, &setup, Strength::Proven, (&current, &ranked));
         assert_eq!(
             proven.recommendation.map(|r| r.value).as_deref(),
             Some("max_split_size_mb:64,expandable_segments:True")
@@ -336,16 +346,7 @@ mod tests {
             ),
             "{sentence}"
         );
-        let likely = decide(
-            Some(&d),
-            &setup,
-            Some(Replays {
-                strength: Strength::Likely,
-                current: &current,
-                ranked: &ranked,
-                rules: None,
-            }),
-        );
+        let likely = replayed(&d, &setup, Strength::Likely, (&current, &ranked));
         assert_eq!(
             likely.recommendation.map(|r| r.value).as_deref(),
             Some("expandable_segments:True"),
@@ -360,16 +361,7 @@ mod tests {
         let d = diagnosis(Cause::Capacity, None, &setup);
         let current = run("", true, 10);
         let ranked = [run("expandable_segments:True", false, 9)];
-        let probe = decide(
-            Some(&d),
-            &setup,
-            Some(Replays {
-                strength: Strength::Likely,
-                current: &current,
-                ranked: &ranked,
-                rules: None,
-            }),
-        );
+        let probe = replayed(&d, &setup, Strength::Likely, (&current, &ranked));
         assert_eq!(probe.recommendation, None);
         let s = probe.overrides.unwrap();
         assert!(
@@ -379,16 +371,7 @@ mod tests {
             "{s}"
         );
         assert!(s.ends_with("not the next ones"), "{s}");
-        let trace = decide(
-            Some(&d),
-            &setup,
-            Some(Replays {
-                strength: Strength::Proven,
-                current: &current,
-                ranked: &ranked,
-                rules: None,
-            }),
-        );
+        let trace = replayed(&d, &setup, Strength::Proven, (&current, &ranked));
         assert_eq!(
             trace.recommendation.map(|r| r.value).as_deref(),
             Some("expandable_segments:True")
@@ -411,16 +394,7 @@ mod tests {
         );
         let current = run("", true, 10);
         let ranked = [run("expandable_segments:True", true, 9)];
-        let a = decide(
-            Some(&d),
-            &setup,
-            Some(Replays {
-                strength: Strength::Proven,
-                current: &current,
-                ranked: &ranked,
-                rules: None,
-            }),
-        );
+        let a = replayed(&d, &setup, Strength::Proven, (&current, &ranked));
         assert_eq!(a.recommendation, None);
         assert_eq!(
             a.overrides.as_deref(),
