@@ -93,6 +93,12 @@ pub struct SimDevice {
     /// laying out segments in a row costs O(log n), not O(n), each (a probe on
     /// a 288 GiB card makes 100 000 segments).
     no_gap_below: u64,
+    /// `(size, addr)`: every gap between `no_gap_below` and `addr` is smaller
+    /// than `size`, so a request at least that large searches from `addr`.
+    /// New ranges only shrink gaps; a freed one clears it. Without it, a card
+    /// whose low addresses hold many small gaps makes every large request
+    /// walk all of them (95 s of `recommend` on a 288 GiB card's message).
+    fit_memo: Option<(u64, u64)>,
     /// Addresses to hand out instead of laying segments out (fidelity replay).
     recorded: VecDeque<u64>,
     placement: Placement,
@@ -114,6 +120,7 @@ impl SimDevice {
             used: 0,
             ranges: BTreeMap::new(),
             no_gap_below: ADDRESS_BASE,
+            fit_memo: None,
             recorded: VecDeque::new(),
             placement: Placement::FirstFit,
             high_water: ADDRESS_BASE,
@@ -202,7 +209,10 @@ impl SimDevice {
             end.checked_next_multiple_of(ADDRESS_ALIGN)
                 .ok_or(DeviceError::OutOfMemory)
         };
-        let from = self.no_gap_below;
+        let from = match self.fit_memo {
+            Some((smaller_than, addr)) if size >= smaller_than => addr.max(self.no_gap_below),
+            _ => self.no_gap_below,
+        };
         let mut candidate = from;
         if let Some((&start, &len)) = self.ranges.range(..from).next_back() {
             candidate = candidate.max(align(start + len)?);
@@ -215,10 +225,12 @@ impl SimDevice {
             candidate = candidate.max(align(start + len)?);
         }
         if candidate == first
+            && from == self.no_gap_below
             && let Some(end) = candidate.checked_add(size)
         {
             self.no_gap_below = align(end)?;
         }
+        self.fit_memo = Some((size, candidate));
         Ok(candidate)
     }
 
@@ -285,6 +297,7 @@ impl Device for SimDevice {
             )));
         }
         self.no_gap_below = self.no_gap_below.min(ptr);
+        self.fit_memo = None;
         self.used = self.used.saturating_sub(size);
         self.counters.frees += 1;
         self.counters.driver_time_us += cost::FREE_US + cost::SYNCHRONIZE_US;
@@ -318,6 +331,7 @@ impl Device for SimDevice {
     fn release_address(&mut self, addr: u64, _size: u64) -> Result<(), DeviceError> {
         self.ranges.remove(&addr);
         self.no_gap_below = self.no_gap_below.min(addr);
+        self.fit_memo = None;
         self.counters.driver_time_us += cost::RESERVE_US;
         Ok(())
     }
