@@ -50,7 +50,7 @@ impl Context {
             let _ = self.set_current(value, "the text");
         }
         if clues.max_split_hint {
-            self.torch_floor = Some(crate::conf::TorchVersion::new(1, 10));
+            self.torch_floor = Some(crate::conf::TorchVersion::FIRST_ALLOC_CONF);
         }
         self.windows |= clues.windows_paths;
         self.expandable_unsupported |= clues.expandable_unsupported;

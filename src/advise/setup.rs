@@ -216,7 +216,7 @@ impl Setup {
     pub fn versions(&self) -> Vec<TorchVersion> {
         let r = self.torch.value;
         let mut v = vec![
-            r.lo.unwrap_or(TorchVersion::new(1, 10)),
+            r.lo.unwrap_or(TorchVersion::FIRST_ALLOC_CONF),
             r.hi.unwrap_or(TorchVersion::LATEST_KNOWN),
             self.replay_version(),
         ];

@@ -271,9 +271,8 @@ fn admit(setup: &Setup, versions: &[TorchVersion], c: &Candidate) -> Result<(), 
     }
     let platform = setup.platform.value;
     for &v in versions {
-        // parse_config's env read (c10/cuda/CUDAAllocatorConfig) arrived in 1.10:
-        // before, the value is valid text that PyTorch never reads.
-        if v < TorchVersion::new(1, 10) {
+        // Before FIRST_ALLOC_CONF the value is valid text that PyTorch never reads.
+        if v < TorchVersion::FIRST_ALLOC_CONF {
             return Err(format!(
                 "PyTorch {v} does not read PYTORCH_CUDA_ALLOC_CONF (it appeared in 1.10): \
                  pass --torch-version when yours is 1.10 or later"

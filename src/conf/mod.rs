@@ -38,6 +38,8 @@ impl TorchVersion {
     pub const DEFAULT: TorchVersion = TorchVersion::new(2, 6);
     /// The newest release whose allocator this tool knows (spec §12).
     pub const LATEST_KNOWN: TorchVersion = TorchVersion::new(2, 15);
+    /// The first release that reads `PYTORCH_CUDA_ALLOC_CONF` (CUDACachingAllocator's parseArgs, 1.10).
+    pub const FIRST_ALLOC_CONF: TorchVersion = TorchVersion::new(1, 10);
 
     /// Reads `2.4`, `2.4.1`, `2.4.1+cu121`, `2.10.0a0`, `2.6.0.dev20241112`,
     /// `v2.6` (what `torch.__version__` and users write).
@@ -191,7 +193,7 @@ impl ParsedConf {
 /// which priority, deprecation warnings), for users setting them.
 pub fn env_var_notes(version: TorchVersion) -> Vec<String> {
     let mut notes = Vec::new();
-    if version < TorchVersion::new(1, 10) {
+    if version < TorchVersion::FIRST_ALLOC_CONF {
         notes.push(format!("PyTorch {version} reads no allocator config variable (PYTORCH_CUDA_ALLOC_CONF appeared in 1.10)."));
         return notes;
     }

@@ -62,7 +62,7 @@ pub fn parse(value: &str, version: TorchVersion) -> Result<ParsedConf, ConfError
         used_async: false,
         used_native_specific: false,
     };
-    if version < TorchVersion::new(1, 10) {
+    if version < TorchVersion::FIRST_ALLOC_CONF {
         p.note(format!(
             "PyTorch {version} does not read PYTORCH_CUDA_ALLOC_CONF (it appeared in 1.10); the value has no effect"
         ));

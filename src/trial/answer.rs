@@ -275,6 +275,17 @@ mod tests {
     use crate::advise::SetupFlags;
     use crate::workload::{OomEvent, RunFigures};
 
+    /// A fragmentation diagnosis whose rules recommend expandable segments, in the default setup.
+    fn fragmentation_with_the_rules_line() -> (Setup, Diagnosis) {
+        let setup = Setup::of_flags(&SetupFlags::default());
+        let d = diagnosis(
+            Cause::Fragmentation,
+            Some("expandable_segments:True"),
+            &setup,
+        );
+        (setup, d)
+    }
+
     /// The answer of `d` with `ranked` replays of `strength` beside the `current` run.
     fn replayed(
         d: &Diagnosis,
@@ -323,12 +334,7 @@ mod tests {
 
     #[test]
     fn a_trace_overrules_the_rules_a_probe_does_not() {
-        let setup = Setup::of_flags(&SetupFlags::default());
-        let d = diagnosis(
-            Cause::Fragmentation,
-            Some("expandable_segments:True"),
-            &setup,
-        );
+        let (setup, d) = fragmentation_with_the_rules_line();
         let current = run("", true, 10);
         let ranked = [
             run("max_split_size_mb:64,expandable_segments:True", false, 8),
@@ -386,12 +392,7 @@ mod tests {
 
     #[test]
     fn the_rules_line_failing_everywhere_leaves_no_line() {
-        let setup = Setup::of_flags(&SetupFlags::default());
-        let d = diagnosis(
-            Cause::Fragmentation,
-            Some("expandable_segments:True"),
-            &setup,
-        );
+        let (setup, d) = fragmentation_with_the_rules_line();
         let current = run("", true, 10);
         let ranked = [run("expandable_segments:True", true, 9)];
         let a = replayed(&d, &setup, Strength::Proven, (&current, &ranked));
