@@ -73,16 +73,17 @@ pub struct PolicyOutcome {
 }
 
 /// Replays under the policies other than first-fit, whose outcome
-/// (`first_fit_oom`) is already known.
+/// (`first_fit_oom`) is already known, side by side.
 pub fn ooms(replay: &Replayer, settings: &Settings, capacity: u64, first_fit_oom: bool) -> Ooms {
-    let mut out = [first_fit_oom; 3];
-    for (slot, &placement) in out.iter_mut().zip(&Placement::ALL).skip(1) {
-        *slot = replay(settings, "", capacity, None, placement)
+    let [_, rising, random] = Placement::ALL;
+    let oom = |placement| {
+        replay(settings, "", capacity, None, placement)
             .figures
             .oom
-            .is_some();
-    }
-    Ooms(out)
+            .is_some()
+    };
+    let (rising, random) = rayon::join(|| oom(rising), || oom(random));
+    Ooms([first_fit_oom, rising, random])
 }
 
 #[cfg(test)]

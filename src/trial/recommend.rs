@@ -17,7 +17,9 @@ use crate::advise::{Diagnosis, Recommendation, Space};
 use crate::conf::Settings;
 use crate::device::sim::Placement::FirstFit;
 use crate::units::human;
+use crate::workload::RunFigures;
 use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 /// `recommend` when nothing can be replayed (a snapshot without a trace,
 /// text without figures to fit a probe to): the rules' answer alone, and why.
@@ -147,10 +149,14 @@ fn search_with(
         );
     }
     // The current config runs in full: it is reported beside the winner.
-    let mut current_run = replay(current, current_conf, cap, None, FirstFit);
-    current_run.conf = current_conf.to_string();
-    let found = match &workload.ensemble {
+    let replay_current = || {
+        let mut run = replay(current, current_conf, cap, None, FirstFit);
+        run.conf = current_conf.to_string();
+        run
+    };
+    let (found, current_run) = match &workload.ensemble {
         Some(e) => {
+            let current_run = replay_current();
             let found =
                 ensemble::search(e, s.space.candidates.clone(), current, s.bisect, progress);
             let (rec, verdict) = found.verdict(e);
@@ -164,14 +170,15 @@ fn search_with(
                     figures: r.runs.first().cloned().unwrap_or_default(),
                 })
                 .collect();
-            Found {
+            let found = Found {
                 min_capacity_bytes: rec.and(found.needed_capacity_bytes),
                 candidates: runs,
                 verdict,
                 pruning: found.pruning,
                 ensemble: Some(found),
                 placement: Vec::new(),
-            }
+            };
+            (found, current_run)
         }
         None => {
             let sizes = workload.request_sizes();
@@ -184,11 +191,31 @@ fn search_with(
                     |settings: &Settings, cap, stop_above| {
                         replay(settings, "", cap, stop_above, FirstFit).figures
                     },
-                    s.bisect,
+                    false,
                 ),
                 progress,
             );
-            recorded_verdict(result, replay, (current, &current_run), cap, s.bisect)
+            // The search ran the current config in full (its bound spares it),
+            // unless an equivalent candidate stood in for it.
+            let current_run = result
+                .ranked
+                .iter()
+                .find(|(c, f)| {
+                    c.settings(current) == *current && f.stopped_early_at_event.is_none()
+                })
+                .map(|(_, figures)| Run {
+                    conf: current_conf.to_string(),
+                    figures: figures.clone(),
+                })
+                .unwrap_or_else(replay_current);
+            let found = recorded_verdict(
+                result,
+                replay,
+                (current, &current_run),
+                cap,
+                (s.bisect, progress),
+            );
+            (found, current_run)
         }
     };
     let candidates = found.candidates;
@@ -286,11 +313,11 @@ struct Found {
 /// recommended (and moved to the front); when none does, the first-fit
 /// winner is, with an uncertain verdict.
 fn recorded_verdict(
-    result: search::SearchResult,
+    mut result: search::SearchResult,
     replay: &Replayer,
     (current, current_run): (&Settings, &Run),
     cap: u64,
-    bisect: bool,
+    (bisect, progress): (bool, &(dyn Fn(Progress) + Sync)),
 ) -> Found {
     let mut runs: Vec<Run> = result
         .ranked
@@ -300,22 +327,49 @@ fn recorded_verdict(
             figures: figures.clone(),
         })
         .collect();
-    let avoiding = result
-        .ranked
-        .iter()
-        .take(ensemble::PLACEMENT_CHECKED)
-        .take_while(|(_, f)| f.oom.is_none() && f.stopped_early_at_event.is_none());
-    let placed: Vec<(usize, PlacedConfig, Fate)> = avoiding
-        .enumerate()
-        .map(|(i, (c, _))| {
+    // The smallest capacity of the config ranked `i` (only a memory fraction
+    // makes a run depend on the capacity beyond whether each cudaMalloc fits).
+    let bisections = AtomicUsize::new(0);
+    let min_of = |i: usize| {
+        let (c, figures) = &result.ranked[i];
+        let settings = c.settings(current);
+        search::min_capacity(
+            figures,
+            cap,
+            current.per_process_memory_fraction.is_none(),
+            |c| {
+                bisections.fetch_add(1, AtomicOrdering::Relaxed);
+                replay(&settings, "", c, None, FirstFit).figures
+            },
+            &progress,
+        )
+    };
+    let finished = |f: &RunFigures| f.oom.is_none() && f.stopped_early_at_event.is_none();
+    // In rank order until one avoids the OOM under every placement: that one
+    // is recommended, so the configs ranked below it need no check. The
+    // first-fit winner is bisected meanwhile: it is usually the one.
+    let check = || {
+        let mut placed: Vec<(usize, PlacedConfig, Fate)> = Vec::new();
+        let avoiding = result
+            .ranked
+            .iter()
+            .take(ensemble::PLACEMENT_CHECKED)
+            .take_while(|(_, f)| finished(f));
+        for (i, (c, _)) in avoiding.enumerate() {
             let ooms = placement::ooms(replay, &c.settings(current), cap, false);
-            let placed = PlacedConfig {
+            let placed_config = PlacedConfig {
                 conf: runs[i].conf.clone(),
                 outcomes: ooms.by_policy(),
             };
-            (i, placed, ooms.fate())
-        })
-        .collect();
+            placed.push((i, placed_config, ooms.fate()));
+            if ooms.fate() == Fate::Avoids {
+                break;
+            }
+        }
+        placed
+    };
+    let winner_runs = result.ranked.first().is_some_and(|(_, f)| finished(f));
+    let (placed, first_min) = rayon::join(check, || (bisect && winner_runs).then(|| min_of(0)));
     let Some(top) = runs.first().filter(|r| r.figures.oom.is_none()).cloned() else {
         let finding = if runs.len() < 2 {
             // Only the config in use ran: the setup admits no other (the notes say why).
@@ -354,20 +408,11 @@ fn recorded_verdict(
     };
     let chosen = runs.remove(pick);
     runs.insert(0, chosen.clone());
-    // The winner's smallest capacity: bisected by the search for the
-    // first-fit winner; for another pick, bisected here.
-    let min = if pick == 0 || !bisect {
-        result.min_capacity_bytes
-    } else {
-        let settings = result.ranked[pick].0.settings(current);
-        Some(search::min_capacity(
-            &chosen.figures,
-            cap,
-            true,
-            |c| replay(&settings, "", c, None, FirstFit).figures,
-            &|_| {},
-        ))
+    let min = match pick {
+        0 => first_min,
+        _ => bisect.then(|| min_of(pick)),
     };
+    result.pruning.bisection_replays = bisections.into_inner();
     let mut finding = headline(current_run, &chosen, min);
     // The policies under which the first-fit winner runs out of memory.
     let flipped = placed
