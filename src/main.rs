@@ -225,7 +225,93 @@ fn write_failed(e: &std::io::Error) -> u8 {
 }
 
 fn main() -> ExitCode {
+    #[cfg(target_os = "linux")]
+    out_of_memory::install();
     ExitCode::from(cli(std::env::args_os()))
+}
+
+/// An allocation the machine refuses ends the process with exit 2 and a
+/// message, never with an abort's exit 134 and core dump. The decoders grow
+/// their big vectors fallibly and name the limit they hit; every other
+/// allocation is bounded by the input limits, so one that still fails means
+/// the machine has less memory than those limits allow. Rust's
+/// `handle_alloc_error` prints "memory allocation of N bytes failed" and
+/// aborts; the allocator below notes the failed size, and the SIGABRT
+/// handler turns that abort into exit 2 (any other abort stays an abort).
+#[cfg(target_os = "linux")]
+mod out_of_memory {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The size of the last allocation the system refused (0: none).
+    static REFUSED: AtomicUsize = AtomicUsize::new(0);
+
+    struct Noting;
+
+    #[global_allocator]
+    static ALLOCATOR: Noting = Noting;
+
+    fn noted(ptr: *mut u8, size: usize) -> *mut u8 {
+        if ptr.is_null() {
+            REFUSED.store(size.max(1), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    // SAFETY: every call is passed to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Noting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            noted(unsafe { System.alloc(layout) }, layout.size())
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            noted(unsafe { System.alloc_zeroed(layout) }, layout.size())
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            noted(unsafe { System.realloc(ptr, layout, new_size) }, new_size)
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    /// Async-signal-safe: formats into a stack buffer, writes, exits.
+    extern "C" fn on_abort(_: libc::c_int) {
+        let size = REFUSED.load(Ordering::Relaxed);
+        if size == 0 {
+            // Not an allocation failure: abort as usual.
+            unsafe {
+                libc::signal(libc::SIGABRT, libc::SIG_DFL);
+                libc::raise(libc::SIGABRT);
+            }
+            return;
+        }
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut n = size;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let parts: [&[u8]; 3] = [
+            b"allocdoc: error: out of memory: the system refused an allocation of ",
+            &digits[i..],
+            b" bytes. Every input limit is a flag (see 'Limits' in `allocdoc <command> --help`): \
+              lower them, or run on a machine with more memory\n",
+        ];
+        for part in parts {
+            unsafe { libc::write(2, part.as_ptr().cast(), part.len()) };
+        }
+        unsafe { libc::_exit(2) };
+    }
+
+    pub fn install() {
+        let handler = on_abort as extern "C" fn(libc::c_int);
+        unsafe { libc::signal(libc::SIGABRT, handler as libc::sighandler_t) };
+    }
 }
 
 /// The whole command: `args` (the program name first) parsed, run, printed;
