@@ -265,6 +265,45 @@ fn validate_exit_codes_follow_the_candidate() {
     assert!(validate("40MiB", 1).contains("still runs out of memory"));
 }
 
+/// `replay` checks a run near the card's edge under every placement policy:
+/// on `placement_dependent.csv` (segments freed by `empty_cache`, then equal
+/// blocks at different addresses) the outcome at 120 MiB depends on where
+/// segments go; a run far below the card is not checked.
+#[test]
+fn replay_reports_placement_near_the_edge() {
+    let csv = fixture("placement_dependent.csv");
+    let v = json_of(
+        &["replay", &csv, "--capacity", "120MiB", "--format", "json"],
+        1,
+    );
+    let outcomes: Vec<(String, bool)> = v["runs"][0]["placement"]
+        .as_array()
+        .expect("placement checked")
+        .iter()
+        .map(|o| (o["policy"].as_str().unwrap().to_string(), o["oom"] == true))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("first-fit".to_string(), true),
+            ("rising addresses".to_string(), false),
+            ("random placement".to_string(), true)
+        ]
+    );
+    let text = text_of(&["replay", &csv, "--capacity", "120MiB"], 1);
+    assert!(
+        text.contains("(defaults): depends on where the driver places segments: first-fit runs out of memory, rising addresses no OOM"),
+        "{text}"
+    );
+    // At 1 GiB the run peaks at 120 MiB, far below the card: not checked.
+    let v = json_of(
+        &["replay", &csv, "--capacity", "1GiB", "--format", "json"],
+        0,
+    );
+    assert!(v["runs"][0].get("placement").is_none(), "{v:#}");
+    assert!(!text_of(&["replay", &csv, "--capacity", "1GiB"], 0).contains("Placement"));
+}
+
 /// `--device cuda` on a machine without a driver: `validate` and `replay`
 /// (trace and snapshot) exit 3 and say why.
 #[test]

@@ -64,6 +64,52 @@ fn rows(replay: &Replay) -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
+/// The placement check's lines: one per run checked, after a heading; none
+/// when no run was checked.
+fn placement_lines(replay: &Replay) -> Vec<String> {
+    use crate::trial::placement::Fate;
+    let checked: Vec<String> = replay
+        .runs
+        .iter()
+        .filter_map(|run| {
+            let ooms = run.placement?;
+            let label = conf_label(&run.conf);
+            Some(match ooms.fate() {
+                Fate::Fails => format!("{label}: runs out of memory under every placement"),
+                Fate::Avoids | Fate::AvoidsNarrowly => {
+                    format!("{label}: no OOM under any placement")
+                }
+                Fate::DependsOnPlacement => format!(
+                    "{label}: depends on where the driver places segments: {}",
+                    ooms.by_policy()
+                        .iter()
+                        .map(|o| format!(
+                            "{} {}",
+                            o.policy,
+                            if o.oom {
+                                "runs out of memory"
+                            } else {
+                                "no OOM"
+                            }
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })
+        })
+        .collect();
+    if checked.is_empty() {
+        return checked;
+    }
+    let mut lines = vec![format!(
+        "Placement (runs that ran out of memory or peaked within {:.0} % of the card, replayed \
+         with segments placed first-fit, at rising addresses and at random addresses):",
+        100.0 * (1.0 - crate::trial::replay::PLACEMENT_EDGE)
+    )];
+    lines.extend(checked.into_iter().map(|l| format!("  {l}")));
+    lines
+}
+
 fn heading(replay: &Replay) -> String {
     let card = match replay.device {
         crate::device::DeviceSpec::Sim => format!(
@@ -105,6 +151,10 @@ pub fn text(replay: &Replay) -> String {
         }
     }
     let mut out = format!("{}\n{table}\n", heading(replay));
+    let placement = placement_lines(replay);
+    if !placement.is_empty() {
+        let _ = write!(out, "\n{}\n", placement.join("\n"));
+    }
     if let Some(f) = &replay.fidelity {
         out.push_str(&fidelity_text(f));
     }
@@ -154,6 +204,10 @@ pub fn markdown(replay: &Replay) -> String {
     out.push('\n');
     for (label, cells) in rows(replay) {
         let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
+    }
+    let placement = placement_lines(replay);
+    if !placement.is_empty() {
+        let _ = write!(out, "\n{}\n", placement.join("\n"));
     }
     for run in &replay.runs {
         if let Some(oom) = &run.result.figures.oom {
@@ -215,6 +269,9 @@ pub fn json(replay: &Replay) -> String {
                 }
                 if let Some(s) = &run.summary_at_end {
                     map.insert("memory_summary_at_end".into(), json!(s));
+                }
+                if let Some(ooms) = &run.placement {
+                    map.insert("placement".into(), json!(ooms.by_policy()));
                 }
             }
             v

@@ -4,13 +4,14 @@
 //! run, released when the run ends). The `--fidelity` comparison and the
 //! report's segment map always come from the simulated card.
 
+use super::placement::Ooms;
 use super::run::{DeviceOpener, conf_name, parse_native_conf};
 use super::views::{SegmentsAt, segment_map};
 use super::workload::DEFAULT_CAPACITY;
 use crate::Error;
 use crate::allocator::summary::{NoMemorySummary, memory_summary, summary_exists};
 use crate::conf::{Platform, Settings, TorchVersion};
-use crate::device::sim::SimDevice;
+use crate::device::sim::{Placement, SimDevice};
 use crate::device::{Device, DeviceSpec};
 use crate::units::human;
 use crate::workload::{ReplayOptions, RunResult, detect_trace, replay_with};
@@ -48,7 +49,17 @@ pub struct ReplayRun {
     /// `memory_summary()` when allocated memory peaked and at the end (with `--summary`).
     pub summary_at_peak: Option<String>,
     pub summary_at_end: Option<String>,
+    /// On the simulated card, for a run that ran out of memory or came
+    /// within [`PLACEMENT_EDGE`] of the card: whether it runs out under each
+    /// placement policy.
+    pub placement: Option<Ooms>,
 }
+
+/// A run whose peak reserved reaches this share of the card is replayed
+/// under every placement policy (a run that ran out of memory always is):
+/// near the edge, which equal-sized block the allocator picks (by address)
+/// can decide the outcome.
+pub const PLACEMENT_EDGE: f64 = 0.9;
 
 /// Everything `replay` found, for the renderers.
 #[derive(Debug, Clone, PartialEq)]
@@ -312,7 +323,7 @@ fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Err
 
 /// One replay of the workload under some settings on a device.
 type DeviceReplay<'r> =
-    dyn Fn(&Settings, Box<dyn Device>, ReplayOptions) -> Result<RunResult, Error> + 'r;
+    dyn Fn(&Settings, Box<dyn Device>, ReplayOptions) -> Result<RunResult, Error> + Sync + 'r;
 
 /// One config's run on a fresh device from `open`; with `summary` (the
 /// device index), `memory_summary()` at the end and at the allocated peak
@@ -331,6 +342,21 @@ fn run_one(
         summary_exists(settings.version).map_err(usage)?;
     }
     let result = replay(settings, open.open()?, options)?;
+    let figures = &result.figures;
+    let near_edge = figures.oom.is_some()
+        || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64;
+    let placement = match open.spec {
+        DeviceSpec::Sim if near_edge => {
+            let [_, rising, random] = Placement::ALL;
+            let oom = |p| -> Result<bool, Error> {
+                let run = replay(settings, Box::new(open.sim(p)), ReplayOptions::default())?;
+                Ok(run.figures.oom.is_some())
+            };
+            let (rising, random) = rayon::join(|| oom(rising), || oom(random));
+            Some(Ooms([figures.oom.is_some(), rising?, random?]))
+        }
+        _ => None,
+    };
     let (summary_at_peak, summary_at_end) = match summary {
         Some(device) => {
             let render = |stats: &std::collections::BTreeMap<String, i64>| {
@@ -355,5 +381,6 @@ fn run_one(
         result,
         summary_at_peak,
         summary_at_end,
+        placement,
     })
 }

@@ -165,10 +165,7 @@ pub(crate) struct DeviceOpener {
 impl DeviceOpener {
     pub fn open(&self) -> Result<Box<dyn Device>, Error> {
         match self.spec {
-            DeviceSpec::Sim => Ok(Box::new(
-                SimDevice::new(self.given.unwrap_or(self.default))
-                    .with_recorded_addresses(self.start_addresses.iter().copied()),
-            )),
+            DeviceSpec::Sim => Ok(Box::new(self.sim(Placement::FirstFit))),
             #[cfg(feature = "cuda")]
             DeviceSpec::Cuda(ordinal) => Ok(Box::new(crate::device::cuda::CudaDevice::open(
                 ordinal, self.given,
@@ -178,6 +175,15 @@ impl DeviceOpener {
                 "--device cuda:{ordinal}: this allocdoc was built without the `cuda` feature"
             ))),
         }
+    }
+}
+
+impl DeviceOpener {
+    /// The simulated card, placing new segments by `placement`.
+    pub fn sim(&self, placement: Placement) -> SimDevice {
+        SimDevice::new(self.given.unwrap_or(self.default))
+            .with_recorded_addresses(self.start_addresses.iter().copied())
+            .with_placement(placement)
     }
 }
 
