@@ -6,21 +6,17 @@
 //! Exits 3 with the reason when no CUDA driver or GPU is usable.
 
 #[cfg(feature = "cuda")]
+#[path = "support/gpu_args.rs"]
+mod gpu_args;
+
+#[cfg(feature = "cuda")]
 fn main() -> std::process::ExitCode {
     use allocdoc::allocator::CachingAllocator;
     use allocdoc::conf::Settings;
     use allocdoc::device::cuda::{CudaDevice, raw_malloc_free_us};
     use std::time::Instant;
 
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let ordinal: i32 = flag("--device").and_then(|d| d.parse().ok()).unwrap_or(0);
-    let out = flag("--out");
+    let ordinal = gpu_args::ordinal();
     // Sizes from the small pool, a split large block, and a whole 20 MiB segment.
     const SIZES: [u64; 4] = [4 << 10, 512 << 10, 8 << 20, 20 << 20];
     const HITS: u32 = 100_000;
@@ -65,13 +61,7 @@ fn main() -> std::process::ExitCode {
         }));
     }
     let json = serde_json::json!({"device": ordinal, "results": rows});
-    if let Some(path) = out
-        && let Err(e) = std::fs::write(&path, format!("{json:#}\n"))
-    {
-        eprintln!("gpu_latency: {path}: {e}");
-        return std::process::ExitCode::from(2);
-    }
-    std::process::ExitCode::SUCCESS
+    gpu_args::write_out("gpu_latency", &json)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -123,16 +123,13 @@ fn record<D: Device>(
 }
 
 #[cfg(feature = "cuda")]
+#[path = "support/gpu_args.rs"]
+mod gpu_args;
+
+#[cfg(feature = "cuda")]
 fn main() -> std::process::ExitCode {
     use allocdoc::device::cuda::CudaDevice;
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let ordinal: i32 = flag("--device").and_then(|d| d.parse().ok()).unwrap_or(0);
+    let ordinal = gpu_args::ordinal();
     // A 4 GiB cap: enough for every workload below, small enough for any GPU.
     const CAP: u64 = 4 << 30;
     let mut rows = Vec::new();
@@ -195,16 +192,7 @@ fn main() -> std::process::ExitCode {
         best.as_deref().unwrap_or("nothing recorded")
     );
     let out = serde_json::json!({"workloads": rows, "totals": totals, "best_match": best});
-    if let Some(path) = flag("--out")
-        && let Err(e) = std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&out).unwrap_or_default(),
-        )
-    {
-        eprintln!("gpu_placement: {path}: {e}");
-        return std::process::ExitCode::from(2);
-    }
-    std::process::ExitCode::SUCCESS
+    gpu_args::write_out("gpu_placement", &out)
 }
 
 #[cfg(not(feature = "cuda"))]
