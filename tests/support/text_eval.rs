@@ -214,19 +214,12 @@ fn answer(exit_code: i32, json: serde_json::Value, is_validate: bool) -> Answer 
         if json.get("strength").is_none() {
             return Some(json["candidate"]["oom"].is_null());
         }
-        match exit_code {
-            0 => Some(true),
-            1 => Some(false),
-            // Uncertain: the direction most plausible workloads took, if any.
-            _ => {
-                let fates: Vec<&str> = json["workloads"]
-                    .as_array()
-                    .map(|w| w.iter().filter_map(|w| w["candidate"].as_str()).collect())
-                    .unwrap_or_default();
-                let avoid = fates.iter().filter(|f| **f == "avoids").count();
-                let fail = fates.iter().filter(|f| **f == "fails").count();
-                (avoid != fail).then_some(avoid > fail)
-            }
+        match (exit_code, json["leaning"].as_str()) {
+            (0, _) => Some(true),
+            (1, _) => Some(false),
+            // Uncertain: the way the verdict says it leans, if any.
+            (_, Some(lean)) => Some(lean == "avoids"),
+            (_, None) => None,
         }
     });
     Answer {
