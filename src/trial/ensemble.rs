@@ -252,11 +252,7 @@ fn headroom_lean(e: &Ensemble, name: &str) -> Option<(Option<Leaning>, String)> 
 
 /// `validate` on text evidence: the candidate on every plausible workload.
 /// `name` is the candidate as a sentence names it.
-pub fn judge(
-    e: &Ensemble,
-    current: &Settings,
-    (name, candidate): (&str, &Settings),
-) -> Judgement {
+pub fn judge(e: &Ensemble, current: &Settings, (name, candidate): (&str, &Settings)) -> Judgement {
     let judgements: Vec<WorkloadJudgement> = e
         .members
         .par_iter()
@@ -417,13 +413,14 @@ pub fn judge(
             Some(lean) => {
                 parts.push(format!(
                     "on balance it leans to {}: {} of the {n} avoid it with room to spare, {} \
-                     fail",
+                     {}",
                     match lean {
                         Leaning::Avoids => "avoiding the OOM",
                         Leaning::Fails => "running out of memory",
                     },
                     avoids.len(),
-                    fails.len()
+                    fails.len(),
+                    if fails.len() == 1 { "fails" } else { "fail" }
                 ));
                 Some(lean)
             }
@@ -814,4 +811,71 @@ pub fn peak_words(j: &WorkloadJudgement) -> Option<String> {
         j.current_peak_reserved_bytes?,
         j.candidate_peak_reserved_bytes?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::probe::Figures;
+
+    const GIB: u64 = 1 << 30;
+
+    fn message(allocated: u64, requested: Option<u64>, capacity: u64) -> Ensemble {
+        Ensemble {
+            observed: Figures {
+                allocated_bytes: allocated,
+                reserved_bytes: allocated,
+                requested_bytes: requested,
+            },
+            capacity,
+            members: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_clear_outcomes_decide_which_way_the_workloads_lean() {
+        assert_eq!(workloads_lean(3, 1), Some(Leaning::Avoids));
+        assert_eq!(workloads_lean(0, 1), Some(Leaning::Fails));
+        assert_eq!(workloads_lean(2, 2), None);
+        assert_eq!(workloads_lean(0, 0), None);
+    }
+
+    /// The message's headroom leans one way only when its figures say so:
+    /// the live tensors and the request beyond the room (fails), or at least
+    /// the narrow margin left (avoids); in between, and without a request or
+    /// a room, it leans neither way.
+    #[test]
+    fn the_message_headroom_leans_only_when_its_figures_say_so() {
+        let es = "expandable_segments:True";
+        // 7 GiB live + a 1 GiB request of a 10 GiB room: 2 GiB (20 %) left.
+        let (lean, clause) = headroom_lean(&message(7 * GIB, Some(GIB), 10 * GIB), es).unwrap();
+        assert_eq!(lean, Some(Leaning::Avoids));
+        assert!(
+            clause.contains(
+                "the live tensors and the 1024.00 MiB request leave 2.00 GiB (20.0 %) of the \
+                 10.00 GiB the allocator could reach"
+            ),
+            "{clause}"
+        );
+        assert!(clause.contains("the message cannot tell"), "{clause}");
+        // 7.5 GiB live + 1 GiB asked of an 8 GiB room: no config gets past it.
+        let (lean, clause) =
+            headroom_lean(&message(7 * GIB + GIB / 2, Some(GIB), 8 * GIB), es).unwrap();
+        assert_eq!(lean, Some(Leaning::Fails));
+        assert!(
+            clause.contains("the 1024.00 MiB request (8.50 GiB) exceed the 8.00 GiB"),
+            "{clause}"
+        );
+        // 100 MiB left of 10 GiB (1 %): under the narrow margin, no lean.
+        let (lean, clause) =
+            headroom_lean(&message(9 * GIB - (100 << 20), Some(GIB), 10 * GIB), es).unwrap();
+        assert_eq!(lean, None);
+        assert!(
+            clause.contains("(1.0 %)") && clause.contains("less than 3 %"),
+            "{clause}"
+        );
+        // A summary (no request) or an unknown room says nothing.
+        assert!(headroom_lean(&message(7 * GIB, None, 10 * GIB), es).is_none());
+        assert!(headroom_lean(&message(7 * GIB, Some(GIB), crate::device::NO_LIMIT), es).is_none());
+    }
 }
