@@ -654,6 +654,19 @@ impl Ensemble {
     pub fn best(&self) -> Option<&Calibration> {
         self.members.first()
     }
+
+    /// The message's own headroom: the room the allocator could reach less
+    /// the live tensors and the request as printed (negative when they do not
+    /// fit even with nothing cached but unused). None without a request or a
+    /// known room.
+    pub fn headroom(&self) -> Option<i128> {
+        let request = self.observed.requested_bytes?;
+        (self.capacity != crate::device::NO_LIMIT).then(|| {
+            i128::from(self.capacity)
+                - i128::from(self.observed.allocated_bytes)
+                - i128::from(request)
+        })
+    }
 }
 
 /// Fits every family over a range of tensor sizes and keeps each family's
