@@ -273,24 +273,13 @@ fn no_setting_can_help_from_text() {
 /// after an `empty_cache` reuses the lowest address, so the split lands in it
 /// and no whole segment is left to release; with rising addresses it lands in
 /// the other one, and the release makes room.
-const PLACEMENT_TRACE: &str = "action,id,size,stream
-alloc,z,41943040,0
-alloc,p,62914560,0
-free,p,,0
-alloc,q,41943040,0
-alloc,r,20971520,0
-free,z,,0
-empty_cache,,,
-alloc,s,41943040,0
-free,q,,0
-free,s,,0
-alloc,d,31457280,0
-alloc,e,52428800,0
-";
+/// (`fixtures/validate/placement_dependent.csv`; `replay` checks it too.)
+const PLACEMENT_TRACE: &str = "fixtures/validate/placement_dependent.csv";
 
 #[test]
 fn the_same_trace_under_each_placement_policy() {
-    let t = Trace::parse("placement.csv", PLACEMENT_TRACE.as_bytes()).expect("trace");
+    let csv = std::fs::read(fixture(PLACEMENT_TRACE)).expect("the fixture");
+    let t = Trace::parse("placement.csv", &csv).expect("trace");
     let cap = 120 << 20;
     let defaults = Settings::default();
     let oom = |p: Placement| {
@@ -329,10 +318,7 @@ fn the_same_trace_under_each_placement_policy() {
 /// placement, and do not pass a gate on it.
 #[test]
 fn a_placement_dependent_verdict_is_flagged() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("placement.csv");
-    std::fs::write(&path, PLACEMENT_TRACE).expect("write");
-    let input = path.to_string_lossy().into_owned();
+    let input = fixture(PLACEMENT_TRACE);
     let out = allocdoc::app::validate::run(&ValidateOptions {
         input: input.clone(),
         conf: "max_split_size_mb:200".into(),
