@@ -53,9 +53,10 @@ fn json(o: &Outcome) -> serde_json::Value {
 /// The OOM message each generated trace's defaults print, fed to the
 /// text-only commands, against replaying the trace: no false "reproduced", no
 /// recommendation with exit 0 where no config avoids the OOM, a validate exit
-/// 0 only where the trace agrees, and agreement and rescue rates near those
-/// measured when this test was written (9 of 12 and 7 of 7; floors 2/3 and
-/// 85 %). The issue's 90 % agreement target is missed: docs/EVALUATION.md.
+/// 0 only where the trace agrees, and agreement and rescue rates at least
+/// those measured when validate began to state its leaning (10 of 12 and 7
+/// of 7; floors 5/6 and 85 %; 9 of 12 before). The issue's 90 % agreement
+/// target is missed on the larger set: docs/EVALUATION.md.
 #[test]
 fn text_only_answers_agree_with_replaying_the_trace() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -110,7 +111,7 @@ fn text_only_answers_agree_with_replaying_the_trace() {
         .count();
     eprintln!("{report}");
     assert!(
-        agree * 3 >= cases.len() * 2,
+        agree * 6 >= cases.len() * 5,
         "ES verdict agreement {agree} of {}\n{report}",
         cases.len()
     );
@@ -122,8 +123,10 @@ fn text_only_answers_agree_with_replaying_the_trace() {
 }
 
 /// `fixtures/text/readme_example.log`: no probe fails on its 2 GiB request
-/// with its figures, so the verdict's first words say so, nothing is claimed
-/// about the candidate, and the exit code is 4.
+/// with its figures, so the verdict's first words say so, no replay's claim
+/// about the candidate follows, and the exit code is 4. What it leans to
+/// comes from the message's own figures, and says so: 58.12 GiB live and the
+/// 2 GiB request leave 18.13 GiB of the 78.25 GiB the allocator reached.
 #[test]
 fn an_unreproduced_oom_claims_nothing() {
     let input = fixture("fixtures/text/readme_example.log");
@@ -141,9 +144,19 @@ fn an_unreproduced_oom_claims_nothing() {
     for claim in ["avoids the OOM", "lowers", "raises", "still runs out"] {
         assert!(!verdict.contains(claim), "{claim:?} in {verdict}");
     }
+    assert!(
+        verdict.contains(
+            "no replay here says whether expandable_segments:True avoids it; the message's own \
+             figures lean to expandable_segments:True getting past this request: the live \
+             tensors and the 2.00 GiB request leave 18.13 GiB (23.2 %) of the 78.25 GiB the \
+             allocator could reach"
+        ),
+        "{verdict}"
+    );
     assert!(out.stdout.contains("Evidence: uncertain"), "{}", out.stdout);
     let v = json(&validate(&input, "expandable_segments:True", Format::Json));
     assert_eq!(v["strength"], "uncertain");
+    assert_eq!(v["leaning"], "avoids");
     assert_eq!(v["probe"]["plausible"], 0);
     let r = recommend(&input, Format::Json);
     assert_eq!(r.exit_code, 4);
@@ -260,24 +273,13 @@ fn no_setting_can_help_from_text() {
 /// after an `empty_cache` reuses the lowest address, so the split lands in it
 /// and no whole segment is left to release; with rising addresses it lands in
 /// the other one, and the release makes room.
-const PLACEMENT_TRACE: &str = "action,id,size,stream
-alloc,z,41943040,0
-alloc,p,62914560,0
-free,p,,0
-alloc,q,41943040,0
-alloc,r,20971520,0
-free,z,,0
-empty_cache,,,
-alloc,s,41943040,0
-free,q,,0
-free,s,,0
-alloc,d,31457280,0
-alloc,e,52428800,0
-";
+/// (`fixtures/validate/placement_dependent.csv`; `replay` checks it too.)
+const PLACEMENT_TRACE: &str = "fixtures/validate/placement_dependent.csv";
 
 #[test]
 fn the_same_trace_under_each_placement_policy() {
-    let t = Trace::parse("placement.csv", PLACEMENT_TRACE.as_bytes()).expect("trace");
+    let csv = std::fs::read(fixture(PLACEMENT_TRACE)).expect("the fixture");
+    let t = Trace::parse("placement.csv", &csv).expect("trace");
     let cap = 120 << 20;
     let defaults = Settings::default();
     let oom = |p: Placement| {
@@ -316,10 +318,7 @@ fn the_same_trace_under_each_placement_policy() {
 /// placement, and do not pass a gate on it.
 #[test]
 fn a_placement_dependent_verdict_is_flagged() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("placement.csv");
-    std::fs::write(&path, PLACEMENT_TRACE).expect("write");
-    let input = path.to_string_lossy().into_owned();
+    let input = fixture(PLACEMENT_TRACE);
     let out = allocdoc::app::validate::run(&ValidateOptions {
         input: input.clone(),
         conf: "max_split_size_mb:200".into(),

@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
         max_input_bytes: 32 << 20,
         max_objects: 1 << 22,
         max_blocks: 1 << 18,
+        max_observations: 10_000,
     };
     let reader = Box::new(std::io::Cursor::new(data.to_vec()));
     let Ok(opened) = ingest::open_stream("fuzz", reader, &limits) else {

@@ -157,25 +157,102 @@ fn not_reproduced(e: &Ensemble, what: &str) -> String {
         Some(r) => format!(
             "The OOM was not reproduced: none of the {fitted} workload shapes fitted to your \
              figures runs out of memory on the {} request with allocated and reserved within \
-             {:.0} % of the message{closest}; nothing here says {what}",
+             {:.0} % of the message{closest}; no replay here says {what}",
             format_size(r),
             100.0 * TOLERANCE
         ),
         None => format!(
             "The figures were not reproduced: none of the {fitted} workload shapes fitted to them \
-             comes within {:.0} % of allocated and reserved{closest}; nothing here says {what}",
+             comes within {:.0} % of allocated and reserved{closest}; no replay here says {what}",
             100.0 * TOLERANCE
         ),
     }
 }
 
+/// Which way a text-only verdict on a candidate leans: what its exit code
+/// says when that is 0 or 1, else what the evidence favours, if anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Leaning {
+    /// The candidate gets past the OOM.
+    Avoids,
+    /// The candidate still runs out of memory.
+    Fails,
+}
+
+/// `validate` on text evidence: what the candidate did on each workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    pub workloads: Vec<WorkloadJudgement>,
+    /// None: the evidence favours neither outcome.
+    pub leaning: Option<Leaning>,
+}
+
+/// Which way the plausible workloads lean: the majority of those with a
+/// clear outcome (avoiding the OOM with room to spare under every placement,
+/// or failing under every placement); narrow and placement-dependent
+/// outcomes are too close to count.
+fn workloads_lean(avoids: usize, fails: usize) -> Option<Leaning> {
+    match avoids.cmp(&fails) {
+        std::cmp::Ordering::Greater => Some(Leaning::Avoids),
+        std::cmp::Ordering::Less => Some(Leaning::Fails),
+        std::cmp::Ordering::Equal => None,
+    }
+}
+
+/// Which way the message's own figures lean when the workloads do not
+/// settle it, and the clause that says why: the live tensors and the request
+/// either exceed the room the allocator could reach (no config gets past the
+/// request as printed), or leave at least [`NARROW_MARGIN`] of it, which a
+/// config that keeps nothing cached but unused could use. The message cannot
+/// tell whether the job later outgrows that room.
+fn headroom_lean(e: &Ensemble, name: &str) -> Option<(Option<Leaning>, String)> {
+    let headroom = e.headroom()?;
+    let (request, cap) = (e.observed.requested_bytes?, e.capacity);
+    let needed = e.observed.allocated_bytes.saturating_add(request);
+    let reach = format!("the {} the allocator could reach", human(cap));
+    if headroom < 0 {
+        return Some((
+            Some(Leaning::Fails),
+            format!(
+                "the message's own figures lean to it running out of memory: the live tensors \
+                 and the {} request ({}) exceed {reach}",
+                format_size(request),
+                human(needed)
+            ),
+        ));
+    }
+    let share = headroom as f64 / cap.max(1) as f64;
+    let left = format!(
+        "the live tensors and the {} request leave {} ({:.1} %) of {reach}",
+        format_size(request),
+        human(headroom as u64),
+        100.0 * share
+    );
+    Some(if share >= NARROW_MARGIN {
+        (
+            Some(Leaning::Avoids),
+            format!(
+                "the message's own figures lean to {name} getting past this request: {left}, \
+                 room that a config keeping nothing cached but unused could use (whether the \
+                 job outgrows it later, the message cannot tell)"
+            ),
+        )
+    } else {
+        (
+            None,
+            format!(
+                "nor do the message's own figures: {left}, less than {:.0} %",
+                100.0 * NARROW_MARGIN
+            ),
+        )
+    })
+}
+
 /// `validate` on text evidence: the candidate on every plausible workload.
 /// `name` is the candidate as a sentence names it.
-pub fn judge(
-    e: &Ensemble,
-    current: &Settings,
-    (name, candidate): (&str, &Settings),
-) -> (Verdict, Vec<WorkloadJudgement>) {
+pub fn judge(e: &Ensemble, current: &Settings, (name, candidate): (&str, &Settings)) -> Judgement {
     let judgements: Vec<WorkloadJudgement> = e
         .members
         .par_iter()
@@ -193,13 +270,23 @@ pub fn judge(
         } else {
             format!("how {name} compares")
         };
+        let mut finding = not_reproduced(e, &what);
+        let (leaning, clause) = headroom_lean(e, name).unwrap_or_default();
+        if !clause.is_empty() {
+            finding.push_str("; ");
+            finding.push_str(&clause);
+        }
         let verdict = Verdict {
             basis,
             strength: Strength::Uncertain,
-            finding: not_reproduced(e, &what),
+            finding,
             exit_code: EXIT_UNCERTAIN,
         };
-        return (verdict, judgements);
+        return Judgement {
+            verdict,
+            workloads: judgements,
+            leaning,
+        };
     }
     let with = |fate: Fate| -> Vec<&str> {
         plausible
@@ -319,13 +406,44 @@ pub fn judge(
             exit_code = EXIT_UNCERTAIN;
         }
     }
+    let leaning = match exit_code {
+        0 => Some(Leaning::Avoids),
+        1 => Some(Leaning::Fails),
+        _ => match workloads_lean(avoids.len(), fails.len()) {
+            Some(lean) => {
+                parts.push(format!(
+                    "on balance it leans to {}: {} of the {n} avoid it with room to spare, {} \
+                     {}",
+                    match lean {
+                        Leaning::Avoids => "avoiding the OOM",
+                        Leaning::Fails => "running out of memory",
+                    },
+                    avoids.len(),
+                    fails.len(),
+                    if fails.len() == 1 { "fails" } else { "fail" }
+                ));
+                Some(lean)
+            }
+            None => {
+                let (lean, clause) = headroom_lean(e, name).unwrap_or_default();
+                if !clause.is_empty() {
+                    parts.push(format!("the workloads do not settle it; {clause}"));
+                }
+                lean
+            }
+        },
+    };
     let verdict = Verdict {
         basis,
         strength,
         finding: parts.join("; "),
         exit_code,
     };
-    (verdict, judgements)
+    Judgement {
+        verdict,
+        workloads: judgements,
+        leaning,
+    }
 }
 
 /// The plausible workloads on which `settings` runs out of memory when the
@@ -693,4 +811,71 @@ pub fn peak_words(j: &WorkloadJudgement) -> Option<String> {
         j.current_peak_reserved_bytes?,
         j.candidate_peak_reserved_bytes?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::probe::Figures;
+
+    const GIB: u64 = 1 << 30;
+
+    fn message(allocated: u64, requested: Option<u64>, capacity: u64) -> Ensemble {
+        Ensemble {
+            observed: Figures {
+                allocated_bytes: allocated,
+                reserved_bytes: allocated,
+                requested_bytes: requested,
+            },
+            capacity,
+            members: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_clear_outcomes_decide_which_way_the_workloads_lean() {
+        assert_eq!(workloads_lean(3, 1), Some(Leaning::Avoids));
+        assert_eq!(workloads_lean(0, 1), Some(Leaning::Fails));
+        assert_eq!(workloads_lean(2, 2), None);
+        assert_eq!(workloads_lean(0, 0), None);
+    }
+
+    /// The message's headroom leans one way only when its figures say so:
+    /// the live tensors and the request beyond the room (fails), or at least
+    /// the narrow margin left (avoids); in between, and without a request or
+    /// a room, it leans neither way.
+    #[test]
+    fn the_message_headroom_leans_only_when_its_figures_say_so() {
+        let es = "expandable_segments:True";
+        // 7 GiB live + a 1 GiB request of a 10 GiB room: 2 GiB (20 %) left.
+        let (lean, clause) = headroom_lean(&message(7 * GIB, Some(GIB), 10 * GIB), es).unwrap();
+        assert_eq!(lean, Some(Leaning::Avoids));
+        assert!(
+            clause.contains(
+                "the live tensors and the 1024.00 MiB request leave 2.00 GiB (20.0 %) of the \
+                 10.00 GiB the allocator could reach"
+            ),
+            "{clause}"
+        );
+        assert!(clause.contains("the message cannot tell"), "{clause}");
+        // 7.5 GiB live + 1 GiB asked of an 8 GiB room: no config gets past it.
+        let (lean, clause) =
+            headroom_lean(&message(7 * GIB + GIB / 2, Some(GIB), 8 * GIB), es).unwrap();
+        assert_eq!(lean, Some(Leaning::Fails));
+        assert!(
+            clause.contains("the 1024.00 MiB request (8.50 GiB) exceed the 8.00 GiB"),
+            "{clause}"
+        );
+        // 100 MiB left of 10 GiB (1 %): under the narrow margin, no lean.
+        let (lean, clause) =
+            headroom_lean(&message(9 * GIB - (100 << 20), Some(GIB), 10 * GIB), es).unwrap();
+        assert_eq!(lean, None);
+        assert!(
+            clause.contains("(1.0 %)") && clause.contains("less than 3 %"),
+            "{clause}"
+        );
+        // A summary (no request) or an unknown room says nothing.
+        assert!(headroom_lean(&message(7 * GIB, None, 10 * GIB), es).is_none());
+        assert!(headroom_lean(&message(7 * GIB, Some(GIB), crate::device::NO_LIMIT), es).is_none());
+    }
 }

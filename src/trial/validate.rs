@@ -8,7 +8,7 @@
 //! [`Ensemble`] of probes fitted to it ([`super::ensemble`]).
 
 use super::answer::{Answer, Replays, decide};
-use super::ensemble::{self, WorkloadJudgement};
+use super::ensemble::{self, Leaning, WorkloadJudgement};
 use super::placement::{self, Fate, PolicyOutcome};
 use super::run::{Run, conf_name, replay_on};
 use super::workload::{CapacitySource, Workload};
@@ -40,6 +40,9 @@ pub struct Validation {
     /// Text evidence: every fitted workload and what the candidate did on it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub workloads: Vec<WorkloadJudgement>,
+    /// Text evidence: which way the verdict leans (`None`: neither way).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leaning: Option<Leaning>,
     /// A recorded workload on the simulated card: the outcome under each
     /// placement policy.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -185,10 +188,10 @@ pub fn validate(
     } else {
         candidate.0
     };
-    let (verdict, workloads, placement) = match &workload.ensemble {
+    let (verdict, workloads, placement, leaning) = match &workload.ensemble {
         Some(e) => {
-            let (verdict, workloads) = ensemble::judge(e, current.1, (name, candidate.1));
-            (verdict, workloads, None)
+            let j = ensemble::judge(e, current.1, (name, candidate.1));
+            (j.verdict, j.workloads, None, j.leaning)
         }
         None if spec == DeviceSpec::Sim => {
             let check = workload.with_replayer(|replay| {
@@ -228,7 +231,7 @@ pub fn validate(
                 candidate: check.1.by_policy(),
                 robust,
             };
-            (verdict, Vec::new(), Some(placement))
+            (verdict, Vec::new(), Some(placement), None)
         }
         // A GPU placed the segments itself: nothing to vary.
         None => (
@@ -239,6 +242,7 @@ pub fn validate(
                 exit_code: i32::from(after.figures.oom.is_some()),
             },
             Vec::new(),
+            None,
             None,
         ),
     };
@@ -263,6 +267,7 @@ pub fn validate(
         strength: verdict.strength,
         verdict,
         workloads,
+        leaning,
         placement,
         ensemble: workload.ensemble.clone(),
         torch_version: current.1.version,

@@ -103,19 +103,23 @@ impl Rng {
     }
 }
 
-/// Hands out ids (dense, never reused) and writes the events, all on stream 0.
-struct Builder {
-    events: Vec<Event>,
+/// Hands out ids (dense, never reused) and writes the events, all on stream 0
+/// (the probes' families here, and the test suite's trace families).
+#[derive(Debug, Default)]
+pub struct Builder {
+    pub events: Vec<Event>,
     next: u32,
     /// The index of each step's first event.
     starts: Vec<usize>,
 }
 
 impl Builder {
-    fn step(&mut self) {
+    /// Marks the start of a step.
+    pub fn step(&mut self) {
         self.starts.push(self.events.len());
     }
-    fn alloc(&mut self, size: u64) -> u32 {
+    /// An allocation of `size` bytes (at least 1) under a new id.
+    pub fn alloc(&mut self, size: u64) -> u32 {
         let id = self.next;
         self.next += 1;
         self.events.push(Event::Alloc {
@@ -125,7 +129,7 @@ impl Builder {
         });
         id
     }
-    fn free(&mut self, id: u32) {
+    pub fn free(&mut self, id: u32) {
         self.events.push(Event::Free { id });
     }
 }
@@ -653,6 +657,19 @@ impl Ensemble {
     /// The member closest to the evidence (a plausible one when there is one).
     pub fn best(&self) -> Option<&Calibration> {
         self.members.first()
+    }
+
+    /// The message's own headroom: the room the allocator could reach less
+    /// the live tensors and the request as printed (negative when they do not
+    /// fit even with nothing cached but unused). None without a request or a
+    /// known room.
+    pub fn headroom(&self) -> Option<i128> {
+        let request = self.observed.requested_bytes?;
+        (self.capacity != crate::device::NO_LIMIT).then(|| {
+            i128::from(self.capacity)
+                - i128::from(self.observed.allocated_bytes)
+                - i128::from(request)
+        })
     }
 }
 

@@ -52,6 +52,14 @@ pub struct Answer {
     /// For validate: whether the answer says the candidate avoids the OOM
     /// (None: no direction claimed, e.g. the OOM was not reproduced).
     pub says_avoids: Option<bool>,
+    /// What that direction rests on: "exit" (exit code 0 or 1), "workloads"
+    /// (the plausible workloads' majority), "figures" (the message's own
+    /// headroom), "-" (none).
+    pub lean_from: &'static str,
+    /// The direction as this harness read it before validate stated one:
+    /// the exit code, else the majority of the workloads' fates ("avoids"
+    /// against "fails"), none without a plausible workload.
+    pub by_fates: Option<bool>,
     /// Whether the output claims the OOM was reproduced.
     pub claims_reproduced: bool,
     /// Whether that claim holds: some probe it rests on fails on the
@@ -214,26 +222,46 @@ fn answer(exit_code: i32, json: serde_json::Value, is_validate: bool) -> Answer 
         if json.get("strength").is_none() {
             return Some(json["candidate"]["oom"].is_null());
         }
-        match exit_code {
-            0 => Some(true),
-            1 => Some(false),
-            // Uncertain: the direction most plausible workloads took, if any.
-            _ => {
-                let fates: Vec<&str> = json["workloads"]
-                    .as_array()
-                    .map(|w| w.iter().filter_map(|w| w["candidate"].as_str()).collect())
-                    .unwrap_or_default();
-                let avoid = fates.iter().filter(|f| **f == "avoids").count();
-                let fail = fates.iter().filter(|f| **f == "fails").count();
-                (avoid != fail).then_some(avoid > fail)
-            }
+        match (exit_code, json["leaning"].as_str()) {
+            (0, _) => Some(true),
+            (1, _) => Some(false),
+            // Uncertain: the way the verdict says it leans, if any.
+            (_, Some(lean)) => Some(lean == "avoids"),
+            (_, None) => None,
         }
     });
+    let by_fates = match exit_code {
+        0 => Some(true),
+        1 => Some(false),
+        _ => {
+            let fates: Vec<&str> = json["workloads"]
+                .as_array()
+                .map(|w| w.iter().filter_map(|w| w["candidate"].as_str()).collect())
+                .unwrap_or_default();
+            let avoid = fates.iter().filter(|f| **f == "avoids").count();
+            let fail = fates.iter().filter(|f| **f == "fails").count();
+            (avoid != fail).then_some(avoid > fail)
+        }
+    };
+    let says_avoids = says_avoids.flatten();
+    let lean_from = match (exit_code, says_avoids) {
+        (_, None) => "-",
+        (0 | 1, _) => "exit",
+        _ if json["verdict"]
+            .as_str()
+            .is_some_and(|v| v.contains("the message's own figures lean")) =>
+        {
+            "figures"
+        }
+        _ => "workloads",
+    };
     Answer {
         exit_code,
         strength: json["strength"].as_str().unwrap_or_default().to_string(),
         json,
-        says_avoids: says_avoids.flatten(),
+        says_avoids,
+        lean_from,
+        by_fates,
         claims_reproduced,
         reproduced_really,
     }
@@ -337,6 +365,46 @@ pub fn summary(cases: &[Case]) -> String {
         m[1][0], m[1][1], m[1][2]
     );
     let _ = writeln!(s, "\nAgreement: {agree} of {n} ({}).", pct(agree, n));
+    let directed = n - m[0][2] - m[1][2];
+    let _ = writeln!(
+        s,
+        "Directional precision: {agree} of the {directed} answers that give a direction ({}); \
+         coverage {directed} of {n}.",
+        pct(agree, directed)
+    );
+    let by = |from: &str| {
+        let on: Vec<&Case> = cases
+            .iter()
+            .filter(|c| c.validate.lean_from == from)
+            .collect();
+        let right = on
+            .iter()
+            .filter(|c| c.validate.says_avoids == Some(c.es_avoids))
+            .count();
+        format!("{right} of {}", on.len())
+    };
+    let _ = writeln!(
+        s,
+        "By what the direction rests on, agreeing: exit code 0 or 1 {}, the workloads' majority \
+         {}, the message's own figures {}.",
+        by("exit"),
+        by("workloads"),
+        by("figures")
+    );
+    let fates_agree = cases
+        .iter()
+        .filter(|c| c.validate.by_fates == Some(c.es_avoids))
+        .count();
+    let fates_none = cases
+        .iter()
+        .filter(|c| c.validate.by_fates.is_none())
+        .count();
+    let _ = writeln!(
+        s,
+        "Read as before validate stated its leaning (the exit code, else the majority of the \
+         workloads' fates): agreement {fates_agree} of {n} ({}), no direction {fates_none}.",
+        pct(fates_agree, n)
+    );
     let exit0 = cases.iter().filter(|c| c.validate.exit_code == 0).count();
     let exit0_wrong = cases
         .iter()
@@ -406,12 +474,12 @@ pub fn summary(cases: &[Case]) -> String {
 /// One line per case, for looking into disagreements.
 pub fn detail(cases: &[Case]) -> String {
     let mut s = String::from(
-        "| trace | seed | live peak | capacity | defaults need | ES on trace | validate (exit, strength) | configs avoiding | recommended (exit) | on trace |\n|---|---:|---:|---:|---:|---|---|---:|---|---|\n",
+        "| trace | seed | live peak | capacity | defaults need | ES on trace | validate (exit, strength, from) | configs avoiding | recommended (exit) | on trace |\n|---|---:|---:|---:|---:|---|---|---:|---|---|\n",
     );
     for c in cases {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} ({}, {}) | {} | {} ({}) | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} ({}, {}, {}) | {} | {} ({}) | {} |",
             c.family.name(),
             c.seed,
             allocdoc::units::human(c.live_peak),
@@ -432,6 +500,7 @@ pub fn detail(cases: &[Case]) -> String {
             } else {
                 &c.validate.strength
             },
+            c.validate.lean_from,
             c.avoiding.len(),
             c.recommended
                 .as_deref()

@@ -6,6 +6,7 @@
 //! homework.
 
 use allocdoc::workload::Event;
+use allocdoc::workload::probe::Builder;
 
 /// xorshift64*, seeded; deterministic on every machine.
 pub struct Rng(u64);
@@ -75,8 +76,7 @@ impl TraceFamily {
     /// The family's events for `seed`.
     pub fn generate(self, seed: u64) -> Vec<Event> {
         let mut g = Gen {
-            events: Vec::new(),
-            next: 0,
+            b: Builder::default(),
             rng: Rng::new(seed ^ (self as u64) << 32),
         };
         match self {
@@ -87,31 +87,30 @@ impl TraceFamily {
             TraceFamily::PeriodicEmptyCache => g.periodic_empty_cache(),
             TraceFamily::PinnedMidSize => g.pinned_mid_size(),
         }
-        g.events
+        g.b.events
     }
 }
 
+/// The events (written through the probes' [`Builder`]) and the seeded choices.
 struct Gen {
-    events: Vec<Event>,
-    next: u32,
+    b: Builder,
     rng: Rng,
 }
 
-impl Gen {
-    fn alloc(&mut self, size: u64) -> u32 {
-        let id = self.next;
-        self.next += 1;
-        self.events.push(Event::Alloc {
-            id,
-            size: size.max(1),
-            stream: 0,
-        });
-        id
+impl std::ops::Deref for Gen {
+    type Target = Builder;
+    fn deref(&self) -> &Builder {
+        &self.b
     }
-    fn free(&mut self, id: u32) {
-        self.events.push(Event::Free { id });
-    }
+}
 
+impl std::ops::DerefMut for Gen {
+    fn deref_mut(&mut self) -> &mut Builder {
+        &mut self.b
+    }
+}
+
+impl Gen {
     /// A transformer trained on sequences of varying length: weights and
     /// optimizer state first, per step activations kept for the backward
     /// pass (sized by the sequence length), a temporary per layer,
