@@ -12,9 +12,7 @@ use std::process::Command;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-#[path = "support/xorshift.rs"]
-mod xorshift;
-use xorshift::Rng;
+use crate::xorshift::Rng;
 
 /// A training-like timeline: allocated saws up and down per step, reserved
 /// ratchets up (fragmentation) for the current config and stays flat for the

@@ -572,9 +572,6 @@ fn snapshot_evidence_as_json() {
 
 // ---- expandable segments ---------------------------------------------------
 
-#[path = "support/xorshift.rs"]
-mod xorshift;
-
 /// What a recording with expandable segments looked like after some event.
 struct Moment {
     /// Trace entries recorded so far.
@@ -625,7 +622,7 @@ fn expandable_recording() -> (
     Vec<allocdoc::allocator::TraceEntry>,
     Vec<Moment>,
 ) {
-    let mut rng = xorshift::Rng(0x5eed_e8a0_d4b1);
+    let mut rng = crate::xorshift::Rng(0x5eed_e8a0_d4b1);
     let mut a = CachingAllocator::new(expandable_settings(), SimDevice::new(4 << 30));
     a.record_history();
     let mut live: Vec<u64> = Vec::new();
@@ -670,7 +667,7 @@ fn emitted_snapshots_record_the_settings_they_ran_under() {
     let settings = allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
         .unwrap()
         .settings;
-    let mut rng = xorshift::Rng(0x0dd_5eed);
+    let mut rng = crate::xorshift::Rng(0x0dd_5eed);
     let mut a = CachingAllocator::new(settings.clone(), SimDevice::new(8 << 30));
     a.record_history();
     let mut live: Vec<u64> = Vec::new();

@@ -26,7 +26,7 @@ timeout 240 cargo build --release --bins --examples || { echo "build failed"; ex
 
 step "GPU tests (cuda feature; no skips expected here)"
 timeout 120 cargo test --release --lib device::cuda -- --nocapture 2>&1 | tee "$OUT/test-lib-cuda.txt"
-timeout 120 cargo test --release --test validate -- --include-ignored gpu_ --nocapture 2>&1 | tee "$OUT/test-validate-gpu.txt"
+timeout 120 cargo test --release --test it -- --include-ignored validate::gpu_ --nocapture 2>&1 | tee "$OUT/test-validate-gpu.txt"
 
 step "traces for the probes and the cross-check"
 mkdir -p "$OUT/traces"
