@@ -189,6 +189,27 @@ fn probe_calibration_reproduces_given_figures() {
     );
     assert_eq!(c.request_bytes, Some(request));
     assert!(e.plausible().count() >= 1);
+    assert_eq!(e.free_beyond_request, None);
+    // The same figures with more free memory than the 96 MiB request's
+    // segment plus 5 % of reserved: no workload on the card can run out of
+    // memory there, so none is fitted.
+    let slack = job.end_reserved_bytes / 20;
+    for (extra, fitted) in [
+        (request + slack - MIB, true),
+        (request + slack + MIB, false),
+    ] {
+        let roomy = Target {
+            capacity: job.end_reserved_bytes + extra,
+            ..target.clone()
+        };
+        let e = probe::fit_ensemble(&roomy, 1, run).expect("an ensemble");
+        assert_eq!(!e.members.is_empty(), fitted, "{extra} bytes free");
+        assert_eq!(
+            e.free_beyond_request.is_some(),
+            !fitted,
+            "{extra} bytes free"
+        );
+    }
 }
 
 fn bin() -> Command {

@@ -265,7 +265,9 @@ Evidence: {}
 
 fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
     let mut tables = Vec::new();
-    if let (Some(e), Some(found)) = (&r.probe, &r.ensemble) {
+    if let (Some(e), Some(found)) = (&r.probe, &r.ensemble)
+        && !e.members.is_empty()
+    {
         tables.push(workloads_table(e, &found.workloads));
         if found.plausible > 0 {
             tables.push(ensemble_table(found));
@@ -511,7 +513,9 @@ pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
 fn validation_tables(v: &Validation) -> Vec<Table> {
     let mut tables = Vec::new();
     if let Some(e) = &v.ensemble {
-        tables.push(workloads_table(e, &v.workloads));
+        if !e.members.is_empty() {
+            tables.push(workloads_table(e, &v.workloads));
+        }
         if v.verdict.strength == Strength::Uncertain && v.workloads.iter().all(|w| !w.reproduces) {
             return tables;
         }

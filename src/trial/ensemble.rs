@@ -148,6 +148,15 @@ fn in_count(k: usize, n: usize) -> String {
 
 /// The first words of a verdict on evidence no member reproduces.
 fn not_reproduced(e: &Ensemble, what: &str) -> String {
+    if let (Some(free), Some(r)) = (e.free_beyond_request, e.observed.requested_bytes) {
+        return format!(
+            "The OOM was not reproduced: the message says {} of the card was free, more than \
+             the {} request needs, and a card with that much free memory does not run out of \
+             memory on it, so no workload shape was fitted; no replay here says {what}",
+            format_size(free),
+            format_size(r)
+        );
+    }
     let fitted = e.members.len();
     let closest = e
         .best()
@@ -271,7 +280,11 @@ pub fn judge(e: &Ensemble, current: &Settings, (name, candidate): (&str, &Settin
             format!("how {name} compares")
         };
         let mut finding = not_reproduced(e, &what);
-        let (leaning, clause) = headroom_lean(e, name).unwrap_or_default();
+        // Free memory beyond the request: the card was not full, so the room
+        // left says nothing about this failure.
+        let (leaning, clause) = headroom_lean(e, name)
+            .filter(|_| e.free_beyond_request.is_none())
+            .unwrap_or_default();
         if !clause.is_empty() {
             finding.push_str("; ");
             finding.push_str(&clause);
@@ -829,6 +842,7 @@ mod tests {
             },
             capacity,
             members: Vec::new(),
+            free_beyond_request: None,
         }
     }
 

@@ -150,6 +150,11 @@ impl Verdict {
                  segments are placed"
                     .to_string()
             }
+            Basis::Ensemble { fitted: 0, .. } => format!(
+                "{}: text only; no workload shape was fitted: the message shows more free memory \
+                 than the request needs",
+                self.strength.name()
+            ),
             Basis::Ensemble { plausible, fitted } => format!(
                 "{}: text only; {plausible} of {fitted} workload shapes fitted to the figures \
                  reproduce them (\"likely\" needs at least {MIN_PLAUSIBLE} that do, {:.0} % of them \

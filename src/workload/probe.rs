@@ -646,6 +646,11 @@ pub struct Ensemble {
     /// Each family's best fit, those that reproduce the evidence first, then
     /// by fit error.
     pub members: Vec<Calibration>,
+    /// The card's free memory when the message shows more of it than the
+    /// request's segment needs (beyond [`TOLERANCE`] of reserved): no workload
+    /// on the card runs out of memory there, so none is fitted (`members` is
+    /// empty).
+    pub free_beyond_request: Option<u64>,
 }
 
 impl Ensemble {
@@ -685,6 +690,26 @@ pub fn fit_ensemble(
     if want.allocated_bytes == 0 {
         return None;
     }
+    // The simulated card fails a cudaMalloc only when its free memory is
+    // smaller than the segment, so with more free than the request's segment
+    // (and room for the fit's tolerance on reserved) no fit can reproduce
+    // the message: the failure had another cause (`diagnose` says which).
+    if let Some(printed) = want.requested_bytes
+        && target.capacity != crate::device::NO_LIMIT
+    {
+        let request = request_for(printed, &target.settings);
+        let segment = get_allocation_size(round_size(request, &target.settings), &target.settings);
+        let free = target.capacity.saturating_sub(want.reserved_bytes);
+        let slack = (TOLERANCE * want.reserved_bytes as f64) as u64;
+        if free > segment.saturating_add(slack) {
+            return Some(Ensemble {
+                observed: want,
+                capacity: target.capacity,
+                members: Vec::new(),
+                free_beyond_request: Some(free),
+            });
+        }
+    }
     // Tensor sizes from 1/4096 to 1/2 of what is allocated, at least 64 KiB,
     // and from 1/16 of the failing request to all of it when there is one.
     let mut units: Vec<u64> = (1..=12)
@@ -719,6 +744,7 @@ pub fn fit_ensemble(
         observed: want,
         capacity: target.capacity,
         members,
+        free_beyond_request: None,
     })
 }
 
