@@ -53,17 +53,8 @@ fn settings(conf: &str) -> Settings {
 }
 
 fn write_csv(path: &std::path::Path, events: &[Event], capacity: u64) -> std::io::Result<()> {
-    let mut s = format!("# capacity: {capacity}\naction,id,size,stream\n");
-    for e in events {
-        let _ = match *e {
-            Event::Alloc { id, size, stream } => writeln!(s, "alloc,{id},{size},{stream}"),
-            Event::Free { id } => writeln!(s, "free,{id},,0"),
-            Event::EmptyCache => writeln!(s, "empty_cache,,,"),
-            // The probe families make neither.
-            Event::RecordStream { .. } | Event::SynchronizeStream { .. } => Ok(()),
-        };
-    }
-    std::fs::write(path, s)
+    let csv = allocdoc::workload::trace::to_csv(events);
+    std::fs::write(path, format!("# capacity: {capacity}\n{csv}"))
 }
 
 /// The table rows for one workload, each config at each capacity. With

@@ -69,19 +69,6 @@ pub struct Answer {
     pub strength: String,
 }
 
-fn csv(events: &[Event]) -> String {
-    let mut s = String::from("action,id,size,stream\n");
-    for e in events {
-        let _ = match *e {
-            Event::Alloc { id, size, stream } => writeln!(s, "alloc,{id},{size},{stream}"),
-            Event::Free { id } => writeln!(s, "free,{id},,0"),
-            Event::EmptyCache => writeln!(s, "empty_cache,,,"),
-            Event::RecordStream { .. } | Event::SynchronizeStream { .. } => Ok(()),
-        };
-    }
-    s
-}
-
 fn settings(conf: &str) -> Settings {
     allocdoc::conf::parse(conf, allocdoc::conf::TorchVersion::DEFAULT)
         .expect("a valid config")
@@ -140,7 +127,7 @@ pub fn evaluate(family: TraceFamily, seed: u64, dir: &Path) -> Option<Case> {
     let text_path = dir.join(format!("{stem}.log"));
     let csv_path = dir.join(format!("{stem}.csv"));
     std::fs::write(&text_path, &message).expect("write the message");
-    std::fs::write(&csv_path, csv(&events)).expect("write the trace");
+    std::fs::write(&csv_path, allocdoc::workload::trace::to_csv(&events)).expect("write the trace");
     let text = text_path.to_string_lossy().into_owned();
 
     // The truth: the trace replayed under every config of the search space.
