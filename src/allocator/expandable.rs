@@ -61,10 +61,11 @@ impl<D: Device> CachingAllocator<D> {
         total.saturating_add(total / 8).div_ceil(page).min(most)
     }
 
-    /// `find_expandable_block`: the lowest-address unmapped range of this stream
-    /// (or the free block just before it) with `size` bytes of room, else a new
-    /// segment reserving 9/8 of the card.
-    fn find_expandable_block(&mut self, p: &AllocParams) -> Option<BlockId> {
+    /// The search of `find_expandable_block` over the existing segments: the
+    /// lowest-address unmapped range of `p`'s stream (or the free block just
+    /// before it) followed by `p.size` bytes of room; `None` where a new segment
+    /// would be reserved.
+    pub(super) fn expandable_candidate(&self, p: &AllocParams) -> Option<BlockId> {
         let pool = self.pool(p.small);
         for (&(stream, _), &unmapped) in pool.unmapped.range((p.stream, 0)..) {
             if stream != p.stream {
@@ -86,6 +87,16 @@ impl<D: Device> CachingAllocator<D> {
             if bytes >= p.size {
                 return Some(candidate);
             }
+        }
+        None
+    }
+
+    /// `find_expandable_block`: the lowest-address unmapped range of this stream
+    /// (or the free block just before it) with `size` bytes of room, else a new
+    /// segment reserving 9/8 of the card.
+    fn find_expandable_block(&mut self, p: &AllocParams) -> Option<BlockId> {
+        if let Some(candidate) = self.expandable_candidate(p) {
+            return Some(candidate);
         }
         let page = expandable_page_size(p.small, &self.settings);
         let pages = self.reservation_pages(page);

@@ -2,7 +2,7 @@
 //! with its slow path, free, deferred frees through stream events, release of
 //! cached blocks and garbage collection. Spec: allocator.md §2–§3.
 
-use super::block::{AddrMap, Arena, Block, BlockId, BlockPool, NIL};
+use super::block::{AddrMap, Arena, Block, BlockId, BlockPool, Cursor, NIL};
 use super::events::{TraceAction, TraceEntry};
 use super::expandable::ExpandableSegment;
 use super::oom::{MORE_THAN_1EB, OomFigures, oom_message};
@@ -224,6 +224,11 @@ impl<D: Device> CachingAllocator<D> {
         self.set_fraction && self.settings.garbage_collection_threshold > 0.0
     }
 
+    /// What `garbage_collect_cached_blocks` lets the device hold before it collects.
+    fn gc_threshold_bytes(&self) -> u64 {
+        (self.settings.garbage_collection_threshold * self.allowed_memory_maximum as f64) as u64
+    }
+
     /// `NativeCachingAllocator::allocate` + `DeviceCachingAllocator::malloc`:
     /// the address of a block of at least `size` bytes usable on `stream`.
     /// A zero-byte request returns address 0 and changes nothing.
@@ -300,26 +305,44 @@ impl<D: Device> CachingAllocator<D> {
     /// `get_free_block`: the best-fit free block on the stream, subject to the
     /// oversize rules; only the single best candidate is examined.
     fn get_free_block(&mut self, p: &AllocParams) -> Option<BlockId> {
-        let gc = self.gc_enabled();
+        if self.gc_enabled() {
+            self.pool_mut(p.small).get_free_blocks_call_count += 1;
+        }
+        let (at, id) = self.best_fit(p)?;
+        let found = self.arena.get(id).size;
         let max_split = self.settings.max_split_size;
         let tolerance = max_non_split_rounding_size(&self.settings);
-        let expandable_on = self.settings.expandable_segments;
-        let arena = &self.arena;
-        let pool = if p.small {
-            &mut self.small_blocks
-        } else {
-            &mut self.large_blocks
-        };
-        if gc {
-            pool.get_free_blocks_call_count += 1;
+        // Thresholds in (p.size, found] would refuse this block as oversize;
+        // those up to p.size would, when the fit is not near-exact.
+        let mut flips = pow2_in(p.size + 1, found);
+        if found >= p.size.saturating_add(tolerance) {
+            flips |= pow2_in(1, p.size);
         }
-        let blocks = &pool.blocks;
+        if flips & !self.split_flips != 0 && !self.refusal_changes_nothing(p, id) {
+            self.split_flips |= flips;
+        }
+        // Never hand an oversize block to a normal request, and give an oversize
+        // request only a near-exact fit.
+        if p.size < max_split && found >= max_split {
+            return None;
+        }
+        if p.size >= max_split && found >= p.size.saturating_add(tolerance) {
+            return None;
+        }
+        self.pool_mut(p.small).blocks.remove_at(at);
+        Some(id)
+    }
+
+    /// The block `get_free_block` examines for `p`, and where it sits in the pool.
+    fn best_fit(&self, p: &AllocParams) -> Option<(Cursor, BlockId)> {
+        let arena = &self.arena;
+        let blocks = &self.pool(p.small).blocks;
         // `pool.blocks` holds only this stream's blocks from `lower_bound` on, so
         // no stream comparison is needed while walking.
         let mut at = blocks.lower_bound(p.stream, p.size)?;
         let (_, mut id) = blocks.get(at);
         if arena.get(id).is_expandable() {
-            if expandable_on {
+            if self.settings.expandable_segments {
                 // Best fit by "expandable size": a block followed by unmapped space
                 // counts as large as it can grow.
                 let expandable_size = |b: &Block| {
@@ -357,23 +380,22 @@ impl<D: Device> CachingAllocator<D> {
                 }
             }
         }
-        let found = arena.get(id).size;
-        // Thresholds in (p.size, found] would refuse this block as oversize;
-        // those up to p.size would, when the fit is not near-exact.
-        self.split_flips |= pow2_in(p.size + 1, found);
-        if found >= p.size.saturating_add(tolerance) {
-            self.split_flips |= pow2_in(1, p.size);
-        }
-        // Never hand an oversize block to a normal request, and give an oversize
-        // request only a near-exact fit.
-        if p.size < max_split && found >= max_split {
-            return None;
-        }
-        if p.size >= max_split && found >= p.size.saturating_add(tolerance) {
-            return None;
-        }
-        pool.blocks.remove_at(at);
-        Some(id)
+        Some((at, id))
+    }
+
+    /// Whether a run that refused the free block `id` to `p` as oversize would
+    /// take that same block all the same: with expandable segments, `malloc`
+    /// goes on to `alloc_block` (the collector, if on, returning at once;
+    /// within the memory fraction), whose `try_allocate_expandable_block` picks `id` when it is
+    /// `find_expandable_block`'s candidate, already mapped and large enough.
+    /// `should_split` ignores the threshold there, so the run goes on as this one.
+    fn refusal_changes_nothing(&self, p: &AllocParams, id: BlockId) -> bool {
+        self.settings.expandable_segments
+            && !(self.gc_enabled() && self.total_allocated_memory > self.gc_threshold_bytes())
+            && !(self.set_fraction
+                && self.total_allocated_memory.saturating_add(p.alloc_size)
+                    > self.allowed_memory_maximum)
+            && self.expandable_candidate(p) == Some(id)
     }
 
     /// `should_split`.
@@ -802,8 +824,7 @@ impl<D: Device> CachingAllocator<D> {
     /// `garbage_collect_cached_blocks`: past `threshold × allowed`, free the cached
     /// unsplit large segments at or above the average age, repeatedly.
     fn garbage_collect_cached_blocks(&mut self) {
-        let gc_threshold = (self.settings.garbage_collection_threshold
-            * self.allowed_memory_maximum as f64) as u64;
+        let gc_threshold = self.gc_threshold_bytes();
         if self.total_allocated_memory <= gc_threshold {
             return;
         }

@@ -587,6 +587,46 @@ mod tests {
         }
     }
 
+    /// With expandable segments, a free block refused as oversize is taken
+    /// all the same when it ends at the segment's unmapped tail:
+    /// `try_allocate_expandable_block` picks it, mapped and large enough. So
+    /// 32 MiB, which refuses the freed 100 MiB block to a 40 MiB request,
+    /// changes nothing there, and the bit stays clear; without a tail (a
+    /// 20 MiB block mapped after it, still live) it is a real flip.
+    #[test]
+    fn an_expandable_tail_block_refused_as_oversize_is_taken_all_the_same() {
+        use crate::device::sim::SimDevice;
+        use crate::workload::{Event, Trace, replay};
+        let alloc = |id, mib: u64| Event::Alloc {
+            id,
+            size: mib * MIB,
+            stream: 0,
+        };
+        let free = |id| Event::Free { id };
+        let es = Settings {
+            expandable_segments: true,
+            ..Settings::default()
+        };
+        let t = Settings {
+            max_split_size: 32 * MIB,
+            ..es.clone()
+        };
+        for (events, changes) in [
+            (vec![alloc(0, 100), free(0), alloc(1, 40)], false),
+            (
+                vec![alloc(0, 100), alloc(1, 20), free(0), alloc(2, 40)],
+                true,
+            ),
+        ] {
+            let trace = Trace::from_events(events).expect("ids stay live");
+            let base = replay(&trace, &es, SimDevice::new(1 << 30)).figures;
+            let run = replay(&trace, &t, SimDevice::new(1 << 30)).figures;
+            let flip = base.max_split_flips.expect("known") & (32 * MIB) != 0;
+            assert_eq!(flip, changes, "{trace:?}");
+            assert_eq!(run != base, changes, "{trace:?}: {run:?} against {base:?}");
+        }
+    }
+
     /// A small trace of training-like steps: activations of step-dependent
     /// sizes, temporaries, a slowly growing set of long-lived tensors.
     fn step_trace(seed: u64, steps: u32) -> crate::workload::Trace {
