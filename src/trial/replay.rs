@@ -14,7 +14,7 @@ use crate::conf::{Platform, Settings, TorchVersion};
 use crate::device::sim::{Placement, SimDevice};
 use crate::device::{Device, DeviceSpec};
 use crate::units::human;
-use crate::workload::{ReplayOptions, RunResult, detect_trace, replay_with};
+use crate::workload::{ReplayOptions, RunResult, replay_with};
 
 /// What to replay, and how: the command's options, parsed.
 #[derive(Debug, Clone)]
@@ -121,23 +121,6 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
     }
     let version = plan.torch_version;
     let mut notes = Vec::new();
-    let trace = match detect_trace(&name, data)? {
-        Some(trace) => trace,
-        None if crate::workload::rmm::is_rmm_log(data) => {
-            let (trace, skipped) = crate::workload::rmm::parse(&name, data)?.to_trace()?;
-            notes.push(format!(
-                "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
-                skipped.failed_allocations, skipped.unmatched_frees
-            ));
-            trace
-        }
-        None => {
-            return Err(Error::Input(format!(
-                "{name}: expected a trace CSV starting with the header \"{}\", an RMM log or a snapshot pickle",
-                crate::workload::trace::HEADER
-            )));
-        }
-    };
     let confs: Vec<String> = if plan.confs.is_empty() {
         vec![String::new()]
     } else {
@@ -147,14 +130,46 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         .iter()
         .map(|c| plan.settings(c, &mut notes))
         .collect::<Result<_, _>>()?;
-    let given = plan.capacity.or(trace.capacity_hint());
-    let open = DeviceOpener {
+    if plan.summary {
+        // Before any replay: a version without memory_summary() is a usage error.
+        summary_exists(version).map_err(|e| Error::Usage(format!("--summary: {e}")))?;
+    }
+    let last = confs.len().saturating_sub(1);
+    let mut open = DeviceOpener {
         spec: plan.device,
-        given,
+        given: plan.capacity,
         default: DEFAULT_CAPACITY,
         start_addresses: Vec::new(),
     };
-    let last = confs.len().saturating_sub(1);
+    let (trace, mut first) = if crate::workload::trace::is_trace_csv(data) {
+        if plan.device == DeviceSpec::Sim {
+            let device = open.sim(Placement::FirstFit);
+            let (trace, run) = parse_and_replay(
+                &name,
+                data,
+                &settings[0],
+                device,
+                plan.run_options(last == 0),
+            )?;
+            (trace, Some(run))
+        } else {
+            (crate::workload::Trace::parse(&name, data)?, None)
+        }
+    } else if crate::workload::rmm::is_rmm_log(data) {
+        let (trace, skipped) = crate::workload::rmm::parse(&name, data)?.to_trace()?;
+        notes.push(format!(
+            "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
+            skipped.failed_allocations, skipped.unmatched_frees
+        ));
+        (trace, None)
+    } else {
+        return Err(Error::Input(format!(
+            "{name}: expected a trace CSV starting with the header \"{}\", an RMM log or a snapshot pickle",
+            crate::workload::trace::HEADER
+        )));
+    };
+    let given = plan.capacity.or(trace.capacity_hint());
+    open.given = given;
     let runs: Vec<ReplayRun> = confs
         .into_iter()
         .zip(&settings)
@@ -162,9 +177,12 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         .map(|(i, (conf, settings))| {
             let options = plan.run_options(i == last);
             let summary = plan.summary.then_some(0);
-            run_one(conf, settings, &open, summary, options, &|s, d, o| {
-                Ok(replay_with(&trace, s, d, o))
-            })
+            let replay = |s: &Settings, d: Box<dyn Device>, o| Ok(replay_with(&trace, s, d, o));
+            let result = match first.take() {
+                Some(result) => result,
+                None => replay(settings, open.open()?, options)?,
+            };
+            run_one(conf, settings, &open, summary, result, &replay)
         })
         .collect::<Result<_, _>>()?;
     // The card the runs had: `--capacity`, else (sim) the default, else (GPU) the free memory.
@@ -285,7 +303,12 @@ fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Err
         .map(|(i, (conf, settings))| {
             let options = plan.run_options(i == last);
             let summary = plan.summary.then_some(device);
-            run_one(conf.clone(), settings, &open, summary, options, &replay)
+            if summary.is_some() {
+                summary_exists(settings.version)
+                    .map_err(|e| Error::Usage(format!("--summary: {e}")))?;
+            }
+            let result = replay(settings, open.open()?, options)?;
+            run_one(conf.clone(), settings, &open, summary, result, &replay)
         })
         .collect::<Result<_, _>>()?;
     let fidelity = if plan.fidelity {
@@ -321,27 +344,63 @@ fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Err
     })
 }
 
+/// Events handed from the parser to the first run at a time (384 KiB, within L2).
+const STREAM_CHUNK: usize = 16 * 1024;
+/// Chunks the parser may read ahead of the run before it waits.
+const STREAM_AHEAD: usize = 16;
+
+/// Reads the trace CSV in `data` on a second thread while the first run
+/// replays its events as they come, so the command takes about the longer of
+/// the two instead of their sum. Parse errors win over the run, as when the
+/// whole trace is read first.
+fn parse_and_replay(
+    name: &str,
+    data: &[u8],
+    settings: &Settings,
+    device: SimDevice,
+    options: ReplayOptions,
+) -> Result<(crate::workload::Trace, RunResult), Error> {
+    use crate::workload::{Event, Replayer, Trace};
+    std::thread::scope(|scope| {
+        let (send, receive) = std::sync::mpsc::sync_channel::<Vec<Event>>(STREAM_AHEAD);
+        let parser = scope.spawn(move || {
+            Trace::parse_streaming(name, data, STREAM_CHUNK, |events| {
+                // A run that ended stops listening; the parse goes on to validate.
+                let _ = send.send(events.to_vec());
+            })
+        });
+        let mut run = Replayer::new(settings, device, options, 0, 0);
+        for events in &receive {
+            if !run.feed(&events) {
+                break;
+            }
+        }
+        drop(receive);
+        let trace = parser
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        let events = trace.len() as u64;
+        Ok((trace, run.finish(events)))
+    })
+}
+
 /// One replay of the workload under some settings on a device.
 type DeviceReplay<'r> =
     dyn Fn(&Settings, Box<dyn Device>, ReplayOptions) -> Result<RunResult, Error> + Sync + 'r;
 
-/// One config's run on a fresh device from `open`; with `summary` (the
-/// device index), `memory_summary()` at the end and at the allocated peak
-/// (replayed again up to there on a fresh device: replays are deterministic).
+/// One config's run (`result`, on a fresh device from `open`), with what it
+/// needs besides: with `summary` (the device index), `memory_summary()` at the
+/// end and at the allocated peak (replayed again up to there on a fresh
+/// device: replays are deterministic); near the edge, the other placements.
 fn run_one(
     conf: String,
     settings: &Settings,
     open: &DeviceOpener,
     summary: Option<u32>,
-    options: ReplayOptions,
+    result: RunResult,
     replay: &DeviceReplay,
 ) -> Result<ReplayRun, Error> {
     let usage = |e: NoMemorySummary| Error::Usage(format!("--summary: {e}"));
-    // Before any replay: a version without memory_summary() is a usage error.
-    if summary.is_some() {
-        summary_exists(settings.version).map_err(usage)?;
-    }
-    let result = replay(settings, open.open()?, options)?;
     let figures = &result.figures;
     let near_edge = figures.oom.is_some()
         || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64;

@@ -8,7 +8,7 @@ pub mod snapshot_trace;
 pub mod trace;
 
 pub use replay::{
-    OomEvent, ReplayOptions, RunFigures, RunResult, TimelinePoint, replay, replay_with,
+    OomEvent, ReplayOptions, Replayer, RunFigures, RunResult, TimelinePoint, replay, replay_with,
 };
 pub use trace::{Event, Trace};
 

@@ -247,66 +247,130 @@ pub fn replay_with<D: Device>(
     device: D,
     options: ReplayOptions,
 ) -> RunResult {
-    let capacity_bytes = device.total_memory();
-    let mut allocator = CachingAllocator::new(settings.clone(), device);
-    if options.history {
-        allocator.record_history();
-    }
-    let mut addresses: Vec<u64> = vec![0; trace.ids() as usize];
-    crate::snapshot::grow::advise_huge(&mut addresses);
-    let mut peaks = Peaks::new(options.timeline, trace.len());
-    let stop_above = options.stop_above_reserved.unwrap_or(u64::MAX);
-    let mut stopped_early_at_event = None;
-    let mut oom = None;
-    let limit = options.stop_after.unwrap_or(u64::MAX);
-    for (index, event) in trace.events().iter().enumerate() {
-        if index as u64 >= limit {
-            break;
+    let mut replayer = Replayer::new(settings, device, options, trace.len(), trace.ids() as usize);
+    replayer.feed(trace.events());
+    replayer.finish(trace.len() as u64)
+}
+
+/// A replay fed its events in pieces ([`Trace::parse_streaming`]), so it can
+/// run while the trace is still being read; [`replay_with`] feeds it whole.
+pub struct Replayer<D: Device> {
+    allocator: CachingAllocator<D>,
+    capacity_bytes: u64,
+    /// Address of each live id (grown when a piece brings a higher id).
+    addresses: Vec<u64>,
+    peaks: Peaks,
+    stop_above: u64,
+    limit: u64,
+    /// Index of the next event.
+    index: u64,
+    oom: Option<OomEvent>,
+    stopped_early_at_event: Option<u64>,
+    done: bool,
+}
+
+impl<D: Device> Replayer<D> {
+    /// A replay under `settings` on `device`. `events` and `ids` are what the
+    /// trace holds, or 0 where unknown yet (the timeline and the address table
+    /// then grow as events come).
+    pub fn new(
+        settings: &Settings,
+        device: D,
+        options: ReplayOptions,
+        events: usize,
+        ids: usize,
+    ) -> Self {
+        let capacity_bytes = device.total_memory();
+        let mut allocator = CachingAllocator::new(settings.clone(), device);
+        if options.history {
+            allocator.record_history();
         }
-        match *event {
-            Event::Alloc { id, size, stream } => match allocator.malloc(size, stream) {
-                Ok(addr) => {
-                    if let Some(slot) = addresses.get_mut(id as usize) {
-                        *slot = addr;
+        let mut addresses: Vec<u64> = vec![0; ids];
+        crate::snapshot::grow::advise_huge(&mut addresses);
+        Replayer {
+            allocator,
+            capacity_bytes,
+            addresses,
+            peaks: Peaks::new(options.timeline, events),
+            stop_above: options.stop_above_reserved.unwrap_or(u64::MAX),
+            limit: options.stop_after.unwrap_or(u64::MAX),
+            index: 0,
+            oom: None,
+            stopped_early_at_event: None,
+            done: false,
+        }
+    }
+
+    /// Replays the next `events` (validated: every free names a live id);
+    /// false once the run has ended (its OOM, the bound, `stop_after`), after
+    /// which more events are ignored.
+    pub fn feed(&mut self, events: &[Event]) -> bool {
+        if self.done {
+            return false;
+        }
+        let allocator = &mut self.allocator;
+        let addresses = &mut self.addresses;
+        for event in events {
+            let index = self.index;
+            if index >= self.limit {
+                self.done = true;
+                break;
+            }
+            match *event {
+                Event::Alloc { id, size, stream } => match allocator.malloc(size, stream) {
+                    Ok(addr) => {
+                        let slot = id as usize;
+                        if slot >= addresses.len() {
+                            addresses.resize((slot + 1).max(2 * addresses.len()), 0);
+                        }
+                        addresses[slot] = addr;
                     }
+                    Err(e) => {
+                        self.oom = Some(OomEvent {
+                            event_index: index,
+                            requested_bytes: size,
+                            message: e.message,
+                        });
+                        self.done = true;
+                        break;
+                    }
+                },
+                Event::Free { id } => {
+                    // A trace is validated: the id is live (address 0 for a zero-byte request).
+                    let addr = addresses.get(id as usize).copied().unwrap_or(0);
+                    let _ = allocator.free(addr);
                 }
-                Err(e) => {
-                    oom = Some(OomEvent {
-                        event_index: index as u64,
-                        requested_bytes: size,
-                        message: e.message,
-                    });
-                    break;
+                Event::RecordStream { id, stream } => {
+                    let addr = addresses.get(id as usize).copied().unwrap_or(0);
+                    let _ = allocator.record_stream(addr, stream);
                 }
-            },
-            Event::Free { id } => {
-                // A trace is validated: the id is live (address 0 for a zero-byte request).
-                let addr = addresses.get(id as usize).copied().unwrap_or(0);
-                let _ = allocator.free(addr);
+                Event::SynchronizeStream { stream } => allocator.synchronize_stream(stream),
+                Event::EmptyCache => allocator.empty_cache(),
             }
-            Event::RecordStream { id, stream } => {
-                let addr = addresses.get(id as usize).copied().unwrap_or(0);
-                let _ = allocator.record_stream(addr, stream);
+            self.index = index + 1;
+            if self.peaks.observe(index, allocator.stats()) > self.stop_above {
+                self.stopped_early_at_event = Some(index);
+                self.done = true;
+                break;
             }
-            Event::SynchronizeStream { stream } => allocator.synchronize_stream(stream),
-            Event::EmptyCache => allocator.empty_cache(),
         }
-        if peaks.observe(index as u64, allocator.stats()) > stop_above {
-            stopped_early_at_event = Some(index as u64);
-            break;
-        }
+        !self.done
     }
-    let end = RunEnd {
-        events: trace.len() as u64,
-        oom,
-        peak_event_index: peaks.peak_event_index,
-        allocated_at_peak_reserved: peaks.allocated_at_peak_reserved,
-        timeline: peaks.timeline,
-        counters: allocator.device().counters(),
-        history: allocator.take_trace(),
-        stopped_early_at_event,
-    };
-    RunResult::new(&allocator, capacity_bytes, end)
+
+    /// The run's result; `events` is the length of the whole trace.
+    pub fn finish(mut self, events: u64) -> RunResult {
+        let end = RunEnd {
+            events,
+            oom: self.oom,
+            peak_event_index: self.peaks.peak_event_index,
+            allocated_at_peak_reserved: self.peaks.allocated_at_peak_reserved,
+            timeline: self.peaks.timeline,
+            counters: self.allocator.device().counters(),
+            history: self.allocator.take_trace(),
+            stopped_early_at_event: self.stopped_early_at_event,
+        };
+        RunResult::new(&self.allocator, self.capacity_bytes, end)
+    }
 }
 
 #[cfg(test)]
@@ -380,6 +444,57 @@ mod tests {
         );
         assert_eq!(ok(100, 50).rank(&ok(200, 1)), Ordering::Less);
         assert_eq!(ok(100, 2).rank(&ok(100, 3)), Ordering::Less);
+    }
+
+    /// Fed in pieces as the parser publishes them (the address table grown as
+    /// ids come), a run is the run of the whole trace: to the end, to its OOM
+    /// (later pieces ignored) and to the bound.
+    #[test]
+    fn a_run_fed_in_pieces_is_the_run_of_the_whole_trace() {
+        let mut csv = String::from("action,id,size,stream\n");
+        for i in 0..40u64 {
+            csv += &format!("alloc,a{i},{},0\n", (1 + i % 7) * 3 * MIB + i * 4097);
+            if i % 3 == 2 {
+                csv += &format!("free,a{},,0\n", i - 1);
+            }
+        }
+        let whole = trace(&csv);
+        for (capacity, bound) in [
+            (1 << 30, None),
+            (100 * MIB, None),
+            (1 << 30, Some(60 * MIB)),
+        ] {
+            let options = ReplayOptions {
+                stop_above_reserved: bound,
+                ..ReplayOptions::default()
+            };
+            let settings = Settings::default();
+            let expected = replay_with(&whole, &settings, SimDevice::new(capacity), options);
+            let mut run = Replayer::new(&settings, SimDevice::new(capacity), options, 0, 0);
+            let mut pieces = Vec::new();
+            let parsed = Trace::parse_streaming("t.csv", csv.as_bytes(), 5, |events| {
+                pieces.push(events.len());
+                run.feed(events);
+            })
+            .unwrap();
+            assert_eq!(parsed, whole);
+            assert!(
+                pieces.len() > 5 && pieces.iter().all(|&n| n <= 5),
+                "{pieces:?}"
+            );
+            assert_eq!(
+                run.finish(whole.len() as u64),
+                expected,
+                "{capacity} {bound:?}"
+            );
+        }
+        assert!(
+            replay(&whole, &Settings::default(), SimDevice::new(100 * MIB))
+                .figures
+                .oom
+                .is_some(),
+            "the 100 MiB card runs out"
+        );
     }
 
     #[test]

@@ -91,6 +91,19 @@ impl Trace {
     /// Parses a trace CSV; `name` is used in error messages (`name:line: …`).
     /// A UTF-8 byte order mark and RFC 4180 quoting are read (see [`super::csv`]).
     pub fn parse(name: &str, data: &[u8]) -> Result<Trace, Error> {
+        Self::parse_streaming(name, data, usize::MAX, |_| {})
+    }
+
+    /// [`Trace::parse`], handing over the events as it goes: `publish` gets
+    /// every `chunk` validated events in order (the last call may be shorter),
+    /// so a replay can run while the rest is read. On an error the events
+    /// published so far are a valid prefix; the error is returned.
+    pub fn parse_streaming(
+        name: &str,
+        data: &[u8],
+        chunk: usize,
+        mut publish: impl FnMut(&[Event]),
+    ) -> Result<Trace, Error> {
         let data = csv::strip_bom(data);
         let fail = |line: usize, what: &str, text: &[u8]| {
             Error::Input(format!(
@@ -115,7 +128,12 @@ impl Trace {
         // One event a line at most: the line count bounds the events and the dense ids.
         let lines = memchr::memchr_iter(b'\n', data).count() + 1;
         let mut reader = Reader::new(lines);
+        let mut published = 0;
         loop {
+            if reader.events.len() - published >= chunk {
+                publish(&reader.events[published..]);
+                published = reader.events.len();
+            }
             let (pos, line) = records.position();
             match reader.canonical_row(data, pos) {
                 Some(Ok(next)) => records.skip_line(next),
@@ -134,6 +152,9 @@ impl Trace {
                     })?;
                 }
             }
+        }
+        if reader.events.len() > published {
+            publish(&reader.events[published..]);
         }
         Ok(Trace {
             ids: reader.ids.live.len() as u32,
@@ -472,6 +493,25 @@ pub fn to_csv(events: &[Event]) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// An error after some events were handed over still fails the parse,
+    /// naming its line; what was handed over is the valid prefix.
+    #[test]
+    fn a_streamed_parse_fails_where_the_whole_parse_fails() {
+        let csv = "action,id,size,stream\nalloc,a,512,0\nalloc,b,512,0\nfree,a,,0\nfree,c,,0\n";
+        let mut handed = Vec::new();
+        let e = Trace::parse_streaming("t.csv", csv.as_bytes(), 2, |ev| {
+            handed.extend_from_slice(ev)
+        })
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("t.csv:5: expected the id of a live allocation"),
+            "{e}"
+        );
+        assert_eq!(handed.len(), 2);
+        assert_eq!(Trace::from_events(handed).map(|t| t.len()), Ok(2));
+    }
 
     #[test]
     fn to_csv_reads_back_to_the_same_events() {
