@@ -361,17 +361,27 @@ fn parse_and_replay(
     options: ReplayOptions,
 ) -> Result<(crate::workload::Trace, RunResult), Error> {
     use crate::workload::{Event, Replayer, Trace};
+    use std::sync::mpsc::{channel, sync_channel};
     std::thread::scope(|scope| {
-        let (send, receive) = std::sync::mpsc::sync_channel::<Vec<Event>>(STREAM_AHEAD);
+        let (send, receive) = sync_channel::<Vec<Event>>(STREAM_AHEAD);
+        // Replayed chunks go back to the parser to be filled again: a fresh
+        // 384 KiB buffer each time would be mapped and unmapped by the system
+        // allocator, page faults and TLB shootdowns on both threads.
+        let (give_back, take_back) = channel::<Vec<Event>>();
         let parser = scope.spawn(move || {
             Trace::parse_streaming(name, data, STREAM_CHUNK, |events| {
+                let mut chunk = take_back.try_recv().unwrap_or_default();
+                chunk.clear();
+                chunk.extend_from_slice(events);
                 // A run that ended stops listening; the parse goes on to validate.
-                let _ = send.send(events.to_vec());
+                let _ = send.send(chunk);
             })
         });
         let mut run = Replayer::new(settings, device, options, 0, 0);
         for events in &receive {
-            if !run.feed(&events) {
+            let more = run.feed(&events);
+            let _ = give_back.send(events);
+            if !more {
                 break;
             }
         }
