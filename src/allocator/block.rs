@@ -385,9 +385,11 @@ impl FreeSet {
     /// Every block in (stream, size, address) order.
     pub fn iter(&self) -> impl Iterator<Item = (SizeKey, BlockId)> + '_ {
         self.streams.iter().flat_map(|sf| {
-            sf.buckets
-                .iter()
-                .flatten()
+            // Only the non-empty buckets, from the bitmap: a pool holds a few
+            // blocks among 1 664 buckets, and `release_blocks` walks it on every
+            // retry after a failed cudaMalloc.
+            std::iter::successors(sf.next_bucket(0), |&b| sf.next_bucket(b + 1))
+                .flat_map(move |b| sf.buckets[b].iter())
                 .map(move |e| ((sf.stream, e.size, e.addr), e.id))
         })
     }

@@ -360,7 +360,7 @@ fn parse_and_replay(
     device: SimDevice,
     options: ReplayOptions,
 ) -> Result<(crate::workload::Trace, RunResult), Error> {
-    use crate::workload::{Event, Replayer, Trace};
+    use crate::workload::{Event, StreamedReplay, Trace};
     use std::sync::mpsc::{channel, sync_channel};
     std::thread::scope(|scope| {
         let (send, receive) = sync_channel::<Vec<Event>>(STREAM_AHEAD);
@@ -377,7 +377,7 @@ fn parse_and_replay(
                 let _ = send.send(chunk);
             })
         });
-        let mut run = Replayer::new(settings, device, options, 0, 0);
+        let mut run = StreamedReplay::new(settings, device, options, 0, 0);
         for events in &receive {
             let more = run.feed(&events);
             let _ = give_back.send(events);

@@ -8,7 +8,8 @@ pub mod snapshot_trace;
 pub mod trace;
 
 pub use replay::{
-    OomEvent, ReplayOptions, Replayer, RunFigures, RunResult, TimelinePoint, replay, replay_with,
+    OomEvent, ReplayOptions, RunFigures, RunResult, StreamedReplay, TimelinePoint, replay,
+    replay_with,
 };
 pub use trace::{Event, Trace};
 

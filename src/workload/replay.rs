@@ -247,14 +247,15 @@ pub fn replay_with<D: Device>(
     device: D,
     options: ReplayOptions,
 ) -> RunResult {
-    let mut replayer = Replayer::new(settings, device, options, trace.len(), trace.ids() as usize);
+    let mut replayer =
+        StreamedReplay::new(settings, device, options, trace.len(), trace.ids() as usize);
     replayer.feed(trace.events());
     replayer.finish(trace.len() as u64)
 }
 
 /// A replay fed its events in pieces ([`Trace::parse_streaming`]), so it can
 /// run while the trace is still being read; [`replay_with`] feeds it whole.
-pub struct Replayer<D: Device> {
+pub struct StreamedReplay<D: Device> {
     allocator: CachingAllocator<D>,
     capacity_bytes: u64,
     /// Address of each live id (grown when a piece brings a higher id).
@@ -269,7 +270,7 @@ pub struct Replayer<D: Device> {
     done: bool,
 }
 
-impl<D: Device> Replayer<D> {
+impl<D: Device> StreamedReplay<D> {
     /// A replay under `settings` on `device`. `events` and `ids` are what the
     /// trace holds, or 0 where unknown yet (the timeline and the address table
     /// then grow as events come).
@@ -287,7 +288,7 @@ impl<D: Device> Replayer<D> {
         }
         let mut addresses: Vec<u64> = vec![0; ids];
         crate::snapshot::grow::advise_huge(&mut addresses);
-        Replayer {
+        StreamedReplay {
             allocator,
             capacity_bytes,
             addresses,
@@ -470,7 +471,7 @@ mod tests {
             };
             let settings = Settings::default();
             let expected = replay_with(&whole, &settings, SimDevice::new(capacity), options);
-            let mut run = Replayer::new(&settings, SimDevice::new(capacity), options, 0, 0);
+            let mut run = StreamedReplay::new(&settings, SimDevice::new(capacity), options, 0, 0);
             let mut pieces = Vec::new();
             let parsed = Trace::parse_streaming("t.csv", csv.as_bytes(), 5, |events| {
                 pieces.push(events.len());
