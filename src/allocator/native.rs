@@ -55,6 +55,7 @@ pub(super) struct AllocParams {
 }
 
 /// PyTorch's native caching allocator for one device.
+#[derive(Clone)]
 pub struct CachingAllocator<D: Device> {
     pub(super) settings: Settings,
     pub(super) device: D,

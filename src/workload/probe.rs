@@ -10,13 +10,14 @@
 //! figures at that moment. Only such probes are plausible. Everything a probe
 //! says is synthetic, and every member's fit is part of the result.
 
-use super::replay::RunFigures;
+use super::replay::{ReplayOptions, RunFigures, StreamedReplay};
 use super::trace::{Event, Trace};
 use crate::allocator::sizes::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, SMALL_BUFFER, SMALL_SIZE, get_allocation_size,
     round_size,
 };
 use crate::conf::Settings;
+use crate::device::sim::SimDevice;
 use crate::units::format_size;
 use rayon::prelude::*;
 
@@ -501,39 +502,15 @@ fn fit(
     if by_allocated.reproduces {
         return by_allocated;
     }
-    // Bisect the steps before the request for the first that runs out of
-    // memory (more steps hold more memory, and fewer steps' events are a
-    // prefix, so the outcome is monotone).
     let request = request_for(printed, &target.settings);
-    let fails_after = |k: u32| {
-        let mut events = generate(
-            family,
-            &Params {
-                steps: k,
-                unit,
-                seed,
-            },
-        );
-        let id = id_span(&events);
-        events.push(Event::Alloc {
-            id,
-            size: request,
-            stream: 0,
-        });
-        replay(&trace(events), target.capacity).oom.is_some()
+    let hi = Params {
+        steps: steps.saturating_mul(2).max(2),
+        unit,
+        seed,
     };
-    let (mut lo, mut hi) = (1u32, steps.saturating_mul(2).max(2));
-    if !fails_after(hi) {
+    let Some(lo) = first_failing_steps(family, hi, request, target) else {
         return by_allocated;
-    }
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if fails_after(mid) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
+    };
     if lo == steps {
         return by_allocated;
     }
@@ -552,6 +529,57 @@ fn fit(
     } else {
         by_allocated
     }
+}
+
+/// The steps in `1..=p.steps` after which a request of `request` bytes
+/// starts to run out of memory (it or an event before it) at the target's
+/// capacity under its config, or `None` when `p.steps` do not: a bisection
+/// over replays of each prefix with the request appended. More steps mostly
+/// hold more memory; where caching makes room later, the outcome is not
+/// monotone and it finds a step count where the outcome turns, not always the
+/// first. Fewer steps' events are a prefix, so the replay of the longest
+/// prefix known to get through is kept and continued rather than replayed again, so the bisection replays about
+/// twice `p.steps` steps' events in all, not a prefix per probe.
+fn first_failing_steps(family: Family, p: Params, request: u64, target: &Target) -> Option<u32> {
+    let (events, starts) = generate_steps(family, &p);
+    let end = |k: u32| starts.get(k as usize).copied().unwrap_or(events.len());
+    let the_request = [Event::Alloc {
+        id: id_span(&events),
+        size: request,
+        stream: 0,
+    }];
+    let device = SimDevice::new(target.capacity);
+    let options = ReplayOptions::default();
+    // `passed`: the run of the first `through` steps, which got through them.
+    let mut passed = StreamedReplay::new(&target.settings, device, options, 0, 0);
+    let mut through = 0u32;
+    // Whether `k` (> `through`) steps and the request run out of memory; on
+    // no, `passed` moves on to `k` steps.
+    let mut fails_after = |k: u32| {
+        let mut run = passed.clone();
+        if !run.feed(&events[end(through)..end(k)]) {
+            return true;
+        }
+        let mut with_request = run.clone();
+        if !with_request.feed(&the_request) {
+            return true;
+        }
+        (passed, through) = (run, k);
+        false
+    };
+    if !fails_after(p.steps) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1u32, p.steps);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fails_after(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
 }
 
 /// The probe of `params` with the request appended, replayed under the
@@ -680,7 +708,9 @@ impl Ensemble {
 
 /// Fits every family over a range of tensor sizes and keeps each family's
 /// best fit. `replay(trace, capacity)` runs a trace through the bundled
-/// allocator under the current config and returns the run's figures.
+/// allocator under the current config (`target.settings`) on the simulated
+/// card and returns the run's figures; the search for the steps at the edge
+/// runs that same replay itself, in pieces ([`first_failing_steps`]).
 pub fn fit_ensemble(
     target: &Target,
     seed: u64,
@@ -751,6 +781,69 @@ pub fn fit_ensemble(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The checkpointed bisection finds what bisecting over fresh replays of
+    /// each prefix with the request appended finds, for every family, on cards
+    /// where the answer is early, late and never; and each family's fewer
+    /// steps are a prefix of its more steps, which it relies on. (The outcome
+    /// is not always monotone in the steps, caching can make room later: the
+    /// bisection then finds a step count where it turns, not the first.)
+    #[test]
+    fn first_failing_steps_bisects_as_fresh_replays_do() {
+        use crate::workload::replay;
+        const MIB: u64 = 1 << 20;
+        let settings = Settings::default();
+        let mut answers = Vec::new();
+        for family in Family::ALL {
+            let p = Params {
+                steps: 48,
+                unit: 3 * MIB,
+                seed: 5,
+            };
+            let (all, starts) = generate_steps(family, &p);
+            for k in [1, 7, 30] {
+                let fewer = generate(family, &Params { steps: k, ..p });
+                assert_eq!(fewer, all[..starts[k as usize]], "{family:?} at {k} steps");
+            }
+            for capacity in [64 * MIB, 160 * MIB, 400 * MIB, 1 << 30] {
+                let target = Target {
+                    observed: Figures::default(),
+                    capacity,
+                    settings: settings.clone(),
+                };
+                let request = 40 * MIB;
+                let fails = |k: u32| {
+                    let mut events = generate(family, &Params { steps: k, ..p });
+                    events.push(Event::Alloc {
+                        id: id_span(&events),
+                        size: request,
+                        stream: 0,
+                    });
+                    let run = replay(&trace(events), &settings, SimDevice::new(capacity));
+                    run.figures.oom.is_some()
+                };
+                let expected = fails(p.steps).then(|| {
+                    let (mut lo, mut hi) = (1, p.steps);
+                    while lo < hi {
+                        let mid = lo + (hi - lo) / 2;
+                        if fails(mid) {
+                            hi = mid;
+                        } else {
+                            lo = mid + 1;
+                        }
+                    }
+                    lo
+                });
+                let got = first_failing_steps(family, p, request, &target);
+                assert_eq!(got, expected, "{family:?} on {capacity}");
+                answers.push(got);
+            }
+        }
+        let early = answers.iter().filter(|a| a.is_some_and(|k| k <= 4)).count();
+        let late = answers.iter().filter(|a| a.is_some_and(|k| k > 4)).count();
+        let never = answers.iter().filter(|a| a.is_none()).count();
+        assert!(early > 0 && late > 0 && never > 0, "{answers:?}");
+    }
 
     #[test]
     fn epochs_free_everything_between_runs() {

@@ -191,6 +191,7 @@ impl RunResult {
 /// What a replay loop keeps after every event: the event where allocated
 /// memory first peaked, the allocated figure at the reserved peak, and the
 /// optional per-event timeline.
+#[derive(Clone)]
 pub(crate) struct Peaks {
     peak_allocated: i64,
     peak_reserved: i64,
@@ -255,6 +256,8 @@ pub fn replay_with<D: Device>(
 
 /// A replay fed its events in pieces ([`Trace::parse_streaming`]), so it can
 /// run while the trace is still being read; [`replay_with`] feeds it whole.
+/// A clone is a checkpoint: the run so far, to be continued two ways.
+#[derive(Clone)]
 pub struct StreamedReplay<D: Device> {
     allocator: CachingAllocator<D>,
     capacity_bytes: u64,
