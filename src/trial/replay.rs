@@ -344,10 +344,12 @@ fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Err
     })
 }
 
-/// Events handed from the parser to the first run at a time (384 KiB, within L2).
-const STREAM_CHUNK: usize = 16 * 1024;
-/// Chunks the parser may read ahead of the run before it waits.
-const STREAM_AHEAD: usize = 16;
+/// Events handed from the parser to the first run at a time (192 KiB, within L2).
+const STREAM_CHUNK: usize = 8 * 1024;
+/// Chunks the parser may read ahead of the run before it waits: it parses
+/// faster than the run replays, so a few keep the run fed, and fewer buffers
+/// are fewer fresh pages to fault in.
+const STREAM_AHEAD: usize = 4;
 
 /// Reads the trace CSV in `data` on a second thread while the first run
 /// replays its events as they come, so the command takes about the longer of
@@ -365,7 +367,7 @@ fn parse_and_replay(
     std::thread::scope(|scope| {
         let (send, receive) = sync_channel::<Vec<Event>>(STREAM_AHEAD);
         // Replayed chunks go back to the parser to be filled again: a fresh
-        // 384 KiB buffer each time would be mapped and unmapped by the system
+        // 192 KiB buffer each time would be mapped and unmapped by the system
         // allocator, page faults and TLB shootdowns on both threads.
         let (give_back, take_back) = channel::<Vec<Event>>();
         let parser = scope.spawn(move || {
