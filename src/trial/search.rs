@@ -364,7 +364,20 @@ pub fn min_capacity(
 mod tests {
     use super::*;
     use crate::advise::space::all as space;
-    use crate::workload::OomEvent;
+    use crate::workload::{Event, OomEvent};
+
+    /// An allocation of `mib` MiB on stream 0, as the hand-made traces below write them.
+    fn alloc(id: u32, mib: u64) -> Event {
+        Event::Alloc {
+            id,
+            size: mib * MIB,
+            stream: 0,
+        }
+    }
+
+    fn free(id: u32) -> Event {
+        Event::Free { id }
+    }
 
     /// Thresholds above every segment of the trace, divisions that round
     /// every request alike, collector thresholds the run never reaches and
@@ -543,13 +556,7 @@ mod tests {
     #[test]
     fn each_deciding_place_sets_the_bits_it_needs() {
         use crate::device::sim::SimDevice;
-        use crate::workload::{Event, Trace, replay};
-        let alloc = |id, mib: u64| Event::Alloc {
-            id,
-            size: mib * MIB,
-            stream: 0,
-        };
-        let free = |id| Event::Free { id };
+        use crate::workload::{Trace, replay};
         let split = vec![Event::Alloc {
             id: 0,
             size: 32 * MIB + MIB / 4,
@@ -596,13 +603,7 @@ mod tests {
     #[test]
     fn an_expandable_tail_block_refused_as_oversize_is_taken_all_the_same() {
         use crate::device::sim::SimDevice;
-        use crate::workload::{Event, Trace, replay};
-        let alloc = |id, mib: u64| Event::Alloc {
-            id,
-            size: mib * MIB,
-            stream: 0,
-        };
-        let free = |id| Event::Free { id };
+        use crate::workload::{Trace, replay};
         let es = Settings {
             expandable_segments: true,
             ..Settings::default()

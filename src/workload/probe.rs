@@ -567,19 +567,22 @@ fn first_failing_steps(family: Family, p: Params, request: u64, target: &Target)
         (passed, through) = (run, k);
         false
     };
-    if !fails_after(p.steps) {
-        return None;
-    }
-    let (mut lo, mut hi) = (1u32, p.steps);
+    fails_after(p.steps).then(|| bisect(p.steps, fails_after))
+}
+
+/// The `k` in `1..=hi` where `fails` turns true, `fails(hi)` being true:
+/// the first, when `fails` is monotone.
+fn bisect(hi: u32, mut fails: impl FnMut(u32) -> bool) -> u32 {
+    let (mut lo, mut hi) = (1u32, hi);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if fails_after(mid) {
+        if fails(mid) {
             hi = mid;
         } else {
             lo = mid + 1;
         }
     }
-    Some(lo)
+    lo
 }
 
 /// The probe of `params` with the request appended, replayed under the
@@ -822,18 +825,7 @@ mod tests {
                     let run = replay(&trace(events), &settings, SimDevice::new(capacity));
                     run.figures.oom.is_some()
                 };
-                let expected = fails(p.steps).then(|| {
-                    let (mut lo, mut hi) = (1, p.steps);
-                    while lo < hi {
-                        let mid = lo + (hi - lo) / 2;
-                        if fails(mid) {
-                            hi = mid;
-                        } else {
-                            lo = mid + 1;
-                        }
-                    }
-                    lo
-                });
+                let expected = fails(p.steps).then(|| bisect(p.steps, fails));
                 let got = first_failing_steps(family, p, request, &target);
                 assert_eq!(got, expected, "{family:?} on {capacity}");
                 answers.push(got);
