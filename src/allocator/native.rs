@@ -140,7 +140,9 @@ impl<D: Device> CachingAllocator<D> {
     /// refused to a normal request, a non-exact oversize fit refused),
     /// `should_split` (no split of an oversize request's block) and
     /// `release_available_cached_blocks` (sets every bit). Elsewhere it only
-    /// counts the oversize stats. So with the bit of `T` clear, a run under
+    /// counts the oversize stats. A refusal that turns nothing sets no bit
+    /// (with expandable segments, the refused block taken all the same:
+    /// `refusal_changes_nothing`). So with the bit of `T` clear, a run under
     /// `T` takes every decision this run took: the same run, but for the
     /// oversize stats and the `max_split_size` stat. Kept for the unset
     /// threshold (`u64::MAX`), which the config search compares against.
@@ -387,16 +389,23 @@ impl<D: Device> CachingAllocator<D> {
     /// Whether a run that refused the free block `id` to `p` as oversize would
     /// take that same block all the same: with expandable segments, `malloc`
     /// goes on to `alloc_block` (the collector, if on, returning at once;
-    /// within the memory fraction), whose `try_allocate_expandable_block` picks `id` when it is
-    /// `find_expandable_block`'s candidate, already mapped and large enough.
-    /// `should_split` ignores the threshold there, so the run goes on as this one.
+    /// within the memory fraction), whose `try_allocate_expandable_block`
+    /// picks `id` when it is `find_expandable_block`'s candidate, already
+    /// mapped and large enough. `should_split` ignores the threshold there, so
+    /// the run goes on as this one.
     fn refusal_changes_nothing(&self, p: &AllocParams, id: BlockId) -> bool {
         self.settings.expandable_segments
             && !(self.gc_enabled() && self.total_allocated_memory > self.gc_threshold_bytes())
-            && !(self.set_fraction
-                && self.total_allocated_memory.saturating_add(p.alloc_size)
-                    > self.allowed_memory_maximum)
+            && !self.over_fraction(p)
             && self.expandable_candidate(p) == Some(id)
+    }
+
+    /// `alloc_block`'s first check: with a memory fraction set, `p`'s segment
+    /// would take the allocator past it.
+    fn over_fraction(&self, p: &AllocParams) -> bool {
+        self.set_fraction
+            && self.total_allocated_memory.saturating_add(p.alloc_size)
+                > self.allowed_memory_maximum
     }
 
     /// `should_split`.
@@ -429,10 +438,7 @@ impl<D: Device> CachingAllocator<D> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if self.set_fraction
-            && self.total_allocated_memory.saturating_add(p.alloc_size)
-                > self.allowed_memory_maximum
-        {
+        if self.over_fraction(p) {
             return None;
         }
         if self.settings.expandable_segments {

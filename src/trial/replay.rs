@@ -132,7 +132,7 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         .collect::<Result<_, _>>()?;
     if plan.summary {
         // Before any replay: a version without memory_summary() is a usage error.
-        summary_exists(version).map_err(|e| Error::Usage(format!("--summary: {e}")))?;
+        summary_exists(version).map_err(summary_usage)?;
     }
     let last = confs.len().saturating_sub(1);
     let mut open = DeviceOpener {
@@ -142,6 +142,8 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         start_addresses: Vec::new(),
     };
     let (trace, mut first) = if crate::workload::trace::is_trace_csv(data) {
+        // A trace CSV names no card (no capacity hint): `--capacity` or the
+        // default is the card before the parse ends.
         if plan.device == DeviceSpec::Sim {
             let device = open.sim(Placement::FirstFit);
             let (trace, run) = parse_and_replay(
@@ -304,8 +306,7 @@ fn snapshot_replay(plan: &Plan, name: String, data: &[u8]) -> Result<Replay, Err
             let options = plan.run_options(i == last);
             let summary = plan.summary.then_some(device);
             if summary.is_some() {
-                summary_exists(settings.version)
-                    .map_err(|e| Error::Usage(format!("--summary: {e}")))?;
+                summary_exists(settings.version).map_err(summary_usage)?;
             }
             let result = replay(settings, open.open()?, options)?;
             run_one(conf.clone(), settings, &open, summary, result, &replay)
@@ -396,6 +397,11 @@ fn parse_and_replay(
     })
 }
 
+/// `--summary` for a version without `memory_summary()`: a usage error.
+fn summary_usage(e: NoMemorySummary) -> Error {
+    Error::Usage(format!("--summary: {e}"))
+}
+
 /// One replay of the workload under some settings on a device.
 type DeviceReplay<'r> =
     dyn Fn(&Settings, Box<dyn Device>, ReplayOptions) -> Result<RunResult, Error> + Sync + 'r;
@@ -412,7 +418,6 @@ fn run_one(
     result: RunResult,
     replay: &DeviceReplay,
 ) -> Result<ReplayRun, Error> {
-    let usage = |e: NoMemorySummary| Error::Usage(format!("--summary: {e}"));
     let figures = &result.figures;
     let near_edge = figures.oom.is_some()
         || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64;
@@ -431,7 +436,7 @@ fn run_one(
     let (summary_at_peak, summary_at_end) = match summary {
         Some(device) => {
             let render = |stats: &std::collections::BTreeMap<String, i64>| {
-                memory_summary(stats, device, false, settings.version).map_err(usage)
+                memory_summary(stats, device, false, settings.version).map_err(summary_usage)
             };
             let at_peak = match result.figures.peak_event_index {
                 Some(index) => {

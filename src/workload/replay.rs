@@ -270,7 +270,6 @@ pub struct StreamedReplay<D: Device> {
     index: u64,
     oom: Option<OomEvent>,
     stopped_early_at_event: Option<u64>,
-    done: bool,
 }
 
 impl<D: Device> StreamedReplay<D> {
@@ -301,7 +300,6 @@ impl<D: Device> StreamedReplay<D> {
             index: 0,
             oom: None,
             stopped_early_at_event: None,
-            done: false,
         }
     }
 
@@ -309,7 +307,7 @@ impl<D: Device> StreamedReplay<D> {
     /// false once the run has ended (its OOM, the bound, `stop_after`), after
     /// which more events are ignored.
     pub fn feed(&mut self, events: &[Event]) -> bool {
-        if self.done {
+        if self.ended() {
             return false;
         }
         let allocator = &mut self.allocator;
@@ -317,7 +315,6 @@ impl<D: Device> StreamedReplay<D> {
         for event in events {
             let index = self.index;
             if index >= self.limit {
-                self.done = true;
                 break;
             }
             match *event {
@@ -335,7 +332,6 @@ impl<D: Device> StreamedReplay<D> {
                             requested_bytes: size,
                             message: e.message,
                         });
-                        self.done = true;
                         break;
                     }
                 },
@@ -354,11 +350,15 @@ impl<D: Device> StreamedReplay<D> {
             self.index = index + 1;
             if self.peaks.observe(index, allocator.stats()) > self.stop_above {
                 self.stopped_early_at_event = Some(index);
-                self.done = true;
                 break;
             }
         }
-        !self.done
+        !self.ended()
+    }
+
+    /// The run ran out of memory, passed the bound, or reached `stop_after`.
+    fn ended(&self) -> bool {
+        self.oom.is_some() || self.stopped_early_at_event.is_some() || self.index >= self.limit
     }
 
     /// The run's result; `events` is the length of the whole trace.
