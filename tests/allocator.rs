@@ -698,8 +698,148 @@ fn seed_ranges(layout: &ExpandableLayout, page: u64) -> Vec<allocdoc::allocator:
         .collect()
 }
 
+/// A live allocation of [`same_run_held_or_by_address`]: by address in both
+/// allocators, or by address in the first and held by the caller in the second.
+#[derive(Debug, Clone, Copy)]
+enum Live {
+    Address(u64),
+    Held(u64, allocdoc::allocator::block::BlockId),
+}
+
+/// Runs `ops` on two allocators: the first by address only, the second
+/// holding the blocks of the allocations `held` picks (the replay's way,
+/// `malloc_block`) and the rest by address. After every operation both have
+/// the same stats, segments and history, and the second keeps every invariant.
+fn same_run_held_or_by_address(
+    settings: &Settings,
+    capacity: u64,
+    ops: Vec<(Op, bool)>,
+) -> Result<(), TestCaseError> {
+    let mut a = allocator(settings.clone(), capacity);
+    let mut b = allocator(settings.clone(), capacity);
+    a.record_history();
+    b.record_history();
+    let mut live: Vec<Live> = Vec::new();
+    for (op, held) in ops {
+        match op {
+            Op::Alloc(size, stream) => {
+                let by_address = a.malloc(size, stream);
+                let other = if held {
+                    b.malloc_block(size, stream).map(|block| match by_address {
+                        Ok(p) => Some(Live::Held(p, block)),
+                        Err(_) => None,
+                    })
+                } else {
+                    b.malloc(size, stream).map(|p| Some(Live::Address(p)))
+                };
+                match (by_address, other) {
+                    (Ok(0), Ok(_)) => {}
+                    (Ok(p), Ok(Some(l))) => {
+                        if let Live::Held(_, block) = l {
+                            prop_assert_eq!(b.block_addr(block), Some(p));
+                        } else {
+                            prop_assert!(matches!(l, Live::Address(q) if q == p));
+                        }
+                        live.push(l);
+                    }
+                    (Err(x), Err(y)) => prop_assert_eq!(x, y),
+                    (x, y) => prop_assert!(false, "{:?} against {:?}", x, y),
+                }
+            }
+            Op::Free(i) if !live.is_empty() => match live.swap_remove(i % live.len()) {
+                Live::Address(p) => {
+                    a.free(p).unwrap();
+                    b.free(p).unwrap();
+                }
+                Live::Held(p, block) => {
+                    a.free(p).unwrap();
+                    // Not in the address map: refused there, and the run is unchanged.
+                    prop_assert!(b.free(p).is_err());
+                    b.free_held(block).unwrap();
+                    prop_assert!(b.free_held(block).is_err(), "freed twice");
+                }
+            },
+            Op::RecordStream(i, stream) if !live.is_empty() => match live[i % live.len()] {
+                Live::Address(p) => {
+                    a.record_stream(p, stream).unwrap();
+                    b.record_stream(p, stream).unwrap();
+                }
+                Live::Held(p, block) => {
+                    a.record_stream(p, stream).unwrap();
+                    b.record_stream_held(block, stream).unwrap();
+                }
+            },
+            Op::SyncStream(stream) => {
+                a.synchronize_stream(stream);
+                b.synchronize_stream(stream);
+            }
+            Op::EmptyCache => {
+                a.empty_cache();
+                b.empty_cache();
+            }
+            Op::SetExpandable(on) => {
+                let s = Settings {
+                    expandable_segments: on,
+                    ..settings.clone()
+                };
+                a.set_settings(s.clone());
+                b.set_settings(s);
+            }
+            _ => {}
+        }
+        if let Err(e) = b.check_invariants() {
+            prop_assert!(false, "{}", e);
+        }
+        prop_assert_eq!(a.memory_stats(), b.memory_stats());
+        prop_assert_eq!(a.segments(), b.segments());
+    }
+    prop_assert_eq!(a.take_trace(), b.take_trace());
+    Ok(())
+}
+
+#[test]
+fn a_held_block_is_freed_once_and_only_as_held() {
+    let mut a = allocator(Settings::default(), GIB);
+    let held = a.malloc_block(3 * MIB, 0).unwrap();
+    let addr = a.block_addr(held).unwrap();
+    let by_address = a.malloc(3 * MIB, 0).unwrap();
+    assert_eq!(
+        by_address,
+        addr + 3 * MIB,
+        "the next split of the same segment"
+    );
+    // A held block is not in the address map.
+    assert!(a.free(addr).is_err());
+    assert!(a.record_stream(addr, 1).is_err());
+    // Zero bytes: no block, and freeing none does nothing.
+    let none = a.malloc_block(0, 0).unwrap();
+    assert_eq!(a.block_addr(none), None);
+    a.free_held(none).unwrap();
+    assert!(a.record_stream_held(none, 1).is_err());
+    a.record_stream_held(held, 1).unwrap();
+    a.free_held(held).unwrap();
+    // Freed (its free waits on stream 1, but the caller holds it no more).
+    assert!(a.free_held(held).is_err());
+    assert!(a.record_stream_held(held, 1).is_err());
+    a.check_invariants().unwrap();
+    a.free(by_address).unwrap();
+    a.synchronize_stream(1);
+    a.empty_cache();
+    assert_eq!(reserved(&a), 0);
+    a.check_invariants().unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn held_blocks_run_as_blocks_by_address_do(
+        settings in settings_strategy(),
+        capacity_mib in 200u64..600,
+        ops in prop::collection::vec((op_strategy(), any::<bool>()), 1..120),
+    ) {
+        same_run_held_or_by_address(&settings, capacity_mib * MIB, ops)?;
+    }
 
     #[test]
     fn invariants_hold_after_every_operation(

@@ -34,6 +34,9 @@ pub struct Block {
     pub has_stream_uses: bool,
     /// The slot holds a block (false for recycled slots).
     pub live: bool,
+    /// Allocated and held by the caller ([`super::CachingAllocator::malloc_block`]),
+    /// not entered in the address map.
+    pub held: bool,
 }
 
 impl Block {
@@ -53,6 +56,7 @@ impl Block {
             mapped: true,
             has_stream_uses: false,
             live: true,
+            held: false,
         }
     }
     /// `Block::is_split`.
@@ -91,6 +95,11 @@ impl Arena {
     #[inline]
     pub fn get(&self, id: BlockId) -> &Block {
         &self.blocks[id as usize]
+    }
+    /// The slot `id`, if the arena has it (live or recycled).
+    #[inline]
+    pub fn try_get(&self, id: BlockId) -> Option<&Block> {
+        self.blocks.get(id as usize)
     }
     #[inline]
     pub fn get_mut(&mut self, id: BlockId) -> &mut Block {
@@ -314,7 +323,12 @@ impl FreeSet {
     pub fn remove_at(&mut self, at: Cursor) {
         let sf = &mut self.streams[at.stream];
         let v = &mut sf.buckets[at.bucket];
-        v.remove(at.index);
+        if at.index + 1 == v.len() {
+            // Most buckets hold one block: no call to move nothing.
+            v.pop();
+        } else {
+            v.remove(at.index);
+        }
         if v.is_empty() {
             // The stream's buckets stay allocated: streams are few, and a pool that
             // empties and refills (one segment reused over and over) must not pay
@@ -413,9 +427,19 @@ impl BlockPool {
     /// `BlockPool::insert_into_blocks`: also stamps the GC age base.
     #[inline]
     pub fn insert_into_blocks(&mut self, arena: &mut Arena, id: BlockId) {
+        let b = arena.get(id);
+        self.insert_into_blocks_as(arena, id, (b.stream, b.size, b.addr));
+    }
+    /// [`Self::insert_into_blocks`] with the block's key as the caller has it
+    /// at hand: after writing a block's address and size, reading them back
+    /// at once waits on those stores (a 16-byte load cannot be forwarded from
+    /// two 8-byte stores), which cost a tenth of `malloc`'s time.
+    #[inline]
+    pub fn insert_into_blocks_as(&mut self, arena: &mut Arena, id: BlockId, key: SizeKey) {
         let b = arena.get_mut(id);
+        debug_assert_eq!(key, (b.stream, b.size, b.addr));
         b.gc_count_base = self.get_free_blocks_call_count;
-        self.blocks.insert((b.stream, b.size, b.addr), id);
+        self.blocks.insert(key, id);
     }
     #[inline]
     pub fn erase_block(&mut self, b: &Block) -> bool {

@@ -34,6 +34,8 @@ pub struct OutOfMemory {
 pub enum PointerError {
     #[error("invalid device pointer: {0:#x}")]
     InvalidDevicePointer(u64),
+    #[error("block {0} is not an allocation held by the caller")]
+    NotHeld(BlockId),
 }
 
 /// A (block, event ready?) pair of `cuda_events`: a deferred free waiting for a
@@ -62,7 +64,8 @@ pub struct CachingAllocator<D: Device> {
     pub(super) arena: Arena,
     pub(super) large_blocks: BlockPool,
     pub(super) small_blocks: BlockPool,
-    /// `allocated_blocks`: address → allocated block.
+    /// `allocated_blocks`: address → allocated block, for the blocks handed
+    /// out by address ([`Self::malloc`]).
     pub(super) allocated_blocks: AddrMap,
     pub(super) stats: DeviceStats,
     /// Bytes obtained from the device (cudaMalloc'd plus mapped).
@@ -239,6 +242,31 @@ impl<D: Device> CachingAllocator<D> {
         if orig_size == 0 {
             return Ok(0);
         }
+        let (addr, block) = self.device_malloc(orig_size, stream)?;
+        // `add_allocated_block`
+        self.allocated_blocks.insert(addr, block);
+        Ok(addr)
+    }
+
+    /// [`Self::malloc`] for a caller that holds the block itself, as
+    /// `NativeCachingAllocator` holds the `Block*` that
+    /// `DeviceCachingAllocator::malloc` returns: the address map is not
+    /// touched. [`NIL`] for a zero-byte request. Free it with [`Self::free_held`].
+    pub fn malloc_block(&mut self, orig_size: u64, stream: u64) -> Result<BlockId, OutOfMemory> {
+        if orig_size == 0 {
+            return Ok(NIL);
+        }
+        let (_, block) = self.device_malloc(orig_size, stream)?;
+        self.arena.get_mut(block).held = true;
+        Ok(block)
+    }
+
+    /// `DeviceCachingAllocator::malloc` (`orig_size` > 0): the block's address and the block.
+    fn device_malloc(
+        &mut self,
+        orig_size: u64,
+        stream: u64,
+    ) -> Result<(u64, BlockId), OutOfMemory> {
         if orig_size >= ONE_EXA_BYTES {
             return Err(OutOfMemory {
                 requested: orig_size,
@@ -469,7 +497,7 @@ impl<D: Device> CachingAllocator<D> {
         found: BlockId,
         orig_size: u64,
         split: bool,
-    ) -> u64 {
+    ) -> (u64, BlockId) {
         let size = p.size;
         let small = p.small;
         let already_split = self.arena.get(found).is_split();
@@ -485,12 +513,18 @@ impl<D: Device> CachingAllocator<D> {
             if r.prev != NIL {
                 self.arena.get_mut(r.prev).next = block;
             }
+            let (remaining_addr, remaining_size) = (r.addr + size, r.size - size);
             let rem = self.arena.get_mut(remaining);
             rem.prev = block;
-            rem.addr += size;
-            rem.size -= size;
-            let remaining_size = rem.size;
-            self.insert_into_pool(remaining);
+            rem.addr = remaining_addr;
+            rem.size = remaining_size;
+            let pool = if r.small {
+                &mut self.small_blocks
+            } else {
+                &mut self.large_blocks
+            };
+            let key = (r.stream, remaining_size, remaining_addr);
+            pool.insert_into_blocks_as(&mut self.arena, remaining, key);
             if !expandable {
                 if already_split {
                     // An already-split inactive block shrinks by `size`.
@@ -517,7 +551,6 @@ impl<D: Device> CachingAllocator<D> {
         b.requested_size = orig_size;
         let (addr, bsize, stream) = (b.addr, b.size, b.stream);
         self.record(TraceAction::Alloc, addr, orig_size, stream);
-        self.allocated_blocks.insert(addr, block);
         let s = &mut self.stats;
         s.allocation.increase(small, 1);
         s.allocated_bytes.increase(small, bsize);
@@ -527,7 +560,7 @@ impl<D: Device> CachingAllocator<D> {
         if bsize >= self.settings.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        addr
+        (addr, block)
     }
 
     /// `free`: the allocation ends now; the block returns to its pool now, or
@@ -540,9 +573,42 @@ impl<D: Device> CachingAllocator<D> {
             .allocated_blocks
             .remove(&addr)
             .ok_or(PointerError::InvalidDevicePointer(addr))?;
+        self.device_free(id);
+        Ok(())
+    }
+
+    /// [`Self::free`] of a block from [`Self::malloc_block`] ([`NIL`] does
+    /// nothing); a block that is not a held allocation is an error.
+    pub fn free_held(&mut self, block: BlockId) -> Result<(), PointerError> {
+        if block == NIL {
+            return Ok(());
+        }
+        self.held(block)?;
+        self.device_free(block);
+        Ok(())
+    }
+
+    /// The address of `block` while the caller holds it ([`Self::malloc_block`]).
+    pub fn block_addr(&self, block: BlockId) -> Option<u64> {
+        self.held(block).ok().map(|b| b.addr)
+    }
+
+    /// The allocation `block`, if [`Self::malloc_block`] handed it out and it
+    /// is not freed yet.
+    fn held(&self, block: BlockId) -> Result<&Block, PointerError> {
+        match self.arena.try_get(block) {
+            Some(b) if b.live && b.allocated && b.held => Ok(b),
+            _ => Err(PointerError::NotHeld(block)),
+        }
+    }
+
+    /// `DeviceCachingAllocator::free(Block*)`.
+    fn device_free(&mut self, id: BlockId) {
         let b = self.arena.get_mut(id);
         b.allocated = false;
-        let (small, size, requested, stream, uses) = (
+        b.held = false;
+        let (addr, small, size, requested, stream, uses) = (
+            b.addr,
             b.small,
             b.size,
             b.requested_size,
@@ -560,7 +626,6 @@ impl<D: Device> CachingAllocator<D> {
         } else {
             self.free_block(id);
         }
-        Ok(())
     }
 
     /// `recordStream`: the allocation is also used on `stream`, so its free waits
@@ -570,13 +635,29 @@ impl<D: Device> CachingAllocator<D> {
             .allocated_blocks
             .get(&addr)
             .ok_or(PointerError::InvalidDevicePointer(addr))?;
+        self.record_block_stream(id, stream);
+        Ok(())
+    }
+
+    /// [`Self::record_stream`] of a block from [`Self::malloc_block`] ([`NIL`] is an error,
+    /// as address 0 is).
+    pub fn record_stream_held(&mut self, block: BlockId, stream: u64) -> Result<(), PointerError> {
+        if block == NIL {
+            return Err(PointerError::InvalidDevicePointer(0));
+        }
+        self.held(block)?;
+        self.record_block_stream(block, stream);
+        Ok(())
+    }
+
+    /// `Block::stream_uses.insert(stream)`, unless it is the block's own stream.
+    fn record_block_stream(&mut self, id: BlockId, stream: u64) {
         let b = self.arena.get_mut(id);
         if b.stream == stream || self.stream_uses.contains(&(id, stream)) {
-            return Ok(());
+            return;
         }
         b.has_stream_uses = true;
         self.stream_uses.push((id, stream));
-        Ok(())
     }
 
     /// The work queued on `stream` so far has finished: its events are complete
@@ -656,20 +737,26 @@ impl<D: Device> CachingAllocator<D> {
             b.requested_size,
             b.stream,
         );
-        let mut net_blocks: i64 = 0;
-        let mut net_bytes: i64 = 0;
-        for candidate in [b.prev, b.next] {
-            let subsumed = self.try_merge_blocks(id, candidate);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
-            }
-        }
-        self.insert_into_pool(id);
-        let merged = self.arena.get(id);
-        if merged.is_split() {
+        let before = self.try_merge_blocks(id, b.prev);
+        let after = self.try_merge_blocks(id, b.next);
+        // The merged block from the absorbed ones, not read back (see
+        // `insert_into_blocks_as`).
+        let addr = before.map_or(b.addr, |p| p.addr);
+        let absorbed = before.map_or(0, |p| p.size) + after.map_or(0, |n| n.size);
+        let size = b.size + absorbed;
+        let pool = if b.small {
+            &mut self.small_blocks
+        } else {
+            &mut self.large_blocks
+        };
+        pool.insert_into_blocks_as(&mut self.arena, id, (b.stream, size, addr));
+        let mut net_blocks = -(i64::from(before.is_some()) + i64::from(after.is_some()));
+        let mut net_bytes = -(absorbed as i64);
+        let is_split =
+            before.map_or(b.prev, |p| p.prev) != NIL || after.map_or(b.next, |n| n.next) != NIL;
+        if is_split {
             net_blocks += 1;
-            net_bytes += merged.size as i64;
+            net_bytes += size as i64;
         }
         let s = &mut self.stats;
         if !b.is_expandable() {
@@ -684,15 +771,15 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// `try_merge_blocks`: absorb `src` into `dst` if it is free, has no pending
-    /// events and the same mapped state; returns the absorbed size.
-    pub(super) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
+    /// events and the same mapped state; returns the absorbed block as it was.
+    pub(super) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> Option<Block> {
         if src == NIL {
-            return 0;
+            return None;
         }
         let s = *self.arena.get(src);
         let d = self.arena.get(dst);
         if s.allocated || s.event_count > 0 || s.has_stream_uses || d.mapped != s.mapped {
-            return 0;
+            return None;
         }
         if d.prev == src {
             let d = self.arena.get_mut(dst);
@@ -717,7 +804,7 @@ impl<D: Device> CachingAllocator<D> {
             pool.erase_unmapped(&s);
         }
         self.arena.remove(src);
-        s.size
+        Some(s)
     }
 
     /// `release_block`: cudaFree of a whole (unsplit, non-expandable) segment.

@@ -189,10 +189,17 @@ impl<D: Device> CachingAllocator<D> {
         if actual_unmapped != expected_unmapped {
             return Err("unmapped set differs from the unmapped blocks".into());
         }
-        let allocated = self.arena.iter().filter(|(_, b)| b.allocated).count();
-        if allocated != self.allocated_blocks.len()
+        // Every allocated block is in the address map or held by the caller, not both.
+        let by_address = self
+            .arena
+            .iter()
+            .filter(|(_, b)| b.allocated && !b.held)
+            .count();
+        if self.arena.iter().any(|(_, b)| b.held && !b.allocated)
+            || by_address != self.allocated_blocks.len()
             || self.allocated_blocks.iter().any(|(&addr, &id)| {
-                !self.arena.get(id).allocated || self.arena.get(id).addr != addr
+                let b = self.arena.get(id);
+                !b.allocated || b.held || b.addr != addr
             })
         {
             return Err("the address map differs from the allocated blocks".into());

@@ -1,6 +1,7 @@
 //! Replaying a [`Trace`] through the bundled caching allocator on a device.
 
 use super::trace::{Event, Trace};
+use crate::allocator::block::{BlockId, NIL};
 use crate::allocator::{CachingAllocator, DeviceStats, SegmentInfo};
 use crate::conf::Settings;
 use crate::device::{Device, DeviceCounters};
@@ -261,8 +262,11 @@ pub fn replay_with<D: Device>(
 pub struct StreamedReplay<D: Device> {
     allocator: CachingAllocator<D>,
     capacity_bytes: u64,
-    /// Address of each live id (grown when a piece brings a higher id).
-    addresses: Vec<u64>,
+    /// Per trace id, its allocation's block (grown when a piece brings a
+    /// higher id). Ids are dense, so the replay holds blocks as PyTorch's
+    /// `NativeCachingAllocator` does, with no address map
+    /// ([`CachingAllocator::malloc_block`]).
+    blocks: Vec<BlockId>,
     peaks: Peaks,
     stop_above: u64,
     limit: u64,
@@ -288,12 +292,12 @@ impl<D: Device> StreamedReplay<D> {
         if options.history {
             allocator.record_history();
         }
-        let mut addresses: Vec<u64> = vec![0; ids];
-        crate::snapshot::grow::advise_huge(&mut addresses);
+        let mut blocks: Vec<BlockId> = vec![NIL; ids];
+        crate::snapshot::grow::advise_huge(&mut blocks);
         StreamedReplay {
             allocator,
             capacity_bytes,
-            addresses,
+            blocks,
             peaks: Peaks::new(options.timeline, events),
             stop_above: options.stop_above_reserved.unwrap_or(u64::MAX),
             limit: options.stop_after.unwrap_or(u64::MAX),
@@ -311,20 +315,20 @@ impl<D: Device> StreamedReplay<D> {
             return false;
         }
         let allocator = &mut self.allocator;
-        let addresses = &mut self.addresses;
+        let blocks = &mut self.blocks;
         for event in events {
             let index = self.index;
             if index >= self.limit {
                 break;
             }
             match *event {
-                Event::Alloc { id, size, stream } => match allocator.malloc(size, stream) {
-                    Ok(addr) => {
+                Event::Alloc { id, size, stream } => match allocator.malloc_block(size, stream) {
+                    Ok(block) => {
                         let slot = id as usize;
-                        if slot >= addresses.len() {
-                            addresses.resize((slot + 1).max(2 * addresses.len()), 0);
+                        if slot >= blocks.len() {
+                            blocks.resize((slot + 1).max(2 * blocks.len()), NIL);
                         }
-                        addresses[slot] = addr;
+                        blocks[slot] = block;
                     }
                     Err(e) => {
                         self.oom = Some(OomEvent {
@@ -336,13 +340,13 @@ impl<D: Device> StreamedReplay<D> {
                     }
                 },
                 Event::Free { id } => {
-                    // A trace is validated: the id is live (address 0 for a zero-byte request).
-                    let addr = addresses.get(id as usize).copied().unwrap_or(0);
-                    let _ = allocator.free(addr);
+                    // A trace is validated: the id is live (NIL for a zero-byte request).
+                    let block = blocks.get(id as usize).copied().unwrap_or(NIL);
+                    let _ = allocator.free_held(block);
                 }
                 Event::RecordStream { id, stream } => {
-                    let addr = addresses.get(id as usize).copied().unwrap_or(0);
-                    let _ = allocator.record_stream(addr, stream);
+                    let block = blocks.get(id as usize).copied().unwrap_or(NIL);
+                    let _ = allocator.record_stream_held(block, stream);
                 }
                 Event::SynchronizeStream { stream } => allocator.synchronize_stream(stream),
                 Event::EmptyCache => allocator.empty_cache(),

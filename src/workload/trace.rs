@@ -8,7 +8,7 @@
 
 use super::csv;
 use crate::Error;
-use crate::snapshot::grow::{Prefault, advise_huge, reserved};
+use crate::snapshot::grow::{Prefault, advise_huge, populate_all, reserved};
 use rustc_hash::FxHashMap;
 
 /// The header line every trace CSV starts with.
@@ -127,7 +127,7 @@ impl Trace {
         }
         // One event a line at most: the line count bounds the events and the dense ids.
         let lines = memchr::memchr_iter(b'\n', data).count() + 1;
-        let mut reader = Reader::new(lines);
+        let mut reader = Reader::new(lines, data.len());
         let mut published = 0;
         loop {
             if reader.events.len() - published >= chunk {
@@ -212,9 +212,9 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn new(lines: usize) -> Self {
+    fn new(lines: usize, bytes: usize) -> Self {
         Reader {
-            ids: Ids::new(lines),
+            ids: Ids::new(lines, bytes),
             events: huge(reserved(lines)),
             ahead: Prefault::default(),
         }
@@ -370,11 +370,16 @@ struct Ids<'a> {
 }
 
 impl<'a> Ids<'a> {
-    fn new(lines: usize) -> Self {
+    fn new(lines: usize, bytes: usize) -> Self {
+        let mut by_number = huge(vec![0; lines + 1024]);
+        // Read before written, so populated for writing first (see
+        // `populate_all`): as many numbers as `bytes` can name, an `alloc`
+        // line being 10 bytes at least. Pages past them map on first touch.
+        let named = by_number.len().min(bytes / 10);
+        populate_all(&mut by_number[..named]);
         Ids {
             prefix: None,
-            // Zeroed pages are mapped on first touch: only the numbers in use cost memory.
-            by_number: huge(vec![0; lines + 1024]),
+            by_number,
             by_name: FxHashMap::default(),
             live: huge(reserved(lines)),
         }
