@@ -25,6 +25,11 @@ pub struct Prefault {
 }
 
 impl Prefault {
+    /// One that never populates: for a buffer that is filled again and again.
+    pub fn off() -> Self {
+        Prefault { ready: usize::MAX }
+    }
+
     /// Room for `more` items past `v.len()`.
     #[inline(always)]
     pub fn ahead<T>(&mut self, v: &mut Vec<T>, more: usize) {

@@ -142,20 +142,20 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         start_addresses: Vec::new(),
     };
     let (trace, mut first) = if crate::workload::trace::is_trace_csv(data) {
+        let trace = Reread::new(&name, data);
         // A trace CSV names no card (no capacity hint): `--capacity` or the
         // default is the card before the parse ends.
         if plan.device == DeviceSpec::Sim {
+            // Runs planned after the first need the events again; a run near
+            // the edge (known only at its end) reads them again.
+            let keep = confs.len() > 1 || plan.summary || plan.pictures;
             let device = open.sim(Placement::FirstFit);
-            let (trace, run) = parse_and_replay(
-                &name,
-                data,
-                &settings[0],
-                device,
-                plan.run_options(last == 0),
-            )?;
-            (trace, Some(run))
+            let options = plan.run_options(last == 0);
+            let (kept, run) = parse_and_replay(&name, data, &settings[0], device, options, keep)?;
+            (trace.with(kept), Some(run))
         } else {
-            (crate::workload::Trace::parse(&name, data)?, None)
+            trace.get()?;
+            (trace, None)
         }
     } else if crate::workload::rmm::is_rmm_log(data) {
         let (trace, skipped) = crate::workload::rmm::parse(&name, data)?.to_trace()?;
@@ -163,7 +163,7 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
             "note: {name}: RMM log replayed through PyTorch's caching allocator ({} failed allocations and {} unmatched frees left out)",
             skipped.failed_allocations, skipped.unmatched_frees
         ));
-        (trace, None)
+        (Reread::new(&name, data).with(Kept::Trace(trace)), None)
     } else {
         return Err(Error::Input(format!(
             "{name}: expected a trace CSV starting with the header \"{}\", an RMM log or a snapshot pickle",
@@ -179,11 +179,16 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         .map(|(i, (conf, settings))| {
             let options = plan.run_options(i == last);
             let summary = plan.summary.then_some(0);
-            let replay = |s: &Settings, d: Box<dyn Device>, o| Ok(replay_with(&trace, s, d, o));
+            let replay =
+                |s: &Settings, d: Box<dyn Device>, o| Ok(replay_with(trace.get()?, s, d, o));
             let result = match first.take() {
                 Some(result) => result,
                 None => replay(settings, open.open()?, options)?,
             };
+            if more_runs(&result, &open) {
+                // Read again here, not by both placement runs at once.
+                trace.get()?;
+            }
             run_one(conf, settings, &open, summary, result, &replay)
         })
         .collect::<Result<_, _>>()?;
@@ -191,25 +196,31 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
     let capacity = runs.first().map_or(given.unwrap_or(DEFAULT_CAPACITY), |r| {
         r.result.figures.capacity_bytes
     });
-    let map = plan.pictures.then(|| {
-        map_of(&runs, &settings, |settings, events| {
-            let options = ReplayOptions {
-                stop_after: Some(events),
-                ..ReplayOptions::default()
-            };
-            replay_with(&trace, settings, SimDevice::new(capacity), options).segments
-        })
-    });
+    let map = match plan.pictures {
+        true => {
+            let trace = trace.get()?;
+            map_of(&runs, &settings, |settings, events| {
+                let options = ReplayOptions {
+                    stop_after: Some(events),
+                    ..ReplayOptions::default()
+                };
+                replay_with(trace, settings, SimDevice::new(capacity), options).segments
+            })
+        }
+        false => None,
+    };
+    let events = trace.events;
+    drop(trace);
     Ok(Replay {
         input: name,
-        events: trace.len() as u64,
+        events,
         capacity_bytes: capacity,
         capacity_defaulted: given.is_none() && plan.device == DeviceSpec::Sim,
         device: plan.device,
         torch_version: version,
         runs,
         fidelity: None,
-        map: map.flatten(),
+        map,
         notes,
     })
 }
@@ -352,17 +363,87 @@ const STREAM_CHUNK: usize = 8 * 1024;
 /// are fewer fresh pages to fault in.
 const STREAM_AHEAD: usize = 4;
 
+/// What the streamed parse kept of a trace CSV.
+enum Kept {
+    /// Every event: runs after the first were planned.
+    Trace(crate::workload::Trace),
+    /// How many events; they were replayed and let go.
+    Count(u64),
+}
+
+/// The trace for the runs after the first: kept by the streamed parse, or
+/// read again from `data` when first asked for (a run near the card's edge,
+/// known only at its end, asks for two more runs).
+struct Reread<'a> {
+    name: &'a str,
+    data: &'a [u8],
+    trace: std::sync::OnceLock<crate::workload::Trace>,
+    events: u64,
+}
+
+impl<'a> Reread<'a> {
+    fn new(name: &'a str, data: &'a [u8]) -> Self {
+        Reread {
+            name,
+            data,
+            trace: std::sync::OnceLock::new(),
+            events: 0,
+        }
+    }
+
+    fn with(mut self, kept: Kept) -> Self {
+        match kept {
+            Kept::Trace(trace) => {
+                self.events = trace.len() as u64;
+                let _ = self.trace.set(trace);
+            }
+            Kept::Count(events) => self.events = events,
+        }
+        self
+    }
+
+    /// The trace, read now if it was not kept.
+    fn get(&self) -> Result<&crate::workload::Trace, Error> {
+        if let Some(trace) = self.trace.get() {
+            return Ok(trace);
+        }
+        let trace = crate::workload::Trace::parse(self.name, self.data)?;
+        let trace = self.trace.get_or_init(|| trace);
+        Ok(trace)
+    }
+
+    fn capacity_hint(&self) -> Option<u64> {
+        self.trace.get().and_then(|t| t.capacity_hint())
+    }
+}
+
+/// Whether [`run_one`] replays `result`'s config again: under the other
+/// placements near the edge of the simulated card.
+fn more_runs(result: &RunResult, open: &DeviceOpener) -> bool {
+    open.spec == DeviceSpec::Sim && near_edge(result)
+}
+
+/// The run ran out of memory or came within [`PLACEMENT_EDGE`] of the card.
+fn near_edge(result: &RunResult) -> bool {
+    let figures = &result.figures;
+    figures.oom.is_some()
+        || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64
+}
+
 /// Reads the trace CSV in `data` on a second thread while the first run
 /// replays its events as they come, so the command takes about the longer of
 /// the two instead of their sum. Parse errors win over the run, as when the
-/// whole trace is read first.
+/// whole trace is read first. Without `keep`, the parser fills a few reused
+/// buffers instead of the whole trace's events: less memory to fault in
+/// beside the run.
 fn parse_and_replay(
     name: &str,
     data: &[u8],
     settings: &Settings,
     device: SimDevice,
     options: ReplayOptions,
-) -> Result<(crate::workload::Trace, RunResult), Error> {
+    keep: bool,
+) -> Result<(Kept, RunResult), Error> {
     use crate::workload::{Event, StreamedReplay, Trace};
     use std::sync::mpsc::{channel, sync_channel};
     std::thread::scope(|scope| {
@@ -372,28 +453,42 @@ fn parse_and_replay(
         // allocator, page faults and TLB shootdowns on both threads.
         let (give_back, take_back) = channel::<Vec<Event>>();
         let parser = scope.spawn(move || {
-            Trace::parse_streaming(name, data, STREAM_CHUNK, |events| {
-                let mut chunk = take_back.try_recv().unwrap_or_default();
-                chunk.clear();
-                chunk.extend_from_slice(events);
-                // A run that ended stops listening; the parse goes on to validate.
-                let _ = send.send(chunk);
-            })
+            // A run that ended stops listening; the parse goes on to validate.
+            if keep {
+                Trace::parse_streaming(name, data, STREAM_CHUNK, |events| {
+                    let mut chunk = take_back.try_recv().unwrap_or_default();
+                    chunk.extend_from_slice(events);
+                    let _ = send.send(chunk);
+                })
+                .map(Kept::Trace)
+            } else {
+                Trace::stream(name, data, STREAM_CHUNK, |full| {
+                    let _ = send.send(full);
+                    take_back
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(STREAM_CHUNK))
+                })
+                .map(Kept::Count)
+            }
         });
         let mut run = StreamedReplay::new(settings, device, options, 0, 0);
-        for events in &receive {
+        for mut events in &receive {
             let more = run.feed(&events);
+            events.clear();
             let _ = give_back.send(events);
             if !more {
                 break;
             }
         }
         drop(receive);
-        let trace = parser
+        let kept = parser
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-        let events = trace.len() as u64;
-        Ok((trace, run.finish(events)))
+        let events = match &kept {
+            Kept::Trace(trace) => trace.len() as u64,
+            Kept::Count(events) => *events,
+        };
+        Ok((kept, run.finish(events)))
     })
 }
 
@@ -418,18 +513,15 @@ fn run_one(
     result: RunResult,
     replay: &DeviceReplay,
 ) -> Result<ReplayRun, Error> {
-    let figures = &result.figures;
-    let near_edge = figures.oom.is_some()
-        || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64;
     let placement = match open.spec {
-        DeviceSpec::Sim if near_edge => {
+        DeviceSpec::Sim if near_edge(&result) => {
             let [_, rising, random] = Placement::ALL;
             let oom = |p| -> Result<bool, Error> {
                 let run = replay(settings, Box::new(open.sim(p)), ReplayOptions::default())?;
                 Ok(run.figures.oom.is_some())
             };
             let (rising, random) = rayon::join(|| oom(rising), || oom(random));
-            Some(Ooms([figures.oom.is_some(), rising?, random?]))
+            Some(Ooms([result.figures.oom.is_some(), rising?, random?]))
         }
         _ => None,
     };
@@ -459,4 +551,105 @@ fn run_one(
         summary_at_end,
         placement,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Trace;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A trace of several stream chunks: a slowly growing live set.
+    fn chunks_of_trace() -> String {
+        let mut csv = String::from("action,id,size,stream\n");
+        for i in 0..(2 * STREAM_CHUNK as u64 + 500) {
+            csv += &format!("alloc,t{i},{},0\n", (1 + i % 13) * 512 * 1024 + i % 4096);
+            if i % 5 != 0 {
+                csv += &format!("free,t{i},,0\n");
+            }
+        }
+        csv
+    }
+
+    fn plan(capacity: u64) -> Plan {
+        Plan {
+            input: "t.csv".into(),
+            confs: Vec::new(),
+            capacity: Some(capacity),
+            device: DeviceSpec::Sim,
+            torch_version: TorchVersion::DEFAULT,
+            platform: Platform::Linux,
+            fidelity: false,
+            summary: false,
+            pictures: false,
+            history: false,
+            limits: crate::limits::Limits::default(),
+        }
+    }
+
+    /// Kept or let go by the parser, the streamed first run is the run of
+    /// the whole trace: to the end, to its OOM, with the same event count.
+    #[test]
+    fn the_streamed_first_run_is_the_run_of_the_parsed_trace() {
+        let csv = chunks_of_trace();
+        let whole = Trace::parse("t.csv", csv.as_bytes()).unwrap();
+        let settings = Settings::default();
+        for capacity in [1 << 34, 1200 * MIB, 60 * MIB] {
+            let expected = replay_with(
+                &whole,
+                &settings,
+                SimDevice::new(capacity),
+                ReplayOptions::default(),
+            );
+            for keep in [true, false] {
+                let (kept, run) = parse_and_replay(
+                    "t.csv",
+                    csv.as_bytes(),
+                    &settings,
+                    SimDevice::new(capacity),
+                    ReplayOptions::default(),
+                    keep,
+                )
+                .unwrap();
+                assert_eq!(run, expected, "{capacity} {keep}");
+                match kept {
+                    Kept::Trace(trace) => assert!(keep && trace == whole),
+                    Kept::Count(events) => assert!(!keep && events == whole.len() as u64),
+                }
+            }
+        }
+    }
+
+    /// A run near the card's edge is replayed under the other placements
+    /// although the streamed parse kept no events: the trace is read again.
+    #[test]
+    fn a_run_near_the_edge_reads_the_trace_again_for_the_placements() {
+        let csv = chunks_of_trace();
+        let whole = Trace::parse("t.csv", csv.as_bytes()).unwrap();
+        let peak = replay(&plan(1 << 34), csv.as_bytes()).unwrap().runs[0]
+            .result
+            .figures
+            .peak_reserved_bytes;
+        for capacity in [peak, peak / 2, 1 << 34] {
+            let replayed = replay(&plan(capacity), csv.as_bytes()).unwrap();
+            assert_eq!(replayed.events, whole.len() as u64);
+            let run = &replayed.runs[0];
+            assert_eq!(run.placement.is_some(), capacity != 1 << 34, "{capacity}");
+            if let Some(Ooms([first_fit, rising, random])) = run.placement {
+                assert_eq!(first_fit, run.result.figures.oom.is_some());
+                let under = |p| {
+                    let run = replay_with(
+                        &whole,
+                        &Settings::default(),
+                        SimDevice::new(capacity).with_placement(p),
+                        ReplayOptions::default(),
+                    );
+                    run.figures.oom.is_some()
+                };
+                let [_, r, q] = Placement::ALL;
+                assert_eq!([rising, random], [under(r), under(q)]);
+            }
+        }
+    }
 }

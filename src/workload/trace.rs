@@ -104,55 +104,12 @@ impl Trace {
         chunk: usize,
         mut publish: impl FnMut(&[Event]),
     ) -> Result<Trace, Error> {
-        let data = csv::strip_bom(data);
-        let fail = |line: usize, what: &str, text: &[u8]| {
-            Error::Input(format!(
-                "{name}:{line}: {what}, found {:?}",
-                String::from_utf8_lossy(text)
-            ))
-        };
-        let mut records = csv::Records::new(data);
-        let header = match records.next_record::<4>() {
-            Some(Ok(header)) => header,
-            Some(Err(e)) => return Err(fail(e.line, e.what, e.text(data))),
-            None => {
-                return Err(Error::Input(format!(
-                    "{name}: expected a trace CSV starting with the header {HEADER:?}"
-                )));
-            }
-        };
-        if !csv::is_header(&header, &COLUMNS) {
-            let what = format!("expected the header line {HEADER:?}");
-            return Err(fail(header.line, &what, header.text));
-        }
-        // One event a line at most: the line count bounds the events and the dense ids.
-        let lines = memchr::memchr_iter(b'\n', data).count() + 1;
-        let mut reader = Reader::new(lines, data.len());
         let mut published = 0;
-        loop {
-            if reader.events.len() - published >= chunk {
-                publish(&reader.events[published..]);
-                published = reader.events.len();
-            }
-            let (pos, line) = records.position();
-            match reader.canonical_row(data, pos) {
-                Some(Ok(next)) => records.skip_line(next),
-                Some(Err(e)) => {
-                    let id = canonical_id(data, pos);
-                    return Err(fail(line, &e.describe(id), csv::line_at(data, pos)));
-                }
-                None => {
-                    let Some(record) = records.next_record::<4>() else {
-                        break;
-                    };
-                    let record = record.map_err(|e| fail(e.line, e.what, e.text(data)))?;
-                    reader.row(&record).map_err(|e| {
-                        let [_, id, ..] = record.fields;
-                        fail(record.line, &e.describe(id), record.text)
-                    })?;
-                }
-            }
-        }
+        let reader = read_rows(name, data, Events::All, chunk, |events| {
+            publish(&events[published..]);
+            published = events.len();
+            published.saturating_add(chunk)
+        })?;
         if reader.events.len() > published {
             publish(&reader.events[published..]);
         }
@@ -162,6 +119,102 @@ impl Trace {
             capacity_hint: None,
         })
     }
+
+    /// [`Trace::parse_streaming`] keeping no events: `hand_over` gets each
+    /// full buffer of `chunk` events (the last may be shorter) and returns an
+    /// empty one to fill next, so a run that needs the events once touches a
+    /// few buffers' memory instead of the whole trace's. Returns how many
+    /// events the trace has.
+    pub fn stream(
+        name: &str,
+        data: &[u8],
+        chunk: usize,
+        mut hand_over: impl FnMut(Vec<Event>) -> Vec<Event>,
+    ) -> Result<u64, Error> {
+        let mut handed = 0u64;
+        let mut hand_over = |events: &mut Vec<Event>| {
+            handed += events.len() as u64;
+            *events = hand_over(std::mem::take(events));
+        };
+        let mut reader = read_rows(name, data, Events::Chunk, chunk, |events| {
+            hand_over(events);
+            chunk
+        })?;
+        if !reader.events.is_empty() {
+            hand_over(&mut reader.events);
+        }
+        Ok(handed)
+    }
+}
+
+/// Where [`read_rows`] puts the events.
+#[derive(Clone, Copy)]
+enum Events {
+    /// One vector for the whole trace, reserved from the line count.
+    All,
+    /// Buffers of a chunk each, handed over as they fill.
+    Chunk,
+}
+
+/// Reads the rows of the trace CSV `data` into a [`Reader`]; `full` is called
+/// with the events read so far once they reach the length it last returned
+/// (`chunk` at first) and may take them.
+fn read_rows<'a>(
+    name: &str,
+    data: &'a [u8],
+    events: Events,
+    chunk: usize,
+    mut full: impl FnMut(&mut Vec<Event>) -> usize,
+) -> Result<Reader<'a>, Error> {
+    let data = csv::strip_bom(data);
+    let fail = |line: usize, what: &str, text: &[u8]| {
+        Error::Input(format!(
+            "{name}:{line}: {what}, found {:?}",
+            String::from_utf8_lossy(text)
+        ))
+    };
+    let mut records = csv::Records::new(data);
+    let header = match records.next_record::<4>() {
+        Some(Ok(header)) => header,
+        Some(Err(e)) => return Err(fail(e.line, e.what, e.text(data))),
+        None => {
+            return Err(Error::Input(format!(
+                "{name}: expected a trace CSV starting with the header {HEADER:?}"
+            )));
+        }
+    };
+    if !csv::is_header(&header, &COLUMNS) {
+        let what = format!("expected the header line {HEADER:?}");
+        return Err(fail(header.line, &what, header.text));
+    }
+    // One event a line at most: the line count bounds the events and the dense ids.
+    let lines = memchr::memchr_iter(b'\n', data).count() + 1;
+    let mut reader = Reader::new(lines, data.len(), events, chunk);
+    let mut next = chunk;
+    loop {
+        if reader.events.len() >= next {
+            next = full(&mut reader.events);
+        }
+        let (pos, line) = records.position();
+        match reader.canonical_row(data, pos) {
+            Some(Ok(next)) => records.skip_line(next),
+            Some(Err(e)) => {
+                let id = canonical_id(data, pos);
+                return Err(fail(line, &e.describe(id), csv::line_at(data, pos)));
+            }
+            None => {
+                let Some(record) = records.next_record::<4>() else {
+                    break;
+                };
+                let record = record.map_err(|e| fail(e.line, e.what, e.text(data)))?;
+                reader.row(&record).map_err(|e| {
+                    let [_, id, ..] = record.fields;
+                    fail(record.line, &e.describe(id), record.text)
+                })?;
+            }
+        }
+    }
+    Ok(reader)
 }
 
 /// The header's column names.
@@ -207,16 +260,21 @@ impl RowError {
 struct Reader<'a> {
     ids: Ids<'a>,
     events: Vec<Event>,
-    /// Faults the events' pages in 2 MiB at a time (a 1 M-event trace is 24 MB of them).
+    /// Faults the events' pages in 2 MiB at a time (a 1 M-event trace is 24
+    /// MB of them); off for chunk buffers, which are reused.
     ahead: Prefault,
 }
 
 impl<'a> Reader<'a> {
-    fn new(lines: usize, bytes: usize) -> Self {
+    fn new(lines: usize, bytes: usize, events: Events, chunk: usize) -> Self {
+        let (events, ahead) = match events {
+            Events::All => (huge(reserved(lines)), Prefault::default()),
+            Events::Chunk => (Vec::with_capacity(chunk.min(lines)), Prefault::off()),
+        };
         Reader {
             ids: Ids::new(lines, bytes),
-            events: huge(reserved(lines)),
-            ahead: Prefault::default(),
+            events,
+            ahead,
         }
     }
 
@@ -547,6 +605,36 @@ mod tests {
     }
 
     proptest! {
+        /// Streamed in reused buffers, a trace hands over the events the whole
+        /// parse returns, in buffers of `chunk` at most, and counts them; or it
+        /// fails with the same error after handing over a valid prefix.
+        #[test]
+        fn streaming_hands_over_what_the_parse_returns(
+            rows in prop::collection::vec("(alloc|free|empty_cache|record_stream|synchronize|x),[a-d]?,[0-9]{0,3},[0-9]{0,1}", 0..40),
+            chunk in 1usize..6,
+        ) {
+            let text = format!("{HEADER}\n{}\n", rows.join("\n"));
+            let mut handed = Vec::new();
+            let mut sizes = Vec::new();
+            let streamed = Trace::stream("s.csv", text.as_bytes(), chunk, |mut full| {
+                sizes.push(full.len());
+                handed.append(&mut full);
+                full
+            });
+            prop_assert!(sizes.iter().all(|&n| n > 0 && n <= chunk), "{:?}", sizes);
+            match (Trace::parse("s.csv", text.as_bytes()), streamed) {
+                (Ok(whole), Ok(count)) => {
+                    prop_assert_eq!(whole.events(), &handed[..]);
+                    prop_assert_eq!(count, whole.len() as u64);
+                }
+                (Err(a), Err(b)) => {
+                    prop_assert_eq!(a.to_string(), b.to_string());
+                    prop_assert!(Trace::from_events(handed).is_ok());
+                }
+                (a, b) => prop_assert!(false, "{:?} against {:?}", a, b),
+            }
+        }
+
         /// Any input parses or fails with an Input error; never a panic.
         #[test]
         fn arbitrary_input_never_panics(body in "(alloc|free|empty_cache|record_stream|synchronize|x)?,[a-c]?,[0-9]{0,3},[0-9-]{0,2}(\n|,)") {
