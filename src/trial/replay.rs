@@ -445,7 +445,7 @@ fn parse_and_replay(
     keep: bool,
 ) -> Result<(Kept, RunResult), Error> {
     use crate::workload::{Event, StreamedReplay, Trace};
-    use std::sync::mpsc::{channel, sync_channel};
+    use std::sync::mpsc::{SendError, channel, sync_channel};
     std::thread::scope(|scope| {
         let (send, receive) = sync_channel::<Vec<Event>>(STREAM_AHEAD);
         // Replayed chunks go back to the parser to be filled again: a fresh
@@ -453,20 +453,27 @@ fn parse_and_replay(
         // allocator, page faults and TLB shootdowns on both threads.
         let (give_back, take_back) = channel::<Vec<Event>>();
         let parser = scope.spawn(move || {
-            // A run that ended stops listening; the parse goes on to validate.
+            // A run that ended stops listening; the parse goes on to validate,
+            // handing nothing over and filling the buffer it has again.
+            let mut listening = true;
             if keep {
                 Trace::parse_streaming(name, data, STREAM_CHUNK, |events| {
-                    let mut chunk = take_back.try_recv().unwrap_or_default();
-                    chunk.extend_from_slice(events);
-                    let _ = send.send(chunk);
+                    if listening {
+                        let mut chunk = take_back.try_recv().unwrap_or_default();
+                        chunk.extend_from_slice(events);
+                        listening = send.send(chunk).is_ok();
+                    }
                 })
                 .map(Kept::Trace)
             } else {
-                Trace::stream(name, data, STREAM_CHUNK, |full| {
-                    let _ = send.send(full);
-                    take_back
+                Trace::stream(name, data, STREAM_CHUNK, |full| match send.send(full) {
+                    Ok(()) => take_back
                         .try_recv()
-                        .unwrap_or_else(|_| Vec::with_capacity(STREAM_CHUNK))
+                        .unwrap_or_else(|_| Vec::with_capacity(STREAM_CHUNK)),
+                    Err(SendError(mut unheard)) => {
+                        unheard.clear();
+                        unheard
+                    }
                 })
                 .map(Kept::Count)
             }
