@@ -209,7 +209,7 @@ pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
         }
         false => None,
     };
-    let events = trace.events;
+    let events = trace.events();
     drop(trace);
     Ok(Replay {
         input: name,
@@ -378,7 +378,8 @@ struct Reread<'a> {
     name: &'a str,
     data: &'a [u8],
     trace: std::sync::OnceLock<crate::workload::Trace>,
-    events: u64,
+    /// The events the streamed parse counted, when it kept none.
+    counted: u64,
 }
 
 impl<'a> Reread<'a> {
@@ -387,19 +388,23 @@ impl<'a> Reread<'a> {
             name,
             data,
             trace: std::sync::OnceLock::new(),
-            events: 0,
+            counted: 0,
         }
     }
 
     fn with(mut self, kept: Kept) -> Self {
         match kept {
             Kept::Trace(trace) => {
-                self.events = trace.len() as u64;
                 let _ = self.trace.set(trace);
             }
-            Kept::Count(events) => self.events = events,
+            Kept::Count(events) => self.counted = events,
         }
         self
+    }
+
+    /// The trace's events: counted by the streamed parse, or the trace's length.
+    fn events(&self) -> u64 {
+        self.trace.get().map_or(self.counted, |t| t.len() as u64)
     }
 
     /// The trace, read now if it was not kept.
@@ -626,6 +631,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The event count comes from the streamed parse's count, from the kept
+    /// trace, or from the trace read on first use (a GPU run of a trace CSV).
+    #[test]
+    fn the_event_count_comes_from_whichever_read_there_was() {
+        let csv = chunks_of_trace();
+        let whole = Trace::parse("t.csv", csv.as_bytes()).unwrap();
+        let n = whole.len() as u64;
+        let read_on_use = Reread::new("t.csv", csv.as_bytes());
+        assert_eq!(read_on_use.events(), 0, "nothing read yet");
+        read_on_use.get().unwrap();
+        assert_eq!(read_on_use.events(), n);
+        let counted = Reread::new("t.csv", csv.as_bytes()).with(Kept::Count(n));
+        assert_eq!(counted.events(), n);
+        let kept = Reread::new("t.csv", csv.as_bytes()).with(Kept::Trace(whole));
+        assert_eq!(kept.events(), n);
+        assert_eq!(kept.get().unwrap().len() as u64, n);
     }
 
     /// A run near the card's edge is replayed under the other placements
