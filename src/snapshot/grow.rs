@@ -80,6 +80,28 @@ pub fn advise_huge<T>(v: &mut Vec<T>) {
     );
 }
 
+/// A zeroed table of `len` numbers, or of fewer (down to none) where that
+/// much memory is refused: `vec![0; len]` would abort then. Its pages are
+/// mapped on first touch, so only the entries in use cost memory.
+pub fn zeroed_table(len: usize) -> Vec<u32> {
+    let mut want = len;
+    while want > 0 {
+        let Ok(layout) = std::alloc::Layout::array::<u32>(want) else {
+            want /= 4;
+            continue;
+        };
+        // SAFETY: `layout` is non-zero-sized (`want` > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u32>();
+        if !ptr.is_null() {
+            // SAFETY: allocated by the global allocator with `u32`'s layout for
+            // `want` items, all zero, which are valid `u32`s.
+            return unsafe { Vec::from_raw_parts(ptr, want, want) };
+        }
+        want /= 4;
+    }
+    Vec::new()
+}
+
 /// Faults in a zeroed table's pages for writing before any read. A read
 /// first maps the shared zero page; the write after it copies the page and
 /// flushes the TLB of every core running the process (an interrupt to the
@@ -119,6 +141,21 @@ fn populate_write(_addr: usize, _len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A zeroed table is all zeros, and populating part of it changes nothing;
+    /// a length no allocator grants gives a shorter table, not an abort.
+    #[test]
+    fn zeroed_tables_are_zero_and_never_abort() {
+        let mut t = zeroed_table(3 << 20);
+        assert_eq!(t.len(), 3 << 20);
+        populate_all(&mut t[1000..(2 << 20)]);
+        assert!(t.iter().all(|&x| x == 0));
+        let refused = zeroed_table(usize::MAX / 2);
+        assert!(refused.len() < usize::MAX / 2);
+        assert!(refused.first().is_none_or(|&x| x == 0));
+        assert!(refused.last().is_none_or(|&x| x == 0));
+        assert!(zeroed_table(0).is_empty());
+    }
 
     #[test]
     fn prefaulting_keeps_what_is_written_and_follows_growth() {

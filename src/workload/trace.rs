@@ -8,7 +8,7 @@
 
 use super::csv;
 use crate::Error;
-use crate::snapshot::grow::{Prefault, advise_huge, populate_all, reserved};
+use crate::snapshot::grow::{Prefault, advise_huge, populate_all, reserved, zeroed_table};
 use rustc_hash::FxHashMap;
 
 /// The header line every trace CSV starts with.
@@ -423,8 +423,11 @@ struct Ids<'a> {
     /// What comes before the number in numbered ids: the first id that ends in a digit sets it.
     prefix: Option<&'a [u8]>,
     /// Number → dense id + 1 (0: not seen); numbers past its end are hashed,
-    /// so the table stays within the input's size (a line per id at least).
+    /// so the table stays within the input's size (an `alloc` line, 10 bytes
+    /// at least, per number).
     by_number: Vec<u32>,
+    /// Entries of `by_number` populated for writing (see `populate_all`).
+    populated: usize,
     by_name: FxHashMap<&'a [u8], u32>,
     /// Per dense id: allocated now.
     live: Vec<bool>,
@@ -432,18 +435,39 @@ struct Ids<'a> {
 
 impl<'a> Ids<'a> {
     fn new(lines: usize, bytes: usize) -> Self {
-        let mut by_number = huge(vec![0; lines + 1024]);
-        // Read before written, so populated for writing first (see
-        // `populate_all`): as many numbers as `bytes` can name, an `alloc`
-        // line being 10 bytes at least. Pages past them map on first touch.
-        let named = by_number.len().min(bytes / 10);
-        populate_all(&mut by_number[..named]);
-        Ids {
+        let mut ids = Ids {
             prefix: None,
-            by_number,
+            by_number: huge(zeroed_table(lines.min(bytes / 10) + 1024)),
+            populated: 0,
             by_name: FxHashMap::default(),
             live: huge(reserved(lines)),
+        };
+        ids.populate_more(0);
+        ids
+    }
+
+    /// Keeps the numbers a dense trace reaches next populated for writing:
+    /// each is read before it is written, and a read first would map the zero
+    /// page that the write then copies, flushing the TLB of every core running
+    /// the process. Ahead of twice the ids so far, so the memory stays within
+    /// the ids the input names.
+    #[inline]
+    fn populate_ahead(&mut self, ids: usize) {
+        if ids.saturating_mul(2) >= self.populated && self.populated < self.by_number.len() {
+            self.populate_more(ids);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn populate_more(&mut self, ids: usize) {
+        const STEP: usize = 1 << 19; // 2 MiB of entries
+        let to = ids
+            .saturating_mul(2)
+            .saturating_add(STEP)
+            .min(self.by_number.len());
+        populate_all(&mut self.by_number[self.populated.min(to)..to]);
+        self.populated = to;
     }
 
     /// The dense id of `id`, which must be live (`free`, `record_stream`) or not (`alloc`).
@@ -488,6 +512,7 @@ impl<'a> Ids<'a> {
             .filter(|&d| d < u32::MAX)
             .ok_or(RowError::TooManyIds)?;
         self.live.push(false);
+        self.populate_ahead(self.live.len());
         Ok(dense)
     }
 
@@ -605,6 +630,34 @@ mod tests {
         );
         let back = Trace::parse("t.csv", text.as_bytes()).unwrap();
         assert_eq!(back.events(), &events[..]);
+    }
+
+    /// The id table is populated ahead of the ids a dense trace reaches, and
+    /// no further than twice the ids so far and a step: a file of blank lines
+    /// populates one step only.
+    #[test]
+    fn the_id_table_is_populated_ahead_of_dense_ids_only() {
+        const STEP: usize = 1 << 19;
+        let text: String = (0..2 * STEP)
+            .map(|i| format!("t{i}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let names: Vec<&[u8]> = text.lines().map(str::as_bytes).collect();
+        let mut ids = Ids::new(names.len(), names.len() * 20);
+        assert_eq!(ids.populated, STEP, "one step at the start");
+        for (n, name) in names.iter().enumerate() {
+            assert_eq!(ids.get(name, false), Ok(n as u32));
+            let seen = n + 1;
+            assert!(ids.populated > seen, "{seen}: populated {}", ids.populated);
+            assert!(
+                ids.populated <= (2 * seen + STEP).max(STEP),
+                "{seen}: {}",
+                ids.populated
+            );
+        }
+        let blank = Ids::new(1 << 30, 1 << 30);
+        assert_eq!(blank.populated, STEP);
+        assert_eq!(blank.by_number.len(), (1 << 30) / 10 + 1024);
     }
 
     proptest! {
