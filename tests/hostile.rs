@@ -276,7 +276,30 @@ fn a_refused_allocation_anywhere_is_exit_2_not_an_abort() {
     let packed = zstd::encode_all(&csv[..], 1).unwrap();
     drop(csv);
     let path = write(dir.path(), "trace.csv.zst", &packed);
-    let r = run_within(320 << 20, &["replay", &path, "--capacity", "80GiB"], None);
+    // One run streams the 15 M events through a few reused buffers: it fits.
+    let one = run_within(
+        320 << 20,
+        &["replay", &path, "--capacity", "80GiB", "--format", "json"],
+        None,
+    );
+    assert_eq!(one.code, 0, "stderr: {}", one.stderr);
+    assert!(
+        one.stdout.contains("\"events\": 15000000"),
+        "{}",
+        one.stdout
+    );
+    // Two runs keep the trace for the second: 360 MB of events, refused.
+    let args = [
+        "replay",
+        &path,
+        "--capacity",
+        "80GiB",
+        "--conf",
+        "",
+        "--conf",
+        "expandable_segments:True",
+    ];
+    let r = run_within(320 << 20, &args, None);
     refused(
         &r,
         &[
