@@ -371,6 +371,15 @@ enum Kept {
     Count(u64),
 }
 
+impl Kept {
+    fn events(&self) -> u64 {
+        match self {
+            Kept::Trace(trace) => trace.len() as u64,
+            Kept::Count(events) => *events,
+        }
+    }
+}
+
 /// The trace for the runs after the first: kept by the streamed parse, or
 /// read again from `data` when first asked for (a run near the card's edge,
 /// known only at its end, asks for two more runs).
@@ -422,17 +431,14 @@ impl<'a> Reread<'a> {
     }
 }
 
-/// Whether [`run_one`] replays `result`'s config again: under the other
-/// placements near the edge of the simulated card.
+/// Whether [`run_one`] replays `result`'s config again under the other
+/// placements: on the simulated card, when the run ran out of memory or came
+/// within [`PLACEMENT_EDGE`] of the card.
 fn more_runs(result: &RunResult, open: &DeviceOpener) -> bool {
-    open.spec == DeviceSpec::Sim && near_edge(result)
-}
-
-/// The run ran out of memory or came within [`PLACEMENT_EDGE`] of the card.
-fn near_edge(result: &RunResult) -> bool {
     let figures = &result.figures;
-    figures.oom.is_some()
-        || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64
+    open.spec == DeviceSpec::Sim
+        && (figures.oom.is_some()
+            || figures.peak_reserved_bytes as f64 >= PLACEMENT_EDGE * figures.capacity_bytes as f64)
 }
 
 /// Reads the trace CSV in `data` on a second thread while the first run
@@ -496,10 +502,7 @@ fn parse_and_replay(
         let kept = parser
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-        let events = match &kept {
-            Kept::Trace(trace) => trace.len() as u64,
-            Kept::Count(events) => *events,
-        };
+        let events = kept.events();
         Ok((kept, run.finish(events)))
     })
 }
@@ -525,8 +528,8 @@ fn run_one(
     result: RunResult,
     replay: &DeviceReplay,
 ) -> Result<ReplayRun, Error> {
-    let placement = match open.spec {
-        DeviceSpec::Sim if near_edge(&result) => {
+    let placement = match more_runs(&result, open) {
+        true => {
             let [_, rising, random] = Placement::ALL;
             let oom = |p| -> Result<bool, Error> {
                 let run = replay(settings, Box::new(open.sim(p)), ReplayOptions::default())?;
@@ -535,7 +538,7 @@ fn run_one(
             let (rising, random) = rayon::join(|| oom(rising), || oom(random));
             Some(Ooms([result.figures.oom.is_some(), rising?, random?]))
         }
-        _ => None,
+        false => None,
     };
     let (summary_at_peak, summary_at_end) = match summary {
         Some(device) => {
