@@ -2,6 +2,8 @@
 //! rules follow `shared/spec/cli-contract.md` (`parse --format json`): a field
 //! is present only when the input states it; nothing is derived here.
 
+pub mod fills;
+
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -191,6 +193,10 @@ pub struct SnapshotDetail {
     /// What the recorded trace shows, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceMetrics>,
+    /// What fills the card (the peak, the OOM and the end, five rows each):
+    /// for `diagnose`, not part of `parse`'s evidence.
+    #[serde(skip)]
+    pub fills: Option<Box<fills::Attribution>>,
     /// Trace entries per action.
     pub trace_actions: BTreeMap<&'static str, u64>,
 }
@@ -374,14 +380,19 @@ pub struct SizeChurn {
     pub spread: f64,
 }
 
-/// The moment reserved memory first reached its peak within the trace (just
-/// before the segment that reached it; the trace start when it never grew).
+/// The peaks of the trace: of allocated memory, and of reserved memory (its
+/// stranding figures are those of the moment reserved memory first reached
+/// its peak, just before the segment that reached it; the trace start when
+/// it never grew).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Peak {
     /// Allocated (requested) bytes at the highest point of the trace.
     pub allocated_bytes: u64,
+    /// The entry after which allocated memory first reached that point.
     pub event_index: u64,
     pub reserved_bytes: u64,
+    /// The entry whose state is reserved memory's peak (the state before it).
+    pub reserved_event_index: u64,
     /// Segments left out: created before the trace and released during it
     /// (their content before the release is not in the trace).
     pub segments_unknown: u64,

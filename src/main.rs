@@ -35,6 +35,12 @@ enum Command {
         after_help = "Examples:\n  allocdoc parse train.log\n  allocdoc parse --format json snapshot.pickle\n  allocdoc parse --each --format jsonl 'logs/*/rank*.log'"
     )]
     Parse(app::parse::ParseOptions),
+    /// What fills the card: which code holds the memory at the peak, at the OOM and at the end of a snapshot.
+    #[command(
+        long_about = "What fills the card: the live allocations of a torch memory snapshot at the peak of allocated memory, at the trace's OOM and at its end (or at --at), grouped by the code that made them, in categories (parameters, gradients, optimizer state, activations, temporaries), with the memory live before the trace began and the reserved memory no tensor holds.\n\nAn allocation counts as live from its `alloc` trace entry to its `free_completed` entry, as torch.cuda._memory_viz and the allocator count active memory. Bytes are the sizes the tensors asked for (the trace's `size`); the allocator's rounded block bytes are shown beside them where they differ.",
+        after_help = "Examples:\n  allocdoc top snapshot.pickle\n  allocdoc top snapshot.pickle --at oom --by user -n 10\n  allocdoc top snapshot.pickle --at 1402 --by stack\n  allocdoc top snapshot.pickle --by category --format json\n  allocdoc top snapshot.pickle --report fills.html"
+    )]
+    Top(app::top::TopOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
     #[command(
         after_help = "Examples:\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc conf check \"$PYTORCH_CUDA_ALLOC_CONF\" --format json"
@@ -147,6 +153,7 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
     match cli.command {
         Command::Diagnose(opts) => app::diagnose::run(&opts),
         Command::Parse(opts) => app::parse::run(&opts),
+        Command::Top(opts) => app::top::run(&opts),
         Command::Conf {
             action: ConfAction::Check(opts),
         } => app::conf_check::run(&opts),
@@ -180,6 +187,7 @@ impl Command {
             Command::Diagnose(o) => o.inputs.is_empty() || o.inputs.iter().any(|i| i == "-"),
             Command::Parse(o) => o.inputs.is_empty() || o.inputs.iter().any(|i| i == "-"),
             Command::Replay(o) => o.trace == "-",
+            Command::Top(o) => o.input == "-",
             Command::Recommend(o) => o.input == "-",
             Command::Validate(o) => o.input == "-",
             Command::Conf { .. } | Command::Rules(_) | Command::Completions { .. } => false,

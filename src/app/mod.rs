@@ -12,6 +12,7 @@ pub mod parse;
 pub mod recommend;
 pub mod replay;
 pub mod rules_cmd;
+pub mod top;
 pub mod validate;
 
 pub use crate::report::Format;

@@ -31,6 +31,8 @@ pub struct ReportData {
     /// Heading of the sites table (default "Top allocation sites").
     pub sites_title: Option<String>,
     pub tables: Vec<Table>,
+    /// Charts drawn by the caller (title, SVG and legend), after the timeline.
+    pub charts: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -333,6 +335,23 @@ pub struct TableRow {
 }
 
 impl Table {
+    /// A [`Grid`](super::common::Grid) as a report table, `lines` as its note.
+    pub fn of_grid(g: &super::common::Grid, lines: &[String]) -> Table {
+        Table {
+            title: g.title.clone(),
+            headers: g.header.clone(),
+            rows: g
+                .rows
+                .iter()
+                .map(|cells| TableRow {
+                    cells: cells.clone(),
+                    flag: None,
+                })
+                .collect(),
+            note: (!lines.is_empty()).then(|| lines.join(" ")),
+        }
+    }
+
     /// The table for the terminal (`--format text`), flags in a last column.
     pub fn to_text(&self) -> String {
         let flagged = self.rows.iter().any(|r| r.flag.is_some());
@@ -480,6 +499,13 @@ pub fn render(data: &ReportData) -> String {
         h.push_str("</div>");
     }
     timeline_section(&mut h, data);
+    for (title, chart) in &data.charts {
+        let _ = write!(
+            h,
+            "<section class=\"chart-section\"><h2>{}</h2>{chart}</section>",
+            escape(title)
+        );
+    }
     if let Some(map) = &data.segment_map {
         segment_section(&mut h, map);
     }

@@ -13,6 +13,7 @@ pub mod recommend;
 pub mod replay;
 pub mod rules;
 pub mod svg;
+pub mod top;
 pub mod views;
 
 /// Output format of every command (`--format`).

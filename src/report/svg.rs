@@ -369,6 +369,135 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
     s
 }
 
+/// One layer of a stacked chart: its name, colour and height at each point.
+pub struct Layer<'a> {
+    pub name: &'a str,
+    pub colour: &'a str,
+    pub values: Vec<u64>,
+}
+
+/// Memory stacked by layer over the x of each point (`xs`), the axis scaled
+/// to the data, with vertical marks (x, label) such as the peak and the OOM,
+/// and an optional horizontal line (the card's capacity).
+pub fn stacked_chart(
+    xs: &[u64],
+    layers: &[Layer],
+    marks: &[(u64, String)],
+    capacity: Option<u64>,
+    x_label: &str,
+) -> String {
+    let max_x = xs.last().copied().unwrap_or(0).max(1) as f64;
+    let totals: Vec<u64> = (0..xs.len())
+        .map(|i| {
+            layers
+                .iter()
+                .map(|l| l.values.get(i).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect();
+    // Scaled to the data: a card far above the peak is named, not drawn.
+    let data_peak = totals.iter().copied().max().unwrap_or(0).max(1);
+    let drawn_capacity = capacity.filter(|&c| c <= data_peak.saturating_mul(2));
+    let peak = data_peak.max(drawn_capacity.unwrap_or(0)) as f64;
+    let y_step = byte_step(peak, 5.0);
+    let max_y = (peak * 1.04 / y_step).ceil() * y_step;
+    let x_step = decimal_step(max_x, 8.0);
+    let plot_w = CHART_W - PAD_L - PAD_R;
+    let plot_h = CHART_H - PAD_T - PAD_B;
+    let sx = |x: f64| PAD_L + x / max_x * plot_w;
+    let sy = |y: f64| PAD_T + plot_h - y / max_y * plot_h;
+    let mut s = String::with_capacity(64 * 1024);
+    let _ = write!(
+        s,
+        r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="allocated memory by category" xmlns="http://www.w3.org/2000/svg"><g class="grid">"#
+    );
+    let mut y = 0.0;
+    while y <= max_y + 0.5 {
+        let py = sy(y);
+        let _ = write!(
+            s,
+            r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
+            CHART_W - PAD_R,
+            PAD_L - 6.0,
+            py + 4.0,
+            size_label(y)
+        );
+        y += y_step;
+    }
+    let mut x = 0.0;
+    while x <= max_x + 0.5 {
+        let px = sx(x);
+        let _ = write!(
+            s,
+            r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
+            PAD_T + plot_h,
+            PAD_T + plot_h + 16.0,
+            count_label(x)
+        );
+        x += x_step;
+    }
+    let _ = write!(
+        s,
+        r#"</g><text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
+        PAD_L + plot_w / 2.0,
+        CHART_H - 4.0,
+        escape(x_label)
+    );
+    let mut base = vec![0u64; xs.len()];
+    for layer in layers {
+        if layer.values.iter().all(|&v| v == 0) {
+            continue;
+        }
+        let top: Vec<u64> = base
+            .iter()
+            .zip(layer.values.iter().chain(std::iter::repeat(&0)))
+            .map(|(b, v)| b.saturating_add(*v))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polygon class="layer" fill="{}" fill-opacity=".8" stroke="{}" stroke-width=".5" points=""#,
+            layer.colour, layer.colour
+        );
+        let upper = xs.iter().zip(&top).map(|(&x, &y)| (x, y));
+        let lower = xs.iter().zip(&base).rev().map(|(&x, &y)| (x, y));
+        for (k, (px, py)) in upper.chain(lower).enumerate() {
+            if k > 0 {
+                s.push(' ');
+            }
+            let _ = write!(s, "{:.1},{:.1}", sx(px as f64), sy(py as f64));
+        }
+        let _ = write!(s, r#""><title>{}</title></polygon>"#, escape(layer.name));
+        base = top;
+    }
+    if let Some(cap) = drawn_capacity {
+        let py = sy(cap as f64);
+        let _ = write!(
+            s,
+            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{:.1}" y="{:.1}">capacity {}</text>"#,
+            CHART_W - PAD_R,
+            CHART_W - PAD_R - 4.0,
+            py - 5.0,
+            escape(&human(cap))
+        );
+    }
+    for (i, (at, label)) in marks.iter().enumerate() {
+        let px = sx(*at as f64);
+        let _ = write!(
+            s,
+            r##"<line class="oom" stroke="#1f2328" x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="oom-label" style="fill:#1f2328" x="{:.1}" y="{:.1}">{}</text>"##,
+            PAD_T + plot_h,
+            px - 4.0,
+            PAD_T + 14.0 + 16.0 * i as f64,
+            escape(label)
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<rect class="frame" x="{PAD_L}" y="{PAD_T}" width="{plot_w:.1}" height="{plot_h:.1}"/></svg>"#
+    );
+    s
+}
+
 const MAP_W: f64 = 1120.0;
 const ROW_H: f64 = 26.0;
 const ROW_GAP: f64 = 16.0;

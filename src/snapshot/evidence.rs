@@ -3,6 +3,7 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in its typed `detail` ([`SnapshotDetail`]).
 
+use super::attribute::{Ask, Attributor, MomentKind};
 use super::model::{
     Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
@@ -288,8 +289,10 @@ fn detail(
     // millions of entries), oom entries kept, and the trace metrics fed.
     let mut counts: Vec<(Action, u64)> = Vec::new();
     let mut ooms = Vec::new();
+    let settings = recorded_settings(snap);
     let mut scan =
-        (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, recorded_settings(snap)));
+        (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone()));
+    let mut fills = Attributor::new(snap, device, settings, Ask::default());
     for (i, e) in snap.trace(device).enumerate() {
         let e = e?;
         match counts.iter_mut().find(|(a, _)| *a == e.action) {
@@ -307,7 +310,17 @@ fn detail(
         if let Some(scan) = &mut scan {
             scan.entry(i, &e);
         }
+        fills.entry(i, &e);
     }
+    let (trace, steps) = scan.map(TraceScan::finish_with_steps).unzip();
+    let fills = fills.finish(&steps.unwrap_or_default());
+    let trace = trace.map(|mut t| {
+        // The allocated peak's entry (the stranding figures are the reserved peak's).
+        if let Some(p) = fills.moment(MomentKind::Peak) {
+            t.peak.event_index = p.event_index.unwrap_or(0);
+        }
+        t
+    });
 
     let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
     for (action, n) in counts {
@@ -325,7 +338,8 @@ fn detail(
         expandable_segments: expandable,
         top_sites: sites.top(),
         trace_actions: actions,
-        trace: scan.map(TraceScan::finish),
+        trace,
+        fills: Some(Box::new(fills)),
         oom_events: ooms,
         segsum_mismatch_segments: unbalanced,
         allocator_settings_note: settings_note.map(str::to_string),
@@ -440,10 +454,8 @@ impl<'s> Sites<'s> {
             .map(|(stack, bytes, blocks)| {
                 let frames: Vec<String> = stack.iter().map(frame_text).collect();
                 AllocationSite {
-                    site: frames
-                        .first()
-                        .cloned()
-                        .unwrap_or_else(|| "<non-python>".into()),
+                    site: super::attribute::site_label(&stack)
+                        .unwrap_or_else(|| super::attribute::NO_STACK_ROW.into()),
                     bytes,
                     blocks,
                     frames,

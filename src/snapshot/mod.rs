@@ -2,6 +2,7 @@
 //! ([`pickle`]), the snapshot model ([`model`]), and the evidence drawn from
 //! it ([`evidence`]).
 
+pub mod attribute;
 pub mod evidence;
 pub(crate) mod grow;
 pub mod model;

@@ -311,30 +311,40 @@ impl<'a> Snapshot<'a> {
     /// [`Snapshot::frames`] with each frame dict's arena id (torch shares
     /// frame dicts between stacks, so per-frame work can be cached by id).
     pub fn frame_entries(&self, f: Frames) -> impl Iterator<Item = (u32, Frame<'_>)> + '_ {
+        self.frame_list(f)
+            .iter()
+            .filter_map(move |&fr| Some((fr.id()?, self.frame_at(fr)?)))
+    }
+
+    /// The items of a frames list (empty when not recorded or not a list).
+    pub fn frame_list(&self, f: Frames) -> &[V] {
+        (f != Frames::NONE)
+            .then(|| self.pickle.items(V::object(f.0)))
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// One frame dict of a frames list; `None` when it is not a dict with a `name`.
+    pub fn frame_at(&self, fr: V) -> Option<Frame<'_>> {
         let p = &self.pickle;
-        let list = (f != Frames::NONE)
-            .then(|| p.items(V::object(f.0)))
-            .flatten();
-        list.unwrap_or_default().iter().filter_map(move |&fr| {
-            let mut frame = Frame {
-                filename: "",
-                line: 0,
-                name: "",
-            };
-            let mut named = false;
-            for (k, v) in p.dict(fr)?.iter() {
-                match p.str(k) {
-                    Some("filename") => frame.filename = p.str(v).unwrap_or(""),
-                    Some("line") => frame.line = p.i64(v).unwrap_or(0),
-                    Some("name") => {
-                        frame.name = p.str(v).unwrap_or("");
-                        named = true;
-                    }
-                    _ => {}
+        let mut frame = Frame {
+            filename: "",
+            line: 0,
+            name: "",
+        };
+        let mut named = false;
+        for (k, v) in p.dict(fr)?.iter() {
+            match p.str(k) {
+                Some("filename") => frame.filename = p.str(v).unwrap_or(""),
+                Some("line") => frame.line = p.i64(v).unwrap_or(0),
+                Some("name") => {
+                    frame.name = p.str(v).unwrap_or("");
+                    named = true;
                 }
+                _ => {}
             }
-            Some((fr.id()?, frame)).filter(|_| named)
-        })
+        }
+        named.then_some(frame)
     }
 }
 

@@ -181,6 +181,8 @@ pub struct TraceScan<'s, 'a> {
     reserved_max: i64,
     /// Entry index whose state is the peak's (the state before it).
     epoch: usize,
+    /// Alloc indices where the steps after the first start.
+    step_bounds: Vec<u32>,
 }
 
 impl<'s, 'a> TraceScan<'s, 'a> {
@@ -236,6 +238,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             reserved: 0,
             reserved_max: 0,
             epoch: 0,
+            step_bounds: Vec::new(),
             settings,
         }
     }
@@ -548,7 +551,13 @@ impl<'s, 'a> TraceScan<'s, 'a> {
     }
 
     /// The metrics, once every entry was fed.
-    pub fn finish(mut self) -> TraceMetrics {
+    pub fn finish(self) -> TraceMetrics {
+        self.finish_with_steps().0
+    }
+
+    /// [`TraceScan::finish`], and the alloc indices where the steps after
+    /// the first start (what `attribute` compares step to step).
+    pub fn finish_with_steps(mut self) -> (TraceMetrics, Vec<u32>) {
         if let Some(r) = self.request.take() {
             self.defer(r);
         }
@@ -569,7 +578,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         let calls = self.releases();
         self.steps(&calls);
         self.peak();
-        self.m
+        (self.m, self.step_bounds)
     }
 
     /// Steps, and what is counted per step (`calls`: alloc indices of `empty_cache()` calls).
@@ -596,6 +605,12 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             .filter(|&c| c <= n)
             .collect();
         cuts.dedup();
+        self.step_bounds = cuts
+            .get(1..cuts.len().saturating_sub(1))
+            .unwrap_or_default()
+            .iter()
+            .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
+            .collect();
         let chunks: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
         self.m.steps = (chunks.len() as u64).max(1);
         // A call belongs to the step of the last alloc before it.
@@ -639,7 +654,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                 as u64
         };
         let peak = &mut self.m.peak;
-        peak.event_index = p as u64;
+        peak.reserved_event_index = p as u64;
         peak.reserved_bytes = at(final_reserved, self.reserved, self.reserved_max);
         peak.allocated_bytes = at(final_allocated, self.live, self.live_max);
         let mut stranding: Vec<(u64, u64)> = Vec::new();

@@ -1,0 +1,209 @@
+//! The `top` command: what fills the card. The live allocations of a
+//! snapshot at its peak, at its OOM and at its end (or at a moment asked
+//! for), grouped by the code that made them, with their categories, the
+//! memory live before the trace began and the reserved memory no tensor
+//! holds ([`crate::snapshot::attribute`]).
+
+use super::{Format, Outcome};
+use crate::Error;
+use crate::ingest::InputKind;
+use crate::snapshot::attribute::{self, Ask, At, Attribution, Grouping, MomentKind, Stacks};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct TopOptions {
+    /// A torch memory snapshot pickle (`torch.cuda.memory._dump_snapshot()`); `-` reads standard input.
+    pub input: String,
+    /// The moment: `peak` (most memory allocated), `oom` (the trace's OOM), `end`,
+    /// an event index (`1402`), or a time since the trace's first entry (`2.5s`, `300ms`).
+    /// Default: the peak, the OOM when there is one, and the end.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub at: Option<String>,
+    /// How live memory is grouped.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t))]
+    pub by: Grouping,
+    /// Rows listed before the rest is summed.
+    #[cfg_attr(feature = "cli", arg(short = 'n', long = "top", default_value_t = 20))]
+    pub top: usize,
+    /// Only this device (its index, as in `cuda:1`).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub device: Option<u32>,
+    /// Also write a self-contained HTML report (a timeline stacked by category beside the table).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub report: Option<PathBuf>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
+    /// Output format.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
+    pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
+}
+
+impl Default for TopOptions {
+    fn default() -> Self {
+        TopOptions {
+            input: String::new(),
+            at: None,
+            by: Grouping::Site,
+            top: 20,
+            device: None,
+            report: None,
+            buffers: super::Buffers::default(),
+            format: Format::Text,
+            limits: crate::limits::Limits::default(),
+        }
+    }
+}
+
+/// Which moments `--at` asks for: `None` shows the default ones.
+pub fn parse_at(at: Option<&str>) -> Result<(Option<At>, Option<MomentKind>), Error> {
+    let Some(at) = at.map(str::trim) else {
+        return Ok((None, None));
+    };
+    let usage = || {
+        Error::Usage(format!(
+            "--at {at:?}: expected peak, oom, end, an event index (1402) or a time since the trace's first entry (2.5s, 300ms, 120us)"
+        ))
+    };
+    Ok(match at {
+        "peak" => (None, Some(MomentKind::Peak)),
+        "oom" => (None, Some(MomentKind::Oom)),
+        "end" => (None, Some(MomentKind::End)),
+        _ if at.bytes().all(|b| b.is_ascii_digit()) => {
+            let n = at.parse().map_err(|_| usage())?;
+            (Some(At::Event(n)), Some(MomentKind::Event))
+        }
+        _ => {
+            let (number, scale) = [("us", 1.0), ("ms", 1e3), ("s", 1e6)]
+                .iter()
+                .find_map(|(unit, scale)| Some((at.strip_suffix(unit)?, *scale)))
+                .ok_or_else(usage)?;
+            let v: f64 = number.trim().parse().map_err(|_| usage())?;
+            if !v.is_finite() || v < 0.0 || v * scale > i64::MAX as f64 {
+                return Err(usage());
+            }
+            (Some(At::Time((v * scale) as i64)), Some(MomentKind::Time))
+        }
+    })
+}
+
+/// The attribution of a snapshot's devices as `top` computes it: `device`
+/// picks one; snapshots without stacks are grouped by block size instead.
+pub fn attribute_input(
+    input: &str,
+    (buffers, limits): (&super::Buffers, &crate::limits::Limits),
+    ask: Ask,
+    device: Option<u32>,
+) -> Result<Vec<Attribution>, Error> {
+    let name = crate::ingest::input_name(input);
+    let data = buffers.read(input, limits)?;
+    if crate::ingest::detect(&data) != InputKind::Pickle {
+        return Err(Error::Input(format!(
+            "{name}: not a snapshot pickle: `top` and `diff` read a torch memory snapshot ({}); for a log or pasted text, `allocdoc diagnose` says what must go",
+            attribute::RECORD_STACKS
+        )));
+    }
+    let snap = crate::snapshot::load_with(name, &data, limits)?;
+    let devices = device.map(|d| vec![d]);
+    let model = |e: crate::snapshot::model::ModelError| {
+        Error::Input(format!("{name}: not a torch memory snapshot: {e}"))
+    };
+    let mut out = attribute::attribute(&snap, devices.as_deref(), ask).map_err(model)?;
+    if let Some(d) = device
+        && out.is_empty()
+    {
+        let have: Vec<String> = snap.devices().iter().map(|d| format!("cuda:{d}")).collect();
+        return Err(Error::Usage(format!(
+            "--device {d}: {name} holds no segments or trace entries of cuda:{d} (it has {})",
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            }
+        )));
+    }
+    // No stacks: by block size, then by segment, each moment.
+    let by_code = matches!(ask.by, Grouping::Site | Grouping::User | Grouping::Stack);
+    for a in out
+        .iter_mut()
+        .filter(|a| by_code && a.stacks == Stacks::None)
+    {
+        let device = [a.device_index];
+        let moments_by = |by| {
+            attribute::attribute(&snap, Some(&device), Ask { by, ..ask })
+                .map_err(model)
+                .map(|mut v| v.pop().map(|a| a.moments).unwrap_or_default())
+        };
+        let (size, segment) = (moments_by(Grouping::Size)?, moments_by(Grouping::Segment)?);
+        a.moments = size
+            .into_iter()
+            .zip(segment)
+            .flat_map(|(s, g)| [s, g])
+            .collect();
+    }
+    Ok(out)
+}
+
+pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
+    let (at, only) = parse_at(opts.at.as_deref())?;
+    let ask = Ask {
+        by: opts.by,
+        top: opts.top.max(1),
+        at,
+        timeline_points: if opts.report.is_some() { 1200 } else { 0 },
+    };
+    let mut devices =
+        attribute_input(&opts.input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+    if let Some(kind) = only {
+        for a in &mut devices {
+            if kind == MomentKind::Oom && a.moment(MomentKind::Oom).is_none() {
+                a.notes
+                    .push("the trace records no OOM: --at oom shows nothing".to_string());
+            }
+            a.moments.retain(|m| m.moment == kind);
+        }
+    }
+    let name = crate::ingest::input_name(&opts.input);
+    let mut notes = Vec::new();
+    if let Some(path) = &opts.report {
+        let html = crate::report::top::html(name, &devices);
+        notes.push(super::write_report(path, &html)?);
+    }
+    let mut out = Outcome::ok(opts.format.finish(crate::report::top::render(
+        name,
+        &devices,
+        opts.format,
+    )));
+    out.stderr = notes;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moments_are_named_or_numbered() {
+        assert_eq!(parse_at(None).unwrap(), (None, None));
+        assert_eq!(
+            parse_at(Some("oom")).unwrap(),
+            (None, Some(MomentKind::Oom))
+        );
+        assert_eq!(
+            parse_at(Some("1402")).unwrap(),
+            (Some(At::Event(1402)), Some(MomentKind::Event))
+        );
+        assert_eq!(
+            parse_at(Some("2.5s")).unwrap(),
+            (Some(At::Time(2_500_000)), Some(MomentKind::Time))
+        );
+        assert_eq!(parse_at(Some("300ms")).unwrap().0, Some(At::Time(300_000)));
+        for bad in ["", "-1s", "soon", "1e400s", "99999999999999999999"] {
+            assert!(matches!(parse_at(Some(bad)), Err(Error::Usage(_))), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! `top`: what fills the card, as tables (text, Markdown), JSON and an HTML
+//! page with the allocated memory stacked by category over the trace. The
+//! moment tables are shared with `diagnose`'s "What fills the card" and `diff`.
+
+use super::Format;
+use super::common::{Grid, json};
+use super::html::escape;
+use crate::evidence::fills::{Attribution, Category, Grouping, Moment, MomentKind, Row, Stacks};
+use crate::units::human;
+use serde::Serialize;
+use std::fmt::Write;
+
+/// `top --format json`.
+#[derive(Serialize)]
+struct Document<'a> {
+    input: &'a str,
+    devices: &'a [Attribution],
+}
+
+pub fn render(input: &str, devices: &[Attribution], format: Format) -> String {
+    if format.is_json() {
+        return json(&Document { input, devices });
+    }
+    let md = format == Format::Markdown;
+    let mut s = String::new();
+    for a in devices {
+        let _ = writeln!(s, "{}", heading(input, a, md));
+        for m in &a.moments {
+            s.push('\n');
+            s.push_str(&moment_text(m, md));
+        }
+        if !a.growth.is_empty() {
+            s.push('\n');
+            s.push_str(&grid_text(&growth_grid(a), md));
+        }
+        if !a.notes.is_empty() {
+            s.push('\n');
+            for n in &a.notes {
+                let _ = writeln!(s, "note: {n}");
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn grid_text(g: &Grid, md: bool) -> String {
+    if md { g.to_markdown() } else { g.to_text() }
+}
+
+/// The line naming the device and what its trace holds.
+fn heading(input: &str, a: &Attribution, md: bool) -> String {
+    let stacks = match a.stacks {
+        Stacks::PythonAndCpp => "Python and C++ stacks",
+        Stacks::Python => "Python stacks",
+        Stacks::Cpp => "C++ stacks only",
+        Stacks::None => "no stacks",
+    };
+    let what = if a.traced {
+        format!(
+            "{} trace entries, {}, {} step{}",
+            a.trace_entries,
+            stacks,
+            a.steps,
+            if a.steps == 1 { "" } else { "s" }
+        )
+    } else {
+        format!("no recorded allocations, {stacks}: the state at the end only")
+    };
+    let line = format!("What fills cuda:{} in {input}: {what}", a.device_index);
+    if md { format!("## {line}") } else { line }
+}
+
+/// What a moment is, in words: "At the peak (event 1402)".
+pub fn moment_title(m: &Moment) -> String {
+    let at = |what: &str| match m.event_index {
+        Some(i) => format!("{what} (event {i})"),
+        None => what.to_string(),
+    };
+    match m.moment {
+        MomentKind::Peak => at("At the peak of allocated memory"),
+        MomentKind::Oom => {
+            let request = m
+                .request_bytes
+                .map(|r| {
+                    format!(
+                        ", a request of {} with {} free on the device",
+                        human(r),
+                        human(m.device_free_bytes.unwrap_or(0))
+                    )
+                })
+                .unwrap_or_default();
+            format!("{}{request}", at("At the OOM"))
+        }
+        MomentKind::End if m.event_index.is_none() => "In the snapshot".to_string(),
+        MomentKind::End => at("At the end of the trace"),
+        MomentKind::Event => match m.event_index {
+            Some(i) => format!("After event {i}"),
+            None => "Before the trace".to_string(),
+        },
+        MomentKind::Time => at("At the time asked for"),
+    }
+}
+
+/// The moment's title with its totals.
+pub fn moment_headline(m: &Moment) -> String {
+    format!(
+        "{}: {} allocated in {} allocation{}, {} reserved",
+        moment_title(m),
+        human(m.allocated_bytes),
+        m.live_allocations,
+        if m.live_allocations == 1 { "" } else { "s" },
+        human(m.reserved_bytes)
+    )
+}
+
+/// A share as a percentage with one decimal.
+pub fn percent(share: f64) -> String {
+    format!("{:.1} %", share * 100.0)
+}
+
+fn by_label(by: Grouping) -> &'static str {
+    match by {
+        Grouping::Site => "site",
+        Grouping::User => "your code",
+        Grouping::Stack => "stack (innermost first)",
+        Grouping::Category => "category",
+        Grouping::Size => "block size",
+        Grouping::Segment => "segment",
+    }
+}
+
+fn row_key(r: &Row, by: Grouping) -> String {
+    match by {
+        Grouping::Stack if !r.frames.is_empty() => r.frames.join(" ← "),
+        Grouping::Category => {
+            Category::from_name(&r.key).map_or(r.key.clone(), |c| c.label().to_string())
+        }
+        _ => r.key.clone(),
+    }
+}
+
+/// The rows of a moment, at most `limit` of them, then the rest summed.
+pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
+    let rounded = m.rows.iter().any(|r| r.block_bytes != r.bytes);
+    let pre_column = m
+        .rows
+        .iter()
+        .any(|r| r.pre_trace_bytes > 0 && r.key != crate::snapshot::attribute::PRE_TRACE_ROW);
+    let categorised =
+        m.by != Grouping::Category && m.rows.iter().any(|r| r.category != Category::Unknown);
+    let mut header = vec![by_label(m.by)];
+    if categorised {
+        header.push("category");
+    }
+    header.extend(["bytes", "count", "share"]);
+    if rounded {
+        header.push("as blocks");
+    }
+    if pre_column {
+        header.push("before the trace");
+    }
+    let first_number = header.len() - 3 - usize::from(rounded) - usize::from(pre_column);
+    let mut g = Grid::new(moment_headline(m), &header)
+        .numeric(&(first_number..header.len()).collect::<Vec<_>>());
+    let mut line = |key: String,
+                    cat: Option<&str>,
+                    bytes: u64,
+                    count: u64,
+                    share: f64,
+                    block: u64,
+                    pre: Option<u64>| {
+        let mut cells = vec![key];
+        if categorised {
+            cells.push(cat.unwrap_or("").to_string());
+        }
+        cells.extend([human(bytes), count.to_string(), percent(share)]);
+        if rounded {
+            cells.push(human(block));
+        }
+        if pre_column {
+            cells.push(pre.map_or(String::new(), human));
+        }
+        g.row(cells);
+    };
+    let shown = m.rows.len().min(limit.max(1));
+    for r in m.rows.iter().take(shown) {
+        line(
+            row_key(r, m.by),
+            Some(r.category.label()),
+            r.bytes,
+            r.count,
+            r.share,
+            r.block_bytes,
+            Some(r.pre_trace_bytes).filter(|&p| p > 0),
+        );
+    }
+    let (mut groups, mut bytes, mut count, mut block) = (0u64, 0u64, 0u64, 0u64);
+    for r in m.rows.iter().skip(shown) {
+        groups += 1;
+        bytes += r.bytes;
+        count += r.count;
+        block += r.block_bytes;
+    }
+    if let Some(rest) = &m.rest {
+        groups += rest.groups;
+        bytes += rest.bytes;
+        count += rest.count;
+        block += rest.block_bytes;
+    }
+    if groups > 0 {
+        let share = if m.allocated_bytes == 0 {
+            0.0
+        } else {
+            bytes as f64 / m.allocated_bytes as f64
+        };
+        let what = match m.by {
+            Grouping::Category => "categories",
+            Grouping::Size => "size classes",
+            Grouping::Segment => "segments",
+            Grouping::Stack => "stacks",
+            _ => "sites",
+        };
+        line(
+            format!("{groups} other {what}"),
+            None,
+            bytes,
+            count,
+            share,
+            block,
+            None,
+        );
+    }
+    g
+}
+
+/// The lines under a moment's table: pre-trace memory, free reserved
+/// memory, the categories.
+pub fn moment_lines(m: &Moment) -> Vec<String> {
+    let mut out = Vec::new();
+    let p = &m.pre_trace;
+    if p.bytes > 0 {
+        let mut parts = Vec::new();
+        if p.live_at_end_bytes > 0 {
+            parts.push(format!(
+                "{} still live at the end",
+                human(p.live_at_end_bytes)
+            ));
+        }
+        if p.freed_in_trace_bytes > 0 {
+            parts.push(format!(
+                "{} freed later in the trace",
+                human(p.freed_in_trace_bytes)
+            ));
+        }
+        if p.with_stack_bytes > 0 {
+            parts.push(format!(
+                "{} of it in blocks with a recorded stack, shown by site",
+                human(p.with_stack_bytes)
+            ));
+        }
+        out.push(format!(
+            "Live before the trace began: {}, {} of what is allocated ({} allocation{}): {}.",
+            human(p.bytes),
+            percent(p.share),
+            p.count,
+            if p.count == 1 { "" } else { "s" },
+            parts.join(", ")
+        ));
+    }
+    let f = &m.free_reserved;
+    if m.reserved_bytes > 0 {
+        out.push(format!(
+            "Reserved but free: {} in segments that hold live blocks (fragmentation), {} in {} whole free segment{}.",
+            human(f.in_split_segments_bytes),
+            human(f.whole_free_segments_bytes),
+            f.whole_free_segments,
+            if f.whole_free_segments == 1 { "" } else { "s" }
+        ));
+    }
+    if m.outside_segments_bytes > 0 {
+        out.push(format!(
+            "{} of the live allocations lie outside every segment the snapshot records at this moment: the trace and the segments disagree, and the figures follow the trace.",
+            human(m.outside_segments_bytes)
+        ));
+    }
+    let known = m.categories.iter().any(|c| c.category != Category::Unknown);
+    if m.by != Grouping::Category && known {
+        let cats: Vec<String> = m
+            .categories
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} ({})",
+                    c.category.label(),
+                    human(c.bytes),
+                    percent(c.share)
+                )
+            })
+            .collect();
+        out.push(format!("By category: {}.", cats.join(" · ")));
+    }
+    out
+}
+
+fn moment_text(m: &Moment, md: bool) -> String {
+    let mut s = grid_text(&moment_grid(m, usize::MAX), md);
+    for l in moment_lines(m) {
+        if md {
+            s.push('\n');
+        }
+        s.push_str(&l);
+        s.push('\n');
+    }
+    s
+}
+
+fn growth_grid(a: &Attribution) -> Grid {
+    let mut g = Grid::new(
+        "Growing every step (live bytes at the start of each step)",
+        &["site", "category", "per step", "steps", "from", "to"],
+    )
+    .numeric(&[2, 4, 5]);
+    for x in &a.growth {
+        g.row(vec![
+            x.site.clone(),
+            x.category.label().to_string(),
+            human(x.bytes_per_step),
+            format!("{}–{}", x.first_step, x.last_step),
+            human(x.first_bytes),
+            human(x.last_bytes),
+        ]);
+    }
+    g
+}
+
+/// Category colours of the HTML timeline, in [`Category::ALL`] order.
+const CATEGORY_COLOURS: [&str; 7] = [
+    "#1971c2", "#2f9e44", "#9c36b5", "#e67700", "#f59f00", "#c2255c", "#868e96",
+];
+
+/// The HTML page: per device, the timeline stacked by category (peak and
+/// OOM marked), then the moment tables.
+pub fn html(input: &str, devices: &[Attribution]) -> String {
+    use super::html::{ReportData, Table, TableRow};
+    let mut data = ReportData {
+        title: format!("What fills the card: {input}"),
+        subtitle: Some(format!("allocdoc top {input}")),
+        ..Default::default()
+    };
+    data.verdict.headline = devices
+        .iter()
+        .find_map(|a| a.headline())
+        .map(moment_headline)
+        .unwrap_or_else(|| "Nothing was allocated.".to_string());
+    for a in devices {
+        let title = heading(input, a, false);
+        let chart = timeline_html(a);
+        if !chart.is_empty() {
+            data.charts.push((
+                format!("Allocated memory by category, cuda:{}", a.device_index),
+                chart,
+            ));
+        }
+        for m in &a.moments {
+            let mut t = Table::of_grid(&moment_grid(m, usize::MAX), &moment_lines(m));
+            t.title = format!("cuda:{}: {}", a.device_index, t.title);
+            data.tables.push(t);
+        }
+        if !a.growth.is_empty() {
+            data.tables.push(Table::of_grid(&growth_grid(a), &[]));
+        }
+        if !a.notes.is_empty() {
+            data.tables.push(Table {
+                title: format!("Notes: {title}"),
+                headers: vec!["note".into()],
+                rows: a
+                    .notes
+                    .iter()
+                    .map(|n| TableRow {
+                        cells: vec![n.clone()],
+                        flag: None,
+                    })
+                    .collect(),
+                note: None,
+            });
+        }
+    }
+    super::html::render(&data)
+}
+
+/// The stacked timeline of one device, with its legend.
+fn timeline_html(a: &Attribution) -> String {
+    let points = &a.timeline.points;
+    if points.len() < 2 {
+        return String::new();
+    }
+    let xs: Vec<u64> = points.iter().map(|p| p.0).collect();
+    let layers: Vec<super::svg::Layer> = Category::ALL
+        .iter()
+        .zip(CATEGORY_COLOURS)
+        .map(|(c, colour)| super::svg::Layer {
+            name: c.label(),
+            colour,
+            values: points
+                .iter()
+                .map(|p| p.1.get(c.index()).copied().unwrap_or(0))
+                .collect(),
+        })
+        .collect();
+    let marks: Vec<(u64, String)> = a
+        .moments
+        .iter()
+        .filter(|m| matches!(m.moment, MomentKind::Peak | MomentKind::Oom))
+        .filter_map(|m| {
+            let what = if m.moment == MomentKind::Peak {
+                "peak"
+            } else {
+                "OOM"
+            };
+            Some((
+                m.event_index?,
+                format!(
+                    "{what} at event {}: {}",
+                    m.event_index?,
+                    human(m.allocated_bytes)
+                ),
+            ))
+        })
+        .collect();
+    let mut s = String::from("<div class=\"timeline\">");
+    s.push_str(&super::svg::stacked_chart(
+        &xs,
+        &layers,
+        &marks,
+        None,
+        "trace entry",
+    ));
+    s.push_str("<div class=\"legend\">");
+    for l in layers.iter().filter(|l| l.values.iter().any(|&v| v > 0)) {
+        let _ = write!(
+            s,
+            "<span><i class=\"box\" style=\"background:{}\"></i>{}</span>",
+            l.colour,
+            escape(l.name)
+        );
+    }
+    s.push_str("</div></div>");
+    s
+}
