@@ -20,6 +20,7 @@ pub mod combine;
 pub mod conf_check;
 pub mod context;
 pub mod facts;
+pub mod fills;
 pub mod incident;
 pub mod setup;
 pub mod space;
@@ -141,6 +142,8 @@ pub struct Diagnosis {
     pub incidents: Vec<IncidentCause>,
     /// Trace rules whose settings the replay did not support.
     pub withheld: Vec<Withheld>,
+    /// What fills the card, and for a capacity OOM what must go.
+    pub fills: Option<fills::Fills>,
 }
 
 impl Diagnosis {
@@ -355,7 +358,14 @@ pub fn diagnose_checked(
         let with: Vec<_> = outcome.fired.iter().map(|(r, s)| (*r, s)).collect();
         combine::combine(&with, ctx.current.as_ref(), &space)
     };
+    let fills = fills::fills(
+        &evidence,
+        primary.and_then(|i| evidence.observations.get(i)),
+        &outcome.facts,
+        cause == Cause::Capacity,
+    );
     Diagnosis {
+        fills,
         evidence,
         primary,
         cause,

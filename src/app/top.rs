@@ -158,6 +158,7 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
     };
     let mut devices =
         attribute_input(&opts.input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+    let must_go = must_go(opts, &devices)?;
     if let Some(kind) = only {
         for a in &mut devices {
             if kind == MomentKind::Oom && a.moment(MomentKind::Oom).is_none() {
@@ -170,16 +171,72 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
     let name = crate::ingest::input_name(&opts.input);
     let mut notes = Vec::new();
     if let Some(path) = &opts.report {
-        let html = crate::report::top::html(name, &devices);
+        let html = crate::report::top::html(name, &devices, must_go.as_ref());
         notes.push(super::write_report(path, &html)?);
     }
     let mut out = Outcome::ok(opts.format.finish(crate::report::top::render(
         name,
         &devices,
+        must_go.as_ref(),
         opts.format,
     )));
     out.stderr = notes;
     Ok(out)
+}
+
+/// What must go when a device's trace records an OOM: the shortfall, the
+/// levers of its largest category, and the smallest card under the recorded
+/// config and under the one `diagnose` recommends (bisected by replay).
+fn must_go(
+    opts: &TopOptions,
+    devices: &[Attribution],
+) -> Result<Option<(u32, crate::advise::fills::MustGo)>, Error> {
+    let Some((device, oom)) = devices
+        .iter()
+        .find_map(|a| Some((a.device_index, a.moment(MomentKind::Oom)?)))
+    else {
+        return Ok(None);
+    };
+    let Some(mut g) = crate::advise::fills::from_moment(oom) else {
+        return Ok(None);
+    };
+    g.levers = crate::advise::fills::levers(oom);
+    let prepared = super::input::prepare(
+        &opts.input,
+        (None, None),
+        None,
+        (None, &opts.limits),
+        &opts.buffers,
+    )?;
+    // Only a full card calls for memory to go (the same cause `diagnose` gives).
+    if prepared
+        .diagnosis
+        .as_ref()
+        .is_some_and(|d| d.cause != crate::rules::Cause::Capacity)
+    {
+        return Ok(None);
+    }
+    if let crate::trial::workload::Loaded::Ready(w) = &prepared.loaded {
+        let mut configs = vec![(
+            "current",
+            prepared.current_conf.clone(),
+            prepared.current.clone(),
+        )];
+        if let Some(r) = prepared
+            .diagnosis
+            .as_ref()
+            .and_then(|d| d.recommendation.as_ref())
+            && let Ok(p) = crate::conf::parse(&r.value, prepared.current.version)
+        {
+            configs.push(("recommended", r.value.clone(), p.settings));
+        }
+        let card = oom
+            .reserved_bytes
+            .saturating_add(oom.device_free_bytes.unwrap_or(0));
+        let ceiling = crate::trial::workload::DEFAULT_CAPACITY.max(card.saturating_mul(4));
+        g.smallest_card = crate::trial::fills::smallest_cards(w, &configs, ceiling)?;
+    }
+    Ok(Some((device, g)))
 }
 
 #[cfg(test)]

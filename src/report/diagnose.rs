@@ -78,6 +78,9 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
             );
         }
     }
+    if let Some(f) = &d.fills {
+        let _ = write!(out, "\n{}", super::top::fills_text(f, false));
+    }
     let next = next_steps(d);
     if !next.is_empty() {
         let _ = writeln!(out, "\nWhat to check next");
@@ -359,6 +362,9 @@ pub struct Json<'a> {
     /// Trace findings whose settings the replay did not support.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     withheld: &'a [Withheld],
+    /// What fills the card (a snapshot's OOM or peak) and what must go.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fills: Option<&'a crate::advise::fills::Fills>,
 }
 
 pub fn json(d: &Diagnosis) -> String {
@@ -383,6 +389,7 @@ pub fn document(d: &Diagnosis) -> Json<'_> {
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
         withheld: &d.withheld,
+        fills: d.fills.as_ref(),
     }
 }
 
@@ -438,6 +445,9 @@ pub fn markdown(d: &Diagnosis) -> String {
                 "No allocator setting is recommended: the findings say what will help.\n"
             );
         }
+    }
+    if let Some(f) = &d.fills {
+        let _ = writeln!(out, "{}", super::top::fills_text(f, true));
     }
     let next = next_steps(d);
     if !next.is_empty() {
@@ -514,6 +524,9 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
         })
         .collect();
     let mut tables = Vec::new();
+    if let Some(f) = &d.fills {
+        tables.extend(super::top::fills_tables(f));
+    }
     if let Some(ranks) = super::ranks::rank_table(&d.evidence) {
         tables.push(ranks.table());
     }

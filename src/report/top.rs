@@ -5,6 +5,7 @@
 use super::Format;
 use super::common::{Grid, json};
 use super::html::escape;
+use crate::advise::fills::MustGo;
 use crate::evidence::fills::{Attribution, Category, Grouping, Moment, MomentKind, Row, Stacks};
 use crate::units::human;
 use serde::Serialize;
@@ -15,11 +16,33 @@ use std::fmt::Write;
 struct Document<'a> {
     input: &'a str,
     devices: &'a [Attribution],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    must_go: Option<MustGoOf<'a>>,
 }
 
-pub fn render(input: &str, devices: &[Attribution], format: Format) -> String {
+/// What must go on a device.
+#[derive(Serialize)]
+struct MustGoOf<'a> {
+    device_index: u32,
+    #[serde(flatten)]
+    must_go: &'a MustGo,
+}
+
+pub fn render(
+    input: &str,
+    devices: &[Attribution],
+    must_go: Option<&(u32, MustGo)>,
+    format: Format,
+) -> String {
     if format.is_json() {
-        return json(&Document { input, devices });
+        return json(&Document {
+            input,
+            devices,
+            must_go: must_go.map(|(device_index, must_go)| MustGoOf {
+                device_index: *device_index,
+                must_go,
+            }),
+        });
     }
     let md = format == Format::Markdown;
     let mut s = String::new();
@@ -32,6 +55,12 @@ pub fn render(input: &str, devices: &[Attribution], format: Format) -> String {
         if !a.growth.is_empty() {
             s.push('\n');
             s.push_str(&grid_text(&growth_grid(a), md));
+        }
+        if let Some((_, g)) = must_go.filter(|(d, _)| *d == a.device_index) {
+            s.push('\n');
+            for l in must_go_lines(g) {
+                let _ = writeln!(s, "{l}");
+            }
         }
         if !a.notes.is_empty() {
             s.push('\n');
@@ -183,8 +212,24 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
         }
         g.row(cells);
     };
-    let shown = m.rows.len().min(limit.max(1));
-    for r in m.rows.iter().take(shown) {
+    // The first `limit` rows, and the pre-trace row wherever it ranks.
+    let pre = crate::snapshot::attribute::PRE_TRACE_ROW;
+    let keep = |(i, r): &(usize, &Row)| *i < limit.max(1) || r.key == pre;
+    let shown: Vec<&Row> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter(keep)
+        .map(|(_, r)| r)
+        .collect();
+    let cut: Vec<&Row> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|x| !keep(x))
+        .map(|(_, r)| r)
+        .collect();
+    for r in &shown {
         line(
             row_key(r, m.by),
             Some(r.category.label()),
@@ -196,7 +241,7 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
         );
     }
     let (mut groups, mut bytes, mut count, mut block) = (0u64, 0u64, 0u64, 0u64);
-    for r in m.rows.iter().skip(shown) {
+    for r in &cut {
         groups += 1;
         bytes += r.bytes;
         count += r.count;
@@ -334,6 +379,141 @@ fn growth_grid(a: &Attribution) -> Grid {
     g
 }
 
+/// The "What fills the card" section of `diagnose` (text or Markdown).
+pub fn fills_text(f: &crate::advise::fills::Fills, md: bool) -> String {
+    let mut s = String::new();
+    if let Some(m) = &f.moment {
+        let mut g = moment_grid(m, crate::advise::fills::DIAGNOSE_ROWS);
+        g.title = format!(
+            "What fills the card{}: {}",
+            f.device_index
+                .map_or(String::new(), |d| format!(" (cuda:{d})")),
+            lower_first(&moment_headline(m))
+        );
+        s.push_str(&grid_text(&g, md));
+        for l in moment_lines(m) {
+            let _ = writeln!(s, "{l}");
+        }
+        for g in f.growth.iter().take(3) {
+            let _ = writeln!(
+                s,
+                "Grows every step: {} by {} a step over steps {}–{} ({} → {}).",
+                g.site,
+                human(g.bytes_per_step),
+                g.first_step,
+                g.last_step,
+                human(g.first_bytes),
+                human(g.last_bytes)
+            );
+        }
+    }
+    if let Some(g) = &f.must_go {
+        for l in must_go_lines(g) {
+            let _ = writeln!(s, "{l}");
+        }
+    }
+    match &f.input {
+        Some(input) => {
+            let _ = writeln!(s, "Every site and moment: allocdoc top {input}");
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "A snapshot would show which code holds it: {}",
+                crate::snapshot::attribute::RECORD_STACKS
+            );
+        }
+    }
+    s
+}
+
+/// The "What fills the card" section as report tables (diagnose's HTML).
+pub fn fills_tables(f: &crate::advise::fills::Fills) -> Vec<super::html::Table> {
+    let mut lines = Vec::new();
+    let mut out = Vec::new();
+    if let Some(m) = &f.moment {
+        lines.extend(moment_lines(m));
+        let mut t =
+            super::html::Table::of_grid(&moment_grid(m, crate::advise::fills::DIAGNOSE_ROWS), &[]);
+        t.title = format!("What fills the card: {}", lower_first(&moment_headline(m)));
+        out.push(t);
+    }
+    if let Some(g) = &f.must_go {
+        lines.extend(must_go_lines(g));
+    }
+    match out.last_mut() {
+        Some(t) => t.note = Some(lines.join(" ")),
+        None => out.push(super::html::Table {
+            title: "What must go".into(),
+            headers: vec!["".into()],
+            rows: lines
+                .into_iter()
+                .map(|l| super::html::TableRow {
+                    cells: vec![l],
+                    flag: None,
+                })
+                .collect(),
+            note: None,
+        }),
+    }
+    out
+}
+
+fn lower_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_lowercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+/// What must go, in sentences: the shortfall, then each lever with the figure behind it.
+pub fn must_go_lines(g: &crate::advise::fills::MustGo) -> Vec<String> {
+    let mut out = Vec::new();
+    if g.shortfall_bytes == 0 {
+        out.push(format!(
+            "What must go cannot be bounded from these figures: the request of {} would fit in the {} free on the device and the {} reserved but free together, so it failed for how that memory is split (before it fails, the allocator gives back only whole free segments), not for its amount.",
+            human(g.request_bytes),
+            human(g.device_free_bytes),
+            human(g.reserved_free_bytes)
+        ));
+    } else {
+        out.push(format!(
+            "What must go: at least {} of the {} live ({}): the request of {} is that much more than the {} free on the device and the {} reserved but free together.",
+            human(g.shortfall_bytes),
+            human(g.allocated_bytes),
+            percent(g.share_of_allocated),
+            human(g.request_bytes),
+            human(g.device_free_bytes),
+            human(g.reserved_free_bytes)
+        ));
+    }
+    for c in &g.smallest_card {
+        out.push(match c.capacity_bytes {
+            Some(b) => format!(
+                "The smallest card this trace runs on under the {} config ({}): {}.",
+                c.config,
+                if c.conf.is_empty() { "PyTorch's defaults" } else { &c.conf },
+                human(b)
+            ),
+            None => format!(
+                "Under the {} config ({}) the trace runs out of memory on every card up to the one bisected from.",
+                c.config,
+                if c.conf.is_empty() { "PyTorch's defaults" } else { &c.conf }
+            ),
+        });
+    }
+    for l in &g.levers {
+        out.push(format!(
+            "  - {} hold {} ({} of live memory): {}",
+            l.category.label(),
+            human(l.bytes),
+            percent(l.share),
+            l.lever
+        ));
+    }
+    out
+}
+
 /// Category colours of the HTML timeline, in [`Category::ALL`] order.
 const CATEGORY_COLOURS: [&str; 7] = [
     "#1971c2", "#2f9e44", "#9c36b5", "#e67700", "#f59f00", "#c2255c", "#868e96",
@@ -341,7 +521,7 @@ const CATEGORY_COLOURS: [&str; 7] = [
 
 /// The HTML page: per device, the timeline stacked by category (peak and
 /// OOM marked), then the moment tables.
-pub fn html(input: &str, devices: &[Attribution]) -> String {
+pub fn html(input: &str, devices: &[Attribution], must_go: Option<&(u32, MustGo)>) -> String {
     use super::html::{ReportData, Table, TableRow};
     let mut data = ReportData {
         title: format!("What fills the card: {input}"),
@@ -369,6 +549,20 @@ pub fn html(input: &str, devices: &[Attribution]) -> String {
         }
         if !a.growth.is_empty() {
             data.tables.push(Table::of_grid(&growth_grid(a), &[]));
+        }
+        if let Some((_, g)) = must_go.filter(|(d, _)| *d == a.device_index) {
+            data.tables.push(Table {
+                title: format!("What must go, cuda:{}", a.device_index),
+                headers: vec!["".into()],
+                rows: must_go_lines(g)
+                    .into_iter()
+                    .map(|l| TableRow {
+                        cells: vec![l],
+                        flag: None,
+                    })
+                    .collect(),
+                note: None,
+            });
         }
         if !a.notes.is_empty() {
             data.tables.push(Table {

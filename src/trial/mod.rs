@@ -21,6 +21,7 @@
 pub mod answer;
 pub mod compare;
 pub mod ensemble;
+pub mod fills;
 pub mod placement;
 pub mod recommend;
 pub mod replay;
