@@ -41,6 +41,11 @@ enum Command {
         after_help = "Examples:\n  allocdoc top snapshot.pickle\n  allocdoc top snapshot.pickle --at oom --by user -n 10\n  allocdoc top snapshot.pickle --at 1402 --by stack\n  allocdoc top snapshot.pickle --by category --format json\n  allocdoc top snapshot.pickle --report fills.html"
     )]
     Top(app::top::TopOptions),
+    /// Compare what fills the card in two snapshots: the peak (or --at oom|end) side by side, by site and by category.
+    #[command(
+        after_help = "Examples:\n  allocdoc diff baseline.pickle checkpointed.pickle\n  allocdoc diff before.pickle after.pickle --by category\n  allocdoc diff a.pickle b.pickle --at end --format json"
+    )]
+    Diff(app::diff::DiffOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
     #[command(
         after_help = "Examples:\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc conf check \"$PYTORCH_CUDA_ALLOC_CONF\" --format json"
@@ -154,6 +159,7 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
         Command::Diagnose(opts) => app::diagnose::run(&opts),
         Command::Parse(opts) => app::parse::run(&opts),
         Command::Top(opts) => app::top::run(&opts),
+        Command::Diff(opts) => app::diff::run(&opts),
         Command::Conf {
             action: ConfAction::Check(opts),
         } => app::conf_check::run(&opts),
@@ -187,7 +193,8 @@ impl Command {
             Command::Diagnose(o) => o.inputs.is_empty() || o.inputs.iter().any(|i| i == "-"),
             Command::Parse(o) => o.inputs.is_empty() || o.inputs.iter().any(|i| i == "-"),
             Command::Replay(o) => o.trace == "-",
-            Command::Top(o) => o.input == "-",
+            Command::Top(o) => o.inputs.iter().any(|i| i == "-"),
+            Command::Diff(o) => o.before == "-" || o.after == "-",
             Command::Recommend(o) => o.input == "-",
             Command::Validate(o) => o.input == "-",
             Command::Conf { .. } | Command::Rules(_) | Command::Completions { .. } => false,

@@ -138,6 +138,7 @@ fn fixture(events: u64) -> ReportData {
             ],
             note: None,
         }],
+        charts: Vec::new(),
     }
 }
 

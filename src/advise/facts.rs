@@ -316,6 +316,21 @@ fn trace_facts(f: &mut Facts, evidence: &Evidence) {
     if let Some(site) = &t.deferred_site {
         f.set_text("deferred_free_site", site.site.clone());
     }
+    let growth = trace_source(evidence)
+        .and_then(|o| o.detail.as_ref()?.fills.as_ref()?.growth.first().cloned());
+    if let Some(g) = growth {
+        let steps = g.last_step.saturating_sub(g.first_step);
+        num(f, "growth_steps", steps as f64);
+        num(f, "growth_first_step", g.first_step as f64);
+        num(f, "growth_last_step", g.last_step as f64);
+        bytes(f, "growth_bytes_per_step", Some(g.bytes_per_step));
+        bytes(
+            f,
+            "growth_total",
+            Some(g.last_bytes.saturating_sub(g.first_bytes)),
+        );
+        f.set_text("growth_site", g.site);
+    }
 }
 
 fn retries(o: &Observation) -> Option<u64> {

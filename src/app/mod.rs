@@ -6,6 +6,7 @@
 
 pub mod conf_check;
 pub mod diagnose;
+pub mod diff;
 pub mod each;
 pub mod input;
 pub mod parse;

@@ -13,8 +13,13 @@ use std::path::PathBuf;
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TopOptions {
-    /// A torch memory snapshot pickle (`torch.cuda.memory._dump_snapshot()`); `-` reads standard input.
-    pub input: String,
+    /// Torch memory snapshot pickles (`torch.cuda.memory._dump_snapshot()`); `-` reads
+    /// standard input. Two or more (one per rank) give the per-rank table.
+    #[cfg_attr(feature = "cli", arg(required = true))]
+    pub inputs: Vec<String>,
+    /// Walk directories and wildcard patterns for the snapshots (one per rank).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub each: bool,
     /// The moment: `peak` (most memory allocated), `oom` (the trace's OOM), `end`,
     /// an event index (`1402`), or a time since the trace's first entry (`2.5s`, `300ms`).
     /// Default: the peak, the OOM when there is one, and the end.
@@ -46,7 +51,8 @@ pub struct TopOptions {
 impl Default for TopOptions {
     fn default() -> Self {
         TopOptions {
-            input: String::new(),
+            inputs: Vec::new(),
+            each: false,
             at: None,
             by: Grouping::Site,
             top: 20,
@@ -156,19 +162,21 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
         at,
         timeline_points: if opts.report.is_some() { 1200 } else { 0 },
     };
-    let mut devices =
-        attribute_input(&opts.input, (&opts.buffers, &opts.limits), ask, opts.device)?;
-    let must_go = must_go(opts, &devices)?;
-    if let Some(kind) = only {
-        for a in &mut devices {
-            if kind == MomentKind::Oom && a.moment(MomentKind::Oom).is_none() {
-                a.notes
-                    .push("the trace records no OOM: --at oom shows nothing".to_string());
-            }
-            a.moments.retain(|m| m.moment == kind);
-        }
+    let inputs = if opts.each {
+        super::each::expand(&opts.inputs)
+    } else {
+        opts.inputs.clone()
+    };
+    if inputs.len() >= 2 {
+        return ranks(opts, &inputs, ask);
     }
-    let name = crate::ingest::input_name(&opts.input);
+    let input = inputs.first().map_or("-", String::as_str);
+    let mut devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+    let must_go = must_go(input, opts, &devices)?;
+    if let Some(kind) = only {
+        keep_moment(&mut devices, kind);
+    }
+    let name = crate::ingest::input_name(input);
     let mut notes = Vec::new();
     if let Some(path) = &opts.report {
         let html = crate::report::top::html(name, &devices, must_go.as_ref());
@@ -184,10 +192,42 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
     Ok(out)
 }
 
+/// Keeps only the moment `--at` names.
+fn keep_moment(devices: &mut [Attribution], kind: MomentKind) {
+    for a in devices {
+        if kind == MomentKind::Oom && a.moment(MomentKind::Oom).is_none() {
+            a.notes
+                .push("the trace records no OOM: --at oom shows nothing".to_string());
+        }
+        a.moments.retain(|m| m.moment == kind);
+    }
+}
+
+/// Several snapshots, one per rank: the per-rank table, then the outlier's table.
+fn ranks(opts: &TopOptions, inputs: &[String], ask: Ask) -> Result<Outcome, Error> {
+    use rayon::prelude::*;
+    let one = |input: &String| -> Result<(String, Attribution), Error> {
+        let devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+        // A rank's snapshot holds its own device; of several, the fullest.
+        let a = devices
+            .into_iter()
+            .max_by_key(|a| a.headline().map_or(0, |m| m.allocated_bytes))
+            .ok_or_else(|| Error::Input(format!("{input}: holds no device to attribute")))?;
+        Ok((crate::ingest::input_name(input).to_string(), a))
+    };
+    let attributed: Vec<(String, Attribution)> =
+        inputs.par_iter().map(one).collect::<Result<_, _>>()?;
+    let ranks = attribute::ranks(&attributed);
+    Ok(Outcome::ok(opts.format.finish(
+        crate::report::top::render_ranks(&ranks, &attributed, opts.format),
+    )))
+}
+
 /// What must go when a device's trace records an OOM: the shortfall, the
 /// levers of its largest category, and the smallest card under the recorded
 /// config and under the one `diagnose` recommends (bisected by replay).
 fn must_go(
+    input: &str,
     opts: &TopOptions,
     devices: &[Attribution],
 ) -> Result<Option<(u32, crate::advise::fills::MustGo)>, Error> {
@@ -202,7 +242,7 @@ fn must_go(
     };
     g.levers = crate::advise::fills::levers(oom);
     let prepared = super::input::prepare(
-        &opts.input,
+        input,
         (None, None),
         None,
         (None, &opts.limits),

@@ -311,3 +311,85 @@ impl Attribution {
             .or_else(|| self.moments.first())
     }
 }
+
+/// One side of a `diff`: the moment compared and its totals.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Side {
+    pub input: String,
+    pub device_index: u32,
+    pub moment: MomentKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_index: Option<u64>,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub live_allocations: u64,
+    pub pre_trace_bytes: u64,
+    /// The side's peak of allocated memory (its trace's), when it has a trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_allocated_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_event_index: Option<u64>,
+}
+
+/// One group compared: what it holds before and after.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DiffRow {
+    pub key: String,
+    pub category: Category,
+    pub before_bytes: u64,
+    pub after_bytes: u64,
+    /// after − before.
+    pub delta_bytes: i64,
+    pub before_count: u64,
+    pub after_count: u64,
+}
+
+/// Two snapshots' moments compared group by group (`allocdoc diff`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diff {
+    pub before: Side,
+    pub after: Side,
+    pub by: Grouping,
+    /// The groups with the largest change first (at most the top N).
+    pub rows: Vec<DiffRow>,
+    /// The groups past the top N, summed (key: how many).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rest: Option<DiffRow>,
+    pub categories: Vec<DiffRow>,
+    pub notes: Vec<String>,
+}
+
+/// One rank's (or input's) memory in a several-rank view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankFill {
+    /// From the file name (`rank3.pickle`, `snapshot_rank_3_…`), when it names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    pub input: String,
+    pub device_index: u32,
+    /// The moment shown: the OOM when recorded, else the peak, else the end.
+    pub moment: MomentKind,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_site: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_site_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_category: Option<Category>,
+    /// Off the median by more than 10 % and 256 MiB.
+    pub outlier: bool,
+}
+
+/// The several-rank view: a row per rank and how uneven they are.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ranks {
+    pub rows: Vec<RankFill>,
+    /// The largest allocated figure over the smallest (0 when one is 0).
+    pub imbalance: f64,
+    /// The row furthest from the median, when it is an outlier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outlier_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outlier_input: Option<String>,
+}

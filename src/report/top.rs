@@ -100,6 +100,217 @@ fn heading(input: &str, a: &Attribution, md: bool) -> String {
     if md { format!("## {line}") } else { line }
 }
 
+/// The per-rank view: a row per rank, the imbalance, then the outlier's table.
+pub fn render_ranks(
+    ranks: &crate::evidence::fills::Ranks,
+    inputs: &[(String, Attribution)],
+    format: Format,
+) -> String {
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        ranks: &'a crate::evidence::fills::Ranks,
+        inputs: Vec<Input<'a>>,
+    }
+    #[derive(Serialize)]
+    struct Input<'a> {
+        input: &'a str,
+        device: &'a Attribution,
+    }
+    if format.is_json() {
+        return json(&Doc {
+            ranks,
+            inputs: inputs
+                .iter()
+                .map(|(input, device)| Input { input, device })
+                .collect(),
+        });
+    }
+    let md = format == Format::Markdown;
+    let mut g = Grid::new(
+        format!(
+            "What fills the card, per rank ({} inputs)",
+            ranks.rows.len()
+        ),
+        &[
+            "rank",
+            "input",
+            "at",
+            "allocated",
+            "reserved",
+            "top site",
+            "top category",
+            "flag",
+        ],
+    )
+    .numeric(&[3, 4]);
+    for r in &ranks.rows {
+        g.row(vec![
+            r.rank.map_or_else(|| "—".to_string(), |k| k.to_string()),
+            format!("{} (cuda:{})", r.input, r.device_index),
+            r.moment.as_str().to_string(),
+            human(r.allocated_bytes),
+            human(r.reserved_bytes),
+            match (&r.top_site, r.top_site_bytes) {
+                (Some(s), Some(b)) => format!("{s} ({})", human(b)),
+                _ => String::new(),
+            },
+            r.top_category.map_or("", |c| c.label()).to_string(),
+            if r.outlier {
+                "outlier".to_string()
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    let mut s = grid_text(&g, md);
+    let _ = writeln!(
+        s,
+        "Imbalance: the fullest holds {:.2}× what the emptiest holds.",
+        ranks.imbalance
+    );
+    let outlier = ranks
+        .outlier_input
+        .as_ref()
+        .and_then(|o| inputs.iter().find(|(i, _)| i == o));
+    match outlier {
+        Some((input, a)) => {
+            let _ = writeln!(
+                s,
+                "Out of balance: {} (off the median by more than 10 % and 256 MiB).",
+                ranks
+                    .outlier_rank
+                    .map_or_else(|| input.clone(), |k| format!("rank {k} ({input})"))
+            );
+            if let Some(m) = a.headline() {
+                s.push('\n');
+                s.push_str(&moment_text(m, md));
+            }
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "No rank is off the median by more than 10 % and 256 MiB."
+            );
+        }
+    }
+    s
+}
+
+/// `diff`: the two sides' totals, then the groups and categories with the largest change.
+pub fn render_diff(d: &crate::evidence::fills::Diff, format: Format) -> String {
+    if format.is_json() {
+        return json(d);
+    }
+    let md = format == Format::Markdown;
+    let signed = |v: i64| {
+        if v < 0 {
+            format!("−{}", human(v.unsigned_abs()))
+        } else {
+            format!("+{}", human(v.unsigned_abs()))
+        }
+    };
+    let delta = |a: u64, b: u64| {
+        signed(
+            (i128::from(b) - i128::from(a)).clamp(i128::from(i64::MIN), i128::from(i64::MAX))
+                as i64,
+        )
+    };
+    let (b, a) = (&d.before, &d.after);
+    let mut t = Grid::new(
+        format!("Compared at the {} of each side", b.moment.as_str()),
+        &["", "before", "after", "change"],
+    )
+    .numeric(&[1, 2, 3]);
+    let event = |s: &crate::evidence::fills::Side| {
+        s.event_index
+            .map_or_else(|| "—".to_string(), |e| e.to_string())
+    };
+    t.row(vec![
+        "input".into(),
+        b.input.clone(),
+        a.input.clone(),
+        String::new(),
+    ]);
+    t.row(vec!["event".into(), event(b), event(a), String::new()]);
+    for (label, x, y) in [
+        ("allocated", b.allocated_bytes, a.allocated_bytes),
+        ("reserved", b.reserved_bytes, a.reserved_bytes),
+        (
+            "live before the trace",
+            b.pre_trace_bytes,
+            a.pre_trace_bytes,
+        ),
+    ] {
+        t.row(vec![label.into(), human(x), human(y), delta(x, y)]);
+    }
+    if let (Some(x), Some(y)) = (b.peak_allocated_bytes, a.peak_allocated_bytes) {
+        t.row(vec![
+            "peak allocated".into(),
+            human(x),
+            human(y),
+            delta(x, y),
+        ]);
+    }
+    let rows = |title: String,
+                list: &[crate::evidence::fills::DiffRow],
+                rest: Option<&crate::evidence::fills::DiffRow>,
+                category_names: bool| {
+        let first = if category_names {
+            "category"
+        } else {
+            by_label(d.by)
+        };
+        let mut g = Grid::new(
+            title,
+            &[first, "category", "before", "after", "change", "count"],
+        )
+        .numeric(&[2, 3, 4, 5]);
+        let listed = list.iter().map(|r| (r, false));
+        for (r, summed) in listed.chain(rest.map(|r| (r, true))) {
+            let key = if category_names {
+                Category::from_name(&r.key).map_or(r.key.clone(), |c| c.label().to_string())
+            } else {
+                r.key.clone()
+            };
+            g.row(vec![
+                key,
+                if category_names || summed {
+                    super::common::ABSENT.to_string()
+                } else {
+                    r.category.label().to_string()
+                },
+                human(r.before_bytes),
+                human(r.after_bytes),
+                signed(r.delta_bytes),
+                format!("{} → {}", r.before_count, r.after_count),
+            ]);
+        }
+        g.drop_empty_columns()
+    };
+    let mut s = grid_text(&t, md);
+    s.push('\n');
+    s.push_str(&grid_text(
+        &rows(
+            "By the largest change".to_string(),
+            &d.rows,
+            d.rest.as_ref(),
+            d.by == Grouping::Category,
+        ),
+        md,
+    ));
+    if d.by != Grouping::Category {
+        s.push('\n');
+        s.push_str(&grid_text(
+            &rows("By category".to_string(), &d.categories, None, true),
+            md,
+        ));
+    }
+    for n in &d.notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
+}
+
 /// What a moment is, in words: "At the peak (event 1402)".
 pub fn moment_title(m: &Moment) -> String {
     let at = |what: &str| match m.event_index {

@@ -369,6 +369,36 @@ pub const METRICS: &[MetricDef] = &[
         "where empty_cache() was called (file:line:function, the first frame outside PyTorch), when the trace recorded its stack (_record_memory_history(context='all'))",
     ),
     t(
+        "growth_bytes_per_step",
+        Bytes,
+        "how much the live memory allocated at growth_site rose per step, over the longest run of steps in which it rose at every step start (at least 3 step starts, so 2 rises): (live bytes at the last start − at the first) / steps spanned",
+    ),
+    t(
+        "growth_steps",
+        Number,
+        "the steps that run spans (last step − first step; 2 or more)",
+    ),
+    t(
+        "growth_total",
+        Bytes,
+        "what the live memory allocated at growth_site grew by over those steps",
+    ),
+    t(
+        "growth_first_step",
+        Number,
+        "the step (counted from 0) at whose start the rise begins",
+    ),
+    t(
+        "growth_last_step",
+        Number,
+        "the step at whose start the rise ends",
+    ),
+    t(
+        "growth_site",
+        Text,
+        "the call site (file:line:function, the first frame outside torch and the standard library) whose live memory grew the most over such a run",
+    ),
+    t(
         "deferred_free_site",
         Text,
         "where the most deferred bytes were freed (context='all') or allocated (context='alloc'), when recorded",

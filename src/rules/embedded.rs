@@ -135,6 +135,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/trace-fraction-flushes.yaml"),
     ),
     (
+        "rules/trace-growing-site.yaml",
+        include_str!("../../rules/trace-growing-site.yaml"),
+    ),
+    (
         "rules/trace-size-churn.yaml",
         include_str!("../../rules/trace-size-churn.yaml"),
     ),

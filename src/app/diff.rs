@@ -1,0 +1,92 @@
+//! The `diff` command: two snapshots' moments (the peak by default) side by
+//! side, group by group and category by category, with the memory live
+//! before each trace began compared the same way on both sides
+//! ([`crate::snapshot::attribute::diff`]). For example a run with and one
+//! without activation checkpointing.
+
+use super::top::{attribute_input, parse_at};
+use super::{Format, Outcome};
+use crate::Error;
+use crate::snapshot::attribute::{self, Ask, Attribution, Grouping, MomentKind};
+
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct DiffOptions {
+    /// The snapshot before the change.
+    pub before: String,
+    /// The snapshot after it.
+    pub after: String,
+    /// The moment compared on both sides: `peak` (default), `oom` or `end`.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub at: Option<String>,
+    /// How live memory is grouped.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t))]
+    pub by: Grouping,
+    /// Groups listed (largest change first) before the rest is summed.
+    #[cfg_attr(feature = "cli", arg(short = 'n', long = "top", default_value_t = 20))]
+    pub top: usize,
+    /// The device on both sides (default: each side's device with a trace, else its first).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub device: Option<u32>,
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: super::Buffers,
+    /// Output format.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
+    pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        DiffOptions {
+            before: String::new(),
+            after: String::new(),
+            at: None,
+            by: Grouping::Site,
+            top: 20,
+            device: None,
+            buffers: super::Buffers::default(),
+            format: Format::Text,
+            limits: crate::limits::Limits::default(),
+        }
+    }
+}
+
+pub fn run(opts: &DiffOptions) -> Result<Outcome, Error> {
+    let kind = match parse_at(opts.at.as_deref())? {
+        (None, None) => MomentKind::Peak,
+        (None, Some(k)) => k,
+        _ => {
+            return Err(Error::Usage(
+                "--at: diff compares named moments only: peak, oom or end".to_string(),
+            ));
+        }
+    };
+    // Every group on both sides, so that each can be compared.
+    let ask = Ask {
+        by: opts.by,
+        top: usize::MAX,
+        at: None,
+        timeline_points: 0,
+    };
+    let side = |input: &str| -> Result<Attribution, Error> {
+        let devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+        let mut traced = devices.iter().filter(|a| a.traced);
+        let pick = traced.next().or(devices.first()).cloned();
+        pick.ok_or_else(|| Error::Input(format!("{input}: holds no device to attribute")))
+    };
+    let (before, after) = (side(&opts.before)?, side(&opts.after)?);
+    let names = (
+        crate::ingest::input_name(&opts.before),
+        crate::ingest::input_name(&opts.after),
+    );
+    let d = attribute::diff((names.0, &before), (names.1, &after), kind, opts.top)
+        .ok_or_else(|| Error::Input("nothing to compare: a side has no moment".to_string()))?;
+    Ok(Outcome::ok(
+        opts.format
+            .finish(crate::report::top::render_diff(&d, opts.format)),
+    ))
+}
