@@ -463,6 +463,68 @@ fn every_command_output_follows_docs_json_md() {
                 "80MiB",
             ],
         ),
+        (
+            "top",
+            &[
+                "top",
+                "--format",
+                "json",
+                "fixtures/snapshots/magma27-assignment2-systems_memory_snapshot.pickle",
+            ],
+        ),
+        (
+            "top",
+            &[
+                "top",
+                "--format",
+                "json",
+                "--by",
+                "stack",
+                "--at",
+                "1402",
+                "fixtures/snapshots/magma27-assignment2-systems_memory_snapshot.pickle",
+            ],
+        ),
+        (
+            "top",
+            &[
+                "top",
+                "--format",
+                "json",
+                "fixtures/snapshots/muduard-layoutediting_dump_snapshot.pickle",
+            ],
+        ),
+        (
+            "top",
+            &[
+                "top",
+                "--format",
+                "json",
+                "fixtures/snapshots/gen-fills-capacity-oom.pickle",
+            ],
+        ),
+        (
+            "top-ranks",
+            &[
+                "top",
+                "--format",
+                "json",
+                "fixtures/snapshots/wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle",
+                "fixtures/snapshots/magma27-assignment2-systems_memory_snapshot.pickle",
+            ],
+        ),
+        (
+            "diff",
+            &[
+                "diff",
+                "--format",
+                "json",
+                "-n",
+                "3",
+                "fixtures/snapshots/wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle",
+                "fixtures/snapshots/magma27-assignment2-systems_memory_snapshot.pickle",
+            ],
+        ),
         ("rules-list", &["rules", "list", "--format", "json"]),
         (
             "rules-show",

@@ -25,6 +25,8 @@ __all__ = [
     "replay",
     "recommend",
     "validate",
+    "top",
+    "diff",
     "Error",
     "InputError",
     "UsageError",

@@ -122,3 +122,38 @@ def validate(
     return _result(
         _native.validate(_input(src), conf, current, capacity, device, torch_version, platform)
     )
+
+
+def top(
+    src: Union[Source, Sequence[Source]],
+    at: Optional[str] = None,
+    by: str = "site",
+    n: int = 20,
+    device: Optional[int] = None,
+) -> Dict[str, Any]:
+    """What fills the card in a snapshot (`allocdoc top --format json`): the
+    live allocations at the peak, at the trace's OOM and at its end, grouped
+    by the code that made them, with their categories and the memory live
+    before the trace began.
+
+    at: "peak", "oom", "end", an event index ("1402") or a time since the
+    trace's first entry ("2.5s"); by default all three named moments.
+    by: "site" (the first frame outside torch, the standard library and C++),
+    "user" (also outside site-packages), "stack", "category", "size" or
+    "segment". n: rows before the rest is summed. device: one device index.
+    A list of snapshots (one per rank) gives the per-rank table instead.
+    """
+    return _result(_native.top(_inputs(src), at, by, n, device))
+
+
+def diff(
+    before: Source,
+    after: Source,
+    at: Optional[str] = None,
+    by: str = "site",
+    n: int = 20,
+    device: Optional[int] = None,
+) -> Dict[str, Any]:
+    """Two snapshots compared at their peak (or at "oom" or "end"), group by
+    group and category by category (`allocdoc diff --format json`)."""
+    return _result(_native.diff(_inputs([before, after]), at, by, n, device))

@@ -219,6 +219,63 @@ fn validate(
     run(py, || app::validate::run(&opts))
 }
 
+/// A grouping as `--by` takes it (`site`, `user`, `stack`, `category`, `size`, `segment`).
+fn grouping(by: &str) -> PyResult<allocdoc::evidence::fills::Grouping> {
+    clap::ValueEnum::from_str(by, true).map_err(|e| UsageError::new_err(format!("by {by:?}: {e}")))
+}
+
+#[pyfunction]
+#[pyo3(signature = (inputs, at=None, by="site".to_owned(), n=20, device=None))]
+fn top(
+    py: Python<'_>,
+    inputs: Vec<Source>,
+    at: Option<String>,
+    by: String,
+    n: usize,
+    device: Option<u32>,
+) -> PyResult<Produced> {
+    let (inputs, buffers) = sources(inputs);
+    let opts = app::top::TopOptions {
+        inputs,
+        buffers,
+        at,
+        by: grouping(&by)?,
+        top: n,
+        device,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::top::run(&opts))
+}
+
+#[pyfunction]
+#[pyo3(signature = (before, after, at=None, by="site".to_owned(), n=20, device=None))]
+fn diff(
+    py: Python<'_>,
+    before: Source,
+    after: Source,
+    at: Option<String>,
+    by: String,
+    n: usize,
+    device: Option<u32>,
+) -> PyResult<Produced> {
+    let (mut names, buffers) = sources(vec![before, after]);
+    let after = names.pop().unwrap_or_default();
+    let before = names.pop().unwrap_or_default();
+    let opts = app::diff::DiffOptions {
+        before,
+        after,
+        buffers,
+        at,
+        by: grouping(&by)?,
+        top: n,
+        device,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::diff::run(&opts))
+}
+
 /// The `allocdoc` command: `argv` as `sys.argv` (the program first); prints
 /// as the binary does and returns the exit code.
 #[pyfunction]
@@ -245,6 +302,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(recommend, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(top, m)?)?;
+    m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(command, m)?)?;
     Ok(())
 }

@@ -115,6 +115,25 @@ class ApiTest(unittest.TestCase):
         self.assertEqual(want["strength"], "uncertain")
         self.assertEqual(allocdoc.validate(text, "expandable_segments:True"), want)
 
+    def test_top_and_diff_equal_the_command(self):
+        magma = F / "snapshots" / "magma27-assignment2-systems_memory_snapshot.pickle"
+        wedson = F / "snapshots" / "wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle"
+        code, want, _ = cli("top", magma, "--format", "json")
+        self.assertEqual(code, 0)
+        self.assertEqual(allocdoc.top(magma), want)
+        peak = want["devices"][0]["moments"][0]
+        self.assertEqual((peak["moment"], peak["event_index"], peak["allocated_bytes"]), ("peak", 1402, 13923997700))
+        _, want, _ = cli("top", magma, "--at", "peak", "--by", "category", "-n", "3", "--format", "json")
+        self.assertEqual(allocdoc.top(magma, at="peak", by="category", n=3), want)
+        _, from_stdin, _ = cli("top", "-", "--format", "json", stdin=magma)
+        self.assertEqual(allocdoc.top(magma.read_bytes()), renamed(from_stdin, "standard input", "<bytes>"))
+        _, want, _ = cli("diff", wedson, magma, "--by", "category", "--format", "json")
+        self.assertEqual(allocdoc.diff(wedson, magma, by="category"), want)
+        with self.assertRaises(allocdoc.UsageError):
+            allocdoc.top(magma, by="colour")
+        with self.assertRaises(allocdoc.InputError):
+            allocdoc.top(TEXTS[0])
+
     def test_recommend_and_validate_take_the_setup(self):
         text = F / "validate" / "oom_fragmented_2.5.txt"
         _, want, _ = cli("recommend", text, "--torch-version", "2.0", "--platform", "windows", "--format", "json")

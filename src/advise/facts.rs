@@ -316,9 +316,14 @@ fn trace_facts(f: &mut Facts, evidence: &Evidence) {
     if let Some(site) = &t.deferred_site {
         f.set_text("deferred_free_site", site.site.clone());
     }
-    let growth = trace_source(evidence)
-        .and_then(|o| o.detail.as_ref()?.fills.as_ref()?.growth.first().cloned());
-    if let Some(g) = growth {
+    let fills = trace_source(evidence).and_then(|o| o.detail.as_ref()?.fills.as_deref());
+    // A traced run of three steps or more that shows no growth has none.
+    if fills.is_some_and(|a| a.traced && a.steps >= 3 && a.growth.is_empty()) {
+        num(f, "growth_steps", 0.0);
+        bytes(f, "growth_bytes_per_step", Some(0));
+        bytes(f, "growth_total", Some(0));
+    }
+    if let Some(g) = fills.and_then(|a| a.growth.first().cloned()) {
         let steps = g.last_step.saturating_sub(g.first_step);
         num(f, "growth_steps", steps as f64);
         num(f, "growth_first_step", g.first_step as f64);

@@ -560,7 +560,12 @@ pub fn moment_lines(m: &Moment) -> Vec<String> {
 }
 
 fn moment_text(m: &Moment, md: bool) -> String {
-    let mut s = grid_text(&moment_grid(m, usize::MAX), md);
+    let g = moment_grid(m, usize::MAX);
+    let mut s = if m.rows.is_empty() {
+        format!("{}.\n", g.title)
+    } else {
+        grid_text(&g, md)
+    };
     for l in moment_lines(m) {
         if md {
             s.push('\n');
@@ -601,7 +606,11 @@ pub fn fills_text(f: &crate::advise::fills::Fills, md: bool) -> String {
                 .map_or(String::new(), |d| format!(" (cuda:{d})")),
             lower_first(&moment_headline(m))
         );
-        s.push_str(&grid_text(&g, md));
+        if m.rows.is_empty() {
+            let _ = writeln!(s, "{}.", g.title);
+        } else {
+            s.push_str(&grid_text(&g, md));
+        }
         for l in moment_lines(m) {
             let _ = writeln!(s, "{l}");
         }
