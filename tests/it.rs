@@ -12,6 +12,7 @@ mod allocator;
 mod answer;
 mod conf;
 mod conventions;
+mod fills;
 mod hostile;
 mod ingest;
 mod json_contract;

@@ -248,13 +248,13 @@ fn must_go(
         (None, &opts.limits),
         &opts.buffers,
     )?;
-    // Only a full card calls for memory to go (the same cause `diagnose` gives).
-    if prepared
-        .diagnosis
-        .as_ref()
-        .is_some_and(|d| d.cause != crate::rules::Cause::Capacity)
-    {
-        return Ok(None);
+    // Only a full card calls for memory to go: not when `diagnose` names
+    // another cause, nor, when it names none, unless the figures fall short.
+    use crate::rules::Cause;
+    match prepared.diagnosis.as_ref().map(|d| d.cause) {
+        Some(Cause::Capacity | Cause::RequestExceedsCapacity) => {}
+        None | Some(Cause::Unknown) if g.shortfall_bytes > 0 => {}
+        _ => return Ok(None),
     }
     if let crate::trial::workload::Loaded::Ready(w) = &prepared.loaded {
         let mut configs = vec![(

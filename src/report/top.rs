@@ -477,6 +477,11 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
             Grouping::Stack => "stacks",
             _ => "sites",
         };
+        let what = match (groups, what) {
+            (1, "size classes") => "size class",
+            (1, w) => w.trim_end_matches('s'),
+            (_, w) => w,
+        };
         line(
             format!("{groups} other {what}"),
             None,
@@ -722,14 +727,26 @@ pub fn must_go_lines(g: &crate::advise::fills::MustGo) -> Vec<String> {
             ),
         });
     }
+    let mut last = None;
     for l in &g.levers {
-        out.push(format!(
-            "  - {} hold {} ({} of live memory): {}",
-            l.category.label(),
-            human(l.bytes),
-            percent(l.share),
-            l.lever
-        ));
+        if last != Some(l.category) {
+            last = Some(l.category);
+            out.push(if l.category == Category::Unknown {
+                format!(
+                    "{} ({} of live memory) cannot be told apart by category; first:",
+                    human(l.bytes),
+                    percent(l.share)
+                )
+            } else {
+                format!(
+                    "The largest category, {}, holds {} ({} of live memory); what cuts it:",
+                    l.category.label(),
+                    human(l.bytes),
+                    percent(l.share)
+                )
+            });
+        }
+        out.push(format!("  - {}", l.lever));
     }
     out
 }

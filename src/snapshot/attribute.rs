@@ -703,16 +703,37 @@ impl<'s, 'a> Attributor<'s, 'a> {
         }
         let share = |b: u64| if total == 0 { 0.0 } else { ratio(b, total) };
         pre.share = share(pre.bytes);
-        let mut rows: Vec<Row> = groups
+        // By bytes, ties by the site's (file as recorded, line, function).
+        let mut rows: Vec<(Row, (&str, i64, &str))> = groups
             .iter()
-            .map(|(&key, acc)| self.row(key, acc, (&stack_of_key, &ranges), share(acc.bytes)))
+            .map(|(&key, acc)| {
+                let row = self.row(key, acc, (&stack_of_key, &ranges), share(acc.bytes));
+                let tie = match self.ask.by {
+                    Grouping::Site | Grouping::User if key >= SPECIAL_SITES => self
+                        .sites
+                        .get(key as usize)
+                        .map_or(("", 0, ""), |s| (s.filename, s.line, s.name)),
+                    _ => ("", 0, ""),
+                };
+                (row, tie)
+            })
             .collect();
-        rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.key.cmp(&b.key)));
+        rows.sort_by(|(a, ta), (b, tb)| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then_with(|| ta.cmp(tb))
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        // The top N groups, and the pre-trace row beside them wherever it ranks.
         let top = self.ask.top.max(1);
         let mut kept = Vec::with_capacity(top.min(rows.len()) + 1);
         let mut rest = Rest::default();
-        for r in rows {
-            if kept.len() < top || r.key == PRE_TRACE_ROW {
+        let mut listed = 0;
+        for (r, _) in rows {
+            if r.key == PRE_TRACE_ROW {
+                kept.push(r);
+            } else if listed < top {
+                listed += 1;
                 kept.push(r);
             } else {
                 rest.groups += 1;
