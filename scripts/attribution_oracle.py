@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent computation of allocdoc `top`'s attribution, from /work/notes/attribution-spec.md.
+"""An independent computation of allocdoc `top`'s attribution, from docs/ATTRIBUTION.md.
 
 It shares no code with allocdoc: a reference for tests, written for reading, not for speed
 (pure Python 3.9+, stdlib only). Snapshots are loaded with an unpickler that refuses every

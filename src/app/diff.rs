@@ -71,6 +71,7 @@ pub fn run(opts: &DiffOptions) -> Result<Outcome, Error> {
         top: usize::MAX,
         at: None,
         timeline_points: 0,
+        headline_only: false,
     };
     let side = |input: &str| -> Result<Attribution, Error> {
         let devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;

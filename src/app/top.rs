@@ -113,7 +113,9 @@ pub fn attribute_input(
             attribute::RECORD_STACKS
         )));
     }
-    let snap = crate::snapshot::load_with(name, &data, limits)?;
+    let mut release = data.releaser();
+    let release = release.as_mut().map(|r| r as &mut dyn FnMut(usize));
+    let snap = crate::snapshot::load_releasing(name, &data, limits, release)?;
     let devices = device.map(|d| vec![d]);
     let model = |e: crate::snapshot::model::ModelError| {
         Error::Input(format!("{name}: not a torch memory snapshot: {e}"))
@@ -161,6 +163,7 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
         top: opts.top.max(1),
         at,
         timeline_points: if opts.report.is_some() { 1200 } else { 0 },
+        headline_only: false,
     };
     let inputs = if opts.each {
         super::each::expand(&opts.inputs)

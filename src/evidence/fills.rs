@@ -287,6 +287,9 @@ pub struct Attribution {
     /// The trace records allocations (`alloc` or `free_completed` entries).
     pub traced: bool,
     pub stacks: Stacks,
+    /// The entry after which allocated memory first reached its peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_event_index: Option<u64>,
     pub moments: Vec<Moment>,
     pub steps: u64,
     pub growth: Vec<Growth>,

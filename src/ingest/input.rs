@@ -41,6 +41,51 @@ impl std::ops::Deref for Bytes {
     }
 }
 
+impl Bytes {
+    /// For a memory map, a hook for a decoder that reads the input once
+    /// ([`crate::snapshot::pickle::Release`]): it gives the pages before the
+    /// offset it is told back to the page cache (`madvise(MADV_DONTNEED)`),
+    /// so they stop counting as this process's memory; what the decoder's
+    /// result borrows from them is read from the file again when touched. A
+    /// buffer's pages are the only copy of its bytes: `None`.
+    pub fn releaser(&self) -> Option<impl FnMut(usize) + '_> {
+        let Bytes::Mapped { map, .. } = self else {
+            return None;
+        };
+        let mut done = 0usize;
+        Some(move |upto: usize| {
+            // A margin behind the offset: the opcodes being read stay mapped.
+            const PAGE: usize = 4096;
+            let end = (upto.saturating_sub(1 << 20) / PAGE) * PAGE;
+            if end > done {
+                release_pages(map, done, end);
+                done = end;
+            }
+        })
+    }
+}
+
+/// Drops the pages of `map[from..to]` (page-aligned offsets) from the process.
+#[cfg(target_os = "linux")]
+fn release_pages(map: &memmap2::Mmap, from: usize, to: usize) {
+    let Some(range) = map.get(from..to.min(map.len())) else {
+        return;
+    };
+    // A shared, read-only file mapping: the dropped pages are the file's,
+    // read again on the next touch, never zeroed (memmap2::Mmap::map maps
+    // MAP_SHARED; the offsets are multiples of the page size from its start).
+    unsafe {
+        libc::madvise(
+            range.as_ptr() as *mut libc::c_void,
+            range.len(),
+            libc::MADV_DONTNEED,
+        )
+    };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn release_pages(_map: &memmap2::Mmap, _from: usize, _to: usize) {}
+
 /// A decoding layer under the input's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layer {

@@ -254,6 +254,14 @@ pub fn read_opened(
     ev: &mut Evidence,
 ) -> Result<(), Error> {
     match opened.body {
+        Body::Whole(bytes) if opened.kind == InputKind::Pickle => {
+            let mut release = bytes.releaser();
+            let release = release.as_mut().map(|r| r as &mut dyn FnMut(usize));
+            ev.observations.extend(snapshot::observations_releasing(
+                name, &bytes, limits, release,
+            )?);
+            Ok(())
+        }
         Body::Whole(bytes) => parse_whole(name, &bytes, opened.kind, limits, clues, ev),
         Body::Stream(mut stream) => {
             binary_note(name, stream.head(), ev);

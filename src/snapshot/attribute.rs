@@ -52,6 +52,8 @@ pub struct Ask {
     pub at: Option<At>,
     /// Points of the category timeline (0: none).
     pub timeline_points: usize,
+    /// Only the moment a diagnosis is about: the OOM, else the peak, else the end.
+    pub headline_only: bool,
 }
 
 impl Default for Ask {
@@ -61,6 +63,7 @@ impl Default for Ask {
             top: 5,
             at: None,
             timeline_points: 0,
+            headline_only: false,
         }
     }
 }
@@ -186,7 +189,8 @@ pub struct Attributor<'s, 'a> {
     /// Allocations live before the trace.
     pre: Vec<Life>,
     /// Address → index in `lives` of the allocation live there.
-    live: FxHashMap<u64, u32>,
+    /// (its size beside it: a free then reads no `Life`, a cache miss on a long trace).
+    live: FxHashMap<u64, (u32, u64)>,
     /// Σ alloc sizes − Σ freed sizes so far; its highest value and entry.
     running: i128,
     best: i128,
@@ -207,6 +211,9 @@ pub struct Attributor<'s, 'a> {
     /// The trace records allocations (known once it ends): without it
     /// nothing is "before the trace".
     traced: bool,
+    settled: bool,
+    /// What matching the end state found, for the notes.
+    end_notes: Vec<String>,
 }
 
 impl<'s, 'a> Attributor<'s, 'a> {
@@ -217,6 +224,13 @@ impl<'s, 'a> Attributor<'s, 'a> {
             line: 0,
             name: "",
         };
+        // Room for the allocs of the trace (at most half its entries; untouched
+        // capacity costs no memory), so the tables are not copied as they grow.
+        let n = snap.trace_len(device);
+        let mut lives = Vec::new();
+        let _ = lives.try_reserve_exact(n / 2);
+        let mut live = FxHashMap::default();
+        let _ = live.try_reserve(n / 16);
         Attributor {
             snap,
             device,
@@ -245,9 +259,9 @@ impl<'s, 'a> Attributor<'s, 'a> {
             stack_frames: vec![Frames::NONE, Frames::NONE],
             sites: vec![special; SPECIAL_SITES as usize],
             site_ids: FxHashMap::default(),
-            lives: Vec::new(),
+            lives,
             pre: Vec::new(),
-            live: FxHashMap::default(),
+            live,
             running: 0,
             best: 0,
             peak: None,
@@ -262,6 +276,8 @@ impl<'s, 'a> Attributor<'s, 'a> {
             replaced: 0,
             refused: false,
             traced: false,
+            settled: false,
+            end_notes: Vec::new(),
         }
     }
 
@@ -284,12 +300,12 @@ impl<'s, 'a> Attributor<'s, 'a> {
             Action::Alloc => {
                 let stack = self.stack_of(e.frames);
                 let k = index32(self.lives.len());
-                if let Some(old) = self.live.insert(e.addr, k)
-                    && let Some(l) = self.lives.get_mut(old as usize)
-                {
+                if let Some((old, bytes)) = self.live.insert(e.addr, (k, e.size)) {
                     // An alloc over a live one: the entries between are missing.
-                    l.died = index32(i);
-                    self.running -= i128::from(l.bytes);
+                    if let Some(l) = self.lives.get_mut(old as usize) {
+                        l.died = index32(i);
+                    }
+                    self.running -= i128::from(bytes);
                     self.replaced += 1;
                 }
                 let life = Life {
@@ -308,11 +324,11 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 }
             }
             Action::FreeCompleted => match self.live.remove(&e.addr) {
-                Some(k) => {
+                Some((k, bytes)) => {
                     if let Some(l) = self.lives.get_mut(k as usize) {
                         l.died = index32(i);
-                        self.running -= i128::from(l.bytes);
                     }
+                    self.running -= i128::from(bytes);
                 }
                 None => {
                     // Allocated before the trace began: its free entry's
@@ -455,16 +471,16 @@ impl<'s, 'a> Attributor<'s, 'a> {
     /// The attribution, once every entry was fed. `step_starts` are the alloc
     /// indices where steps after the first begin (`TraceScan`'s steps).
     pub fn finish(mut self, step_starts: &[u32]) -> Attribution {
-        let traced = !self.lives.is_empty() || !self.pre.is_empty();
-        self.traced = traced;
-        let mut notes = Vec::new();
-        self.end_state(traced, &mut notes);
-        self.categorise();
+        self.settle();
+        let traced = self.traced;
+        let mut notes = std::mem::take(&mut self.end_notes);
         let stacks = self.stacks_recorded();
         let last = i64::try_from(self.entries).unwrap_or(i64::MAX) - 1;
         let mut moments = Vec::new();
         let peak = self.peak.filter(|_| traced);
-        if let Some(p) = peak {
+        let only = self.ask.headline_only;
+        let oom_too = self.oom.is_some();
+        if let Some(p) = peak.filter(|_| !(only && oom_too)) {
             moments.push(self.moment(MomentKind::Peak, p as i64, Some(p)));
         }
         if let Some((k, request, free)) = self.oom {
@@ -474,7 +490,9 @@ impl<'s, 'a> Attributor<'s, 'a> {
             moments.push(m);
         }
         let end_index = (traced && self.entries > 0).then(|| self.entries - 1);
-        moments.push(self.moment(MomentKind::End, last, end_index));
+        if !(only && !moments.is_empty()) {
+            moments.push(self.moment(MomentKind::End, last, end_index));
+        }
         match self.ask.at {
             Some(At::Event(n)) => {
                 let i = usize::try_from(n)
@@ -501,6 +519,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             trace_entries: self.entries as u64,
             traced,
             stacks,
+            peak_event_index: peak.map(|p| p as u64),
             moments,
             steps: if traced { steps } else { 0 },
             growth,
@@ -509,22 +528,66 @@ impl<'s, 'a> Attributor<'s, 'a> {
         }
     }
 
+    /// Feeds every entry of the device's trace, then [`Attributor::settle`]s:
+    /// all of [`Attributor::finish`] but what needs the step boundaries (on
+    /// a second thread beside the evidence's pass, for a long trace).
+    pub fn feed(mut self) -> Result<Self, super::model::ModelError> {
+        let snap = self.snap;
+        for (i, e) in snap.trace(self.device).enumerate() {
+            self.entry(i, &e?);
+        }
+        self.settle();
+        Ok(self)
+    }
+
+    /// The end state matched and the categories given, once every entry
+    /// was fed (a second call does nothing).
+    pub fn settle(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        self.traced = !self.lives.is_empty() || !self.pre.is_empty();
+        let mut notes = Vec::new();
+        self.end_state(self.traced, &mut notes);
+        self.end_notes = notes;
+        self.categorise();
+    }
+
     /// Matches the segments' active blocks with the trace's live allocations:
     /// the rest were live before the trace (or, with no trace, are the state).
     fn end_state(&mut self, traced: bool, notes: &mut Vec<String>) {
         let snap = self.snap;
         let mut matched = 0usize;
-        let mut differ = 0u64;
+        let (mut differ, mut matched_bytes) = (0u64, 0u64);
         let device = self.device;
+        // The allocations still open, by address: blocks come by address, so
+        // a cursor finds each (a search where one comes out of order) instead
+        // of a hash lookup per block of a large snapshot.
+        let mut open: Vec<(u64, u32)> = self.live.iter().map(|(&a, &(k, _))| (a, k)).collect();
+        open.sort_unstable();
+        let mut cursor = 0usize;
+        let mut find = |addr: u64| -> Option<u32> {
+            if open.get(cursor).is_some_and(|&(a, _)| a > addr)
+                || cursor.checked_sub(1).and_then(|c| open.get(c)).is_some_and(|&(a, _)| a >= addr)
+            {
+                cursor = open.partition_point(|&(a, _)| a < addr);
+            }
+            while open.get(cursor).is_some_and(|&(a, _)| a < addr) {
+                cursor += 1;
+            }
+            open.get(cursor).filter(|&&(a, _)| a == addr).map(|&(_, k)| k)
+        };
         for seg in snap.segments.iter().filter(|s| s.device == device) {
             for b in snap.blocks_of(seg) {
                 if b.state == BlockState::Inactive {
                     continue;
                 }
-                if let Some(&k) = self.live.get(&b.address)
+                if let Some(k) = find(b.address)
                     && let Some(l) = self.lives.get_mut(k as usize)
                 {
                     matched += 1;
+                    matched_bytes = matched_bytes.saturating_add(l.bytes);
                     differ += u64::from(l.bytes != b.requested_size);
                     l.block = b.size;
                     continue;
@@ -548,12 +611,12 @@ impl<'s, 'a> Attributor<'s, 'a> {
         }
         let unmatched = self.live.len().saturating_sub(matched);
         if unmatched > 0 {
-            let bytes: u64 = self
+            let bytes = self
                 .live
                 .values()
-                .filter_map(|&k| self.lives.get(k as usize))
-                .map(|l| l.bytes)
-                .sum::<u64>();
+                .map(|&(_, b)| b)
+                .fold(0u64, u64::saturating_add)
+                .saturating_sub(matched_bytes);
             notes.push(format!(
                 "{unmatched} allocation{} the trace leaves live ({}) {} not in the snapshot's segments: the trace and the segments disagree, and the figures follow the trace",
                 plural(unmatched as u64),
@@ -641,20 +704,25 @@ impl<'s, 'a> Attributor<'s, 'a> {
 
     /// The live set after entry `s`, grouped; `index` is the entry named.
     fn moment(&self, kind: MomentKind, s: i64, index: Option<usize>) -> Moment {
-        let ranges = self.reserved_at(s);
+        let ranges: Vec<(u64, u64)> = self.reserved_at(s).into_iter().collect();
+        // Groups: by site, category or size class a dense table (their keys
+        // are small); by stack or segment a map.
+        let dense = match self.ask.by {
+            Grouping::Site | Grouping::User => self.sites.len(),
+            Grouping::Category => Category::ALL.len(),
+            Grouping::Size => SIZE_CLASSES.len(),
+            Grouping::Stack | Grouping::Segment => 0,
+        };
+        let mut table = vec![Acc::default(); dense];
         let mut groups: FxHashMap<u32, Acc> = FxHashMap::default();
         let mut pre = PreTrace::default();
         let mut cats = [Acc::default(); 7];
         let (mut total, mut total_block, mut count) = (0u64, 0u64, 0u64);
-        let mut in_range: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut in_range = vec![0u64; ranges.len()];
         let mut stack_keys: FxHashMap<Vec<u32>, u32> = FxHashMap::default();
         let mut stack_of_key: FxHashMap<u32, u32> = FxHashMap::default();
         let mut outside = 0u64;
-        let seg_index: FxHashMap<u64, u32> = if self.ask.by == Grouping::Segment {
-            ranges.keys().zip(0u32..).map(|(&s, k)| (s, k)).collect()
-        } else {
-            FxHashMap::default()
-        };
+        let mut last_range = 0usize;
         for l in self.all_lives().filter(|l| l.alive(s)) {
             total = total.saturating_add(l.bytes);
             total_block = total_block.saturating_add(l.block);
@@ -662,8 +730,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             if let Some(c) = cats.get_mut(l.category.index()) {
                 c.add(l, self.traced);
             }
-            let pre_trace = l.pre_trace() && self.traced;
-            if pre_trace {
+            if l.pre_trace() && self.traced {
                 pre.bytes = pre.bytes.saturating_add(l.bytes);
                 pre.block_bytes = pre.block_bytes.saturating_add(l.block);
                 pre.count += 1;
@@ -676,11 +743,14 @@ impl<'s, 'a> Attributor<'s, 'a> {
                     pre.with_stack_bytes = pre.with_stack_bytes.saturating_add(l.bytes);
                 }
             }
-            let range = range_of(&ranges, l.addr);
+            // Blocks come in address runs: the range of the last one first.
+            let range = range_of(&ranges, l.addr, last_range);
             match range {
-                Some(start) => {
-                    let b = in_range.entry(start).or_default();
-                    *b = b.saturating_add(l.block);
+                Some(r) => {
+                    last_range = r;
+                    if let Some(b) = in_range.get_mut(r) {
+                        *b = b.saturating_add(l.block);
+                    }
                 }
                 None => outside = outside.saturating_add(l.bytes),
             }
@@ -688,9 +758,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 Grouping::Site | Grouping::User => self.site_of(l),
                 Grouping::Category => l.category.index() as u32,
                 Grouping::Size => size_class(l.block) as u32,
-                Grouping::Segment => range
-                    .and_then(|start| seg_index.get(&start).copied())
-                    .unwrap_or(u32::MAX),
+                Grouping::Segment => range.map_or(u32::MAX, index32),
                 Grouping::Stack => {
                     let next = stack_keys.len() as u32;
                     let sites = self.python_sites(l.stack);
@@ -699,47 +767,51 @@ impl<'s, 'a> Attributor<'s, 'a> {
                     k
                 }
             };
-            groups.entry(key).or_default().add(l, self.traced);
+            match table.get_mut(key as usize) {
+                Some(acc) => acc.add(l, self.traced),
+                None => groups.entry(key).or_default().add(l, self.traced),
+            }
         }
         let share = |b: u64| if total == 0 { 0.0 } else { ratio(b, total) };
         pre.share = share(pre.bytes);
-        // By bytes, ties by the site's (file as recorded, line, function).
-        let mut rows: Vec<(Row, (&str, i64, &str))> = groups
+        let accs = table
             .iter()
-            .map(|(&key, acc)| {
-                let row = self.row(key, acc, (&stack_of_key, &ranges), share(acc.bytes));
+            .enumerate()
+            .filter(|(_, a)| a.count > 0)
+            .map(|(k, a)| (index32(k), a))
+            .chain(groups.iter().map(|(&k, a)| (k, a)));
+        // By bytes, ties by the site's (file as recorded, line, function),
+        // else by the key; only the rows listed are formatted.
+        let mut ranked: Vec<(u32, &Acc, (&str, i64, &str))> = accs
+            .map(|(key, acc)| {
                 let tie = match self.ask.by {
                     Grouping::Site | Grouping::User if key >= SPECIAL_SITES => self
                         .sites
                         .get(key as usize)
                         .map_or(("", 0, ""), |s| (s.filename, s.line, s.name)),
-                    _ => ("", 0, ""),
+                    _ => ("", i64::from(key), ""),
                 };
-                (row, tie)
+                (key, acc, tie)
             })
             .collect();
-        rows.sort_by(|(a, ta), (b, tb)| {
-            b.bytes
-                .cmp(&a.bytes)
-                .then_with(|| ta.cmp(tb))
-                .then_with(|| a.key.cmp(&b.key))
-        });
+        ranked.sort_by(|(_, a, ta), (_, b, tb)| b.bytes.cmp(&a.bytes).then_with(|| ta.cmp(tb)));
         // The top N groups, and the pre-trace row beside them wherever it ranks.
+        let is_pre = |key: u32| {
+            matches!(self.ask.by, Grouping::Site | Grouping::User) && key == SITE_PRE_TRACE
+        };
         let top = self.ask.top.max(1);
-        let mut kept = Vec::with_capacity(top.min(rows.len()) + 1);
+        let mut kept = Vec::with_capacity(top.min(ranked.len()) + 1);
         let mut rest = Rest::default();
         let mut listed = 0;
-        for (r, _) in rows {
-            if r.key == PRE_TRACE_ROW {
-                kept.push(r);
-            } else if listed < top {
-                listed += 1;
-                kept.push(r);
+        for (key, acc, _) in ranked {
+            if is_pre(key) || listed < top {
+                listed += usize::from(!is_pre(key));
+                kept.push(self.row(key, acc, (&stack_of_key, &ranges), share(acc.bytes)));
             } else {
                 rest.groups += 1;
-                rest.bytes = rest.bytes.saturating_add(r.bytes);
-                rest.block_bytes = rest.block_bytes.saturating_add(r.block_bytes);
-                rest.count += r.count;
+                rest.bytes = rest.bytes.saturating_add(acc.bytes);
+                rest.block_bytes = rest.block_bytes.saturating_add(acc.block);
+                rest.count += acc.count;
             }
         }
         rest.share = share(rest.bytes);
@@ -758,10 +830,10 @@ impl<'s, 'a> Attributor<'s, 'a> {
         categories.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.category.cmp(&b.category)));
         let mut free = FreeReserved::default();
         let mut reserved = 0u64;
-        for (&start, &len) in &ranges {
+        for (&(_, len), &live) in ranges.iter().zip(&in_range) {
             reserved = reserved.saturating_add(len);
-            match in_range.get(&start) {
-                Some(&live) => {
+            match Some(live).filter(|&b| b > 0) {
+                Some(live) => {
                     free.in_split_segments_bytes = free
                         .in_split_segments_bytes
                         .saturating_add(len.saturating_sub(live));
@@ -837,7 +909,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         &self,
         key: u32,
         acc: &Acc,
-        (stack_of_key, ranges): (&FxHashMap<u32, u32>, &BTreeMap<u64, u64>),
+        (stack_of_key, ranges): (&FxHashMap<u32, u32>, &[(u64, u64)]),
         share: f64,
     ) -> Row {
         let mut row = Row {
@@ -878,7 +950,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
                     .to_string()
             }
             Grouping::Segment => {
-                row.key = match ranges.iter().nth(key as usize) {
+                row.key = match ranges.get(key as usize) {
                     Some((start, len)) => format!(
                         "segment at {start:#x} ({})",
                         crate::units::format_size(*len)
@@ -1186,10 +1258,18 @@ impl Acc {
     }
 }
 
-/// The start of the range holding `addr`.
-fn range_of(ranges: &BTreeMap<u64, u64>, addr: u64) -> Option<u64> {
-    let (&start, &len) = ranges.range(..=addr).next_back()?;
-    (addr - start < len).then_some(start)
+/// The index of the range (sorted by start) holding `addr`, trying `hint` first.
+fn range_of(ranges: &[(u64, u64)], addr: u64, hint: usize) -> Option<usize> {
+    let holds = |i: usize| {
+        ranges
+            .get(i)
+            .is_some_and(|&(start, len)| addr >= start && addr - start < len)
+    };
+    if holds(hint) {
+        return Some(hint);
+    }
+    let i = ranges.partition_point(|&(start, _)| start <= addr).checked_sub(1)?;
+    holds(i).then_some(i)
 }
 
 /// Removes `[addr, addr + size)` from the ranges (a segment or mapped pages
@@ -1761,7 +1841,9 @@ mod tests {
         assert_eq!(r, BTreeMap::from([(0, 20), (50, 50), (200, 50)]));
         cut(&mut r, 200, 50);
         assert_eq!(r, BTreeMap::from([(0, 20), (50, 50)]));
-        assert_eq!(range_of(&r, 60), Some(50));
-        assert_eq!(range_of(&r, 30), None);
+        let v: Vec<(u64, u64)> = r.into_iter().collect();
+        assert_eq!(range_of(&v, 60, 0), Some(1));
+        assert_eq!(range_of(&v, 60, 1), Some(1));
+        assert_eq!(range_of(&v, 30, 5), None);
     }
 }

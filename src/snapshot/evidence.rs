@@ -3,7 +3,7 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in its typed `detail` ([`SnapshotDetail`]).
 
-use super::attribute::{Ask, Attributor, MomentKind};
+use super::attribute::{Ask, Attributor};
 use super::model::{
     Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
@@ -17,6 +17,16 @@ use serde_json::Value as J;
 use std::collections::{BTreeMap, HashMap};
 
 const MIB: u64 = 1 << 20;
+/// Where a trace's attribution is fed: on this thread, entry by entry, or
+/// by a thread of its own reading the trace beside this one.
+enum Feeding<'t, A> {
+    Inline(A),
+    Thread(std::thread::ScopedJoinHandle<'t, Result<A, ModelError>>),
+}
+
+/// Trace entries from which a device's trace is attributed on a second
+/// thread (below, the thread would cost more than it saves).
+const THREADED_TRACE: usize = 100_000;
 /// How many allocation sites [`SnapshotDetail::top_sites`] lists.
 const TOP_SITES: usize = 10;
 /// Frames kept per listed site (innermost first; C++ stacks run to 60+).
@@ -292,33 +302,54 @@ fn detail(
     let settings = recorded_settings(snap);
     let mut scan =
         (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone()));
-    let mut fills = Attributor::new(snap, device, settings, Ask::default());
-    for (i, e) in snap.trace(device).enumerate() {
-        let e = e?;
-        match counts.iter_mut().find(|(a, _)| *a == e.action) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((e.action, 1)),
+    let ask = Ask {
+        headline_only: true,
+        ..Ask::default()
+    };
+    let fills = Attributor::new(snap, device, settings, ask);
+    // A long trace is attributed on a second thread, beside this pass.
+    let fills = std::thread::scope(|threads| -> Result<Attributor, ModelError> {
+        let mut feeding = if snap.trace_len(device) >= THREADED_TRACE {
+            Feeding::Thread(threads.spawn(|| fills.feed()))
+        } else {
+            Feeding::Inline(fills)
+        };
+        for (i, e) in snap.trace(device).enumerate() {
+            let e = e?;
+            match counts.iter_mut().find(|(a, _)| *a == e.action) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((e.action, 1)),
+            }
+            if e.action == Action::Oom {
+                ooms.push(SnapshotOom {
+                    event_index: i as u64,
+                    size: e.size,
+                    device_free: e.device_free,
+                    stream: e.stream,
+                });
+            }
+            if let Some(scan) = &mut scan {
+                scan.entry(i, &e);
+            }
+            if let Feeding::Inline(a) = &mut feeding {
+                a.entry(i, &e);
+            }
         }
-        if e.action == Action::Oom {
-            ooms.push(SnapshotOom {
-                event_index: i as u64,
-                size: e.size,
-                device_free: e.device_free,
-                stream: e.stream,
-            });
+        match feeding {
+            Feeding::Thread(w) => w.join().unwrap_or_else(|_| {
+                Err(ModelError {
+                    path: format!("device_traces[{device}]"),
+                    problem: "its attribution failed".to_string(),
+                })
+            }),
+            Feeding::Inline(a) => Ok(a),
         }
-        if let Some(scan) = &mut scan {
-            scan.entry(i, &e);
-        }
-        fills.entry(i, &e);
-    }
+    })?;
     let (trace, steps) = scan.map(TraceScan::finish_with_steps).unzip();
     let fills = fills.finish(&steps.unwrap_or_default());
     let trace = trace.map(|mut t| {
         // The allocated peak's entry (the stranding figures are the reserved peak's).
-        if let Some(p) = fills.moment(MomentKind::Peak) {
-            t.peak.event_index = p.event_index.unwrap_or(0);
-        }
+        t.peak.event_index = fills.peak_event_index.unwrap_or(0);
         t
     });
 

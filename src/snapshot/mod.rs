@@ -97,11 +97,26 @@ pub fn load_with<'a>(
     data: &'a [u8],
     limits: &Limits,
 ) -> Result<Snapshot<'a>, Error> {
+    load_releasing(input_name, data, limits, None)
+}
+
+/// [`load_with`], telling `release` how far the decoder has read (an input
+/// held as a memory map gives those pages back: [`pickle::Release`]).
+pub fn load_releasing<'a>(
+    input_name: &str,
+    data: &'a [u8],
+    limits: &Limits,
+    release: Option<pickle::Release<'_>>,
+) -> Result<Snapshot<'a>, Error> {
     let decode_limits = pickle::Limits {
         max_values: limits.max_objects,
         ..pickle::Limits::default()
     };
-    let p = pickle::decode_with(data, decode_limits).map_err(|e| match e {
+    let decoded = match release {
+        Some(r) => pickle::decode_releasing(data, decode_limits, r),
+        None => pickle::decode_with(data, decode_limits),
+    };
+    let p = decoded.map_err(|e| match e {
         pickle::DecodeError::Limit { offset, what, .. } if what == pickle::VALUES => {
             limits.exceeded(input_name, Limit::Objects, &format!("at byte {offset}"))
         }
@@ -134,7 +149,17 @@ pub fn observations_with(
     data: &[u8],
     limits: &Limits,
 ) -> Result<Vec<Observation>, Error> {
-    let snap = load_with(input_name, data, limits)?;
+    observations_releasing(input_name, data, limits, None)
+}
+
+/// [`observations_with`], with a [`pickle::Release`] hook.
+pub fn observations_releasing(
+    input_name: &str,
+    data: &[u8],
+    limits: &Limits,
+    release: Option<pickle::Release<'_>>,
+) -> Result<Vec<Observation>, Error> {
+    let snap = load_releasing(input_name, data, limits, release)?;
     evidence::device_observations(input_name, &snap)
         .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
 }

@@ -256,6 +256,24 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
     decoder(data, limits, false).run().map_err(|e| *e)
 }
 
+/// Input bytes between calls of a [`Release`] hook.
+const RELEASE_STEP: usize = 16 << 20;
+
+/// Told how far the decoder has read (a byte offset, every 16 MiB): the
+/// input before it is read again only for the strings the result borrows.
+pub type Release<'r> = &'r mut dyn FnMut(usize);
+
+/// [`decode_with`], calling `release` as the input is read.
+pub fn decode_releasing<'a>(
+    data: &'a [u8],
+    limits: Limits,
+    release: Release<'_>,
+) -> Result<Pickle<'a>, DecodeError> {
+    let mut d = decoder(data, limits, false);
+    d.release_at = RELEASE_STEP;
+    d.run_releasing(Some(release)).map_err(|e| *e)
+}
+
 /// Decodes `data` to its STOP, stepping over the opcodes that would call
 /// code instead of refusing at the first: protocols 0 and 1 have no header,
 /// so only a whole decode tells a pickle from text that starts like one.
@@ -297,6 +315,7 @@ fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<'_> {
         limits,
         defer_code,
         code: None,
+        release_at: usize::MAX,
     }
 }
 
@@ -479,6 +498,8 @@ struct Decoder<'a> {
     /// Step over code opcodes (see [`decode_whole`]), keeping the first in `code`.
     defer_code: bool,
     code: Option<DecodeError>,
+    /// The input offset at which a [`Release`] hook is called next.
+    release_at: usize,
 }
 
 /// Opcode names as `pickletools` spells them (used in errors).
@@ -557,10 +578,20 @@ fn opcode_name(op: u8) -> &'static str {
 }
 
 impl<'a> Decoder<'a> {
-    fn run(mut self) -> Res<Pickle<'a>> {
+    fn run(self) -> Res<Pickle<'a>> {
+        self.run_releasing(None)
+    }
+
+    fn run_releasing(mut self, mut release: Option<Release<'_>>) -> Res<Pickle<'a>> {
         loop {
             self.hot();
             let at = self.pos;
+            if at >= self.release_at
+                && let Some(r) = release.as_mut()
+            {
+                r(at);
+                self.release_at = at.saturating_add(RELEASE_STEP);
+            }
             let Some(&op) = self.data.get(at) else {
                 return Err(Box::new(DecodeError::Truncated {
                     offset: at,
