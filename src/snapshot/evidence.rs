@@ -5,8 +5,7 @@
 
 use super::attribute::{Ask, Attributor};
 use super::model::{
-    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
-    TraceEntry,
+    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot, TraceEntry,
 };
 use super::trace_metrics::TraceScan;
 use crate::conf::{Settings, TorchVersion};
@@ -22,7 +21,7 @@ const MIB: u64 = 1 << 20;
 /// on a thread of its own, in batches of the entries this pass has read
 /// (each entry is decoded once; the batches' buffers go back and forth).
 enum Feeding<'t, 's, 'a> {
-    Inline(Attributor<'s, 'a>),
+    Inline(Box<Attributor<'s, 'a>>),
     Thread {
         batch: Vec<(usize, TraceEntry)>,
         full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
@@ -44,7 +43,7 @@ impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
         's: 't,
     {
         if !threaded {
-            return Feeding::Inline(fills);
+            return Feeding::Inline(Box::new(fills));
         }
         // Two batches in flight: one being read here, one attributed there.
         let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
@@ -89,7 +88,7 @@ impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
 
     fn finish(self, device: u32) -> Result<Attributor<'s, 'a>, ModelError> {
         match self {
-            Feeding::Inline(a) => Ok(a),
+            Feeding::Inline(a) => Ok(*a),
             Feeding::Thread {
                 batch,
                 full,
