@@ -227,6 +227,42 @@ fn size_label(v: f64) -> String {
     format!("{} {}", trim(v), UNITS[i])
 }
 
+/// The top of a memory axis for data peaking at `data_peak`, and whether the
+/// card (`capacity`) is drawn on it. The axis is scaled to the data: a card
+/// more than twice the peak (an 80 GiB card under a 2.59 GiB run) would flatten
+/// the data into a line at the bottom, so it is marked above the axis instead.
+fn memory_axis(data_peak: u64, capacity: Option<u64>) -> (f64, bool) {
+    let data_peak = data_peak.max(1);
+    match capacity {
+        Some(c) if c <= data_peak.saturating_mul(2) => (data_peak.max(c) as f64, true),
+        _ => (data_peak as f64, false),
+    }
+}
+
+/// The card's capacity: a line at its height when it is on the axis
+/// ([`memory_axis`]), else a label at the top edge saying it lies above.
+fn capacity_mark(s: &mut String, capacity: Option<u64>, on_axis: bool, sy: impl Fn(f64) -> f64) {
+    let Some(cap) = capacity else { return };
+    let x = CHART_W - PAD_R - 4.0;
+    if on_axis {
+        let py = sy(cap as f64);
+        let _ = write!(
+            s,
+            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{x:.1}" y="{:.1}">capacity {}</text>"#,
+            CHART_W - PAD_R,
+            py - 5.0,
+            escape(&human(cap))
+        );
+    } else {
+        let _ = write!(
+            s,
+            r#"<text class="capacity-label" x="{x:.1}" y="{:.1}">↑ capacity {}, above this axis</text>"#,
+            PAD_T + 14.0,
+            escape(&human(cap))
+        );
+    }
+}
+
 /// The memory timeline: reserved (solid) and allocated (dashed) per config,
 /// overlaid on shared axes, with the capacity and each OOM marked.
 pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &str) -> String {
@@ -236,13 +272,12 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
         .max()
         .unwrap_or(0)
         .max(1) as f64;
-    let peak = timelines
+    let data_peak = timelines
         .iter()
         .map(|t| t.reserved.peak().max(t.allocated.peak()))
         .max()
-        .unwrap_or(0)
-        .max(capacity.unwrap_or(0))
-        .max(1) as f64;
+        .unwrap_or(0);
+    let (peak, on_axis) = memory_axis(data_peak, capacity);
     let y_step = byte_step(peak, 5.0);
     let max_y = (peak * 1.04 / y_step).ceil() * y_step;
     let x_step = decimal_step(max_x, 8.0);
@@ -292,17 +327,7 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
         escape(x_label)
     );
 
-    if let Some(cap) = capacity {
-        let py = sy(cap as f64);
-        let _ = write!(
-            s,
-            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{:.1}" y="{:.1}">capacity {}</text>"#,
-            CHART_W - PAD_R,
-            CHART_W - PAD_R - 4.0,
-            py - 5.0,
-            escape(&human(cap))
-        );
-    }
+    capacity_mark(&mut s, capacity, on_axis, sy);
 
     for (i, t) in timelines.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
@@ -395,10 +420,8 @@ pub fn stacked_chart(
                 .sum()
         })
         .collect();
-    // Scaled to the data: a card far above the peak is named, not drawn.
-    let data_peak = totals.iter().copied().max().unwrap_or(0).max(1);
-    let drawn_capacity = capacity.filter(|&c| c <= data_peak.saturating_mul(2));
-    let peak = data_peak.max(drawn_capacity.unwrap_or(0)) as f64;
+    let data_peak = totals.iter().copied().max().unwrap_or(0);
+    let (peak, on_axis) = memory_axis(data_peak, capacity);
     let y_step = byte_step(peak, 5.0);
     let max_y = (peak * 1.04 / y_step).ceil() * y_step;
     let x_step = decimal_step(max_x, 8.0);
@@ -469,17 +492,7 @@ pub fn stacked_chart(
         let _ = write!(s, r#""><title>{}</title></polygon>"#, escape(layer.name));
         base = top;
     }
-    if let Some(cap) = drawn_capacity {
-        let py = sy(cap as f64);
-        let _ = write!(
-            s,
-            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{:.1}" y="{:.1}">capacity {}</text>"#,
-            CHART_W - PAD_R,
-            CHART_W - PAD_R - 4.0,
-            py - 5.0,
-            escape(&human(cap))
-        );
-    }
+    capacity_mark(&mut s, capacity, on_axis, sy);
     for (i, (at, label)) in marks.iter().enumerate() {
         let px = sx(*at as f64);
         let _ = write!(
