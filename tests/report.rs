@@ -123,6 +123,7 @@ fn fixture(events: u64) -> ReportData {
                 ("requested".into(), "2.00 GiB".into()),
             ],
         }],
+        next_steps: vec!["Print memory_summary() again just before the failing step.".into()],
         top_sites: vec![
             Site { site: "model.py:212:forward".into(), bytes: 24 * GIB, count: 1200 },
             Site { site: "optim/adam.py:88:step".into(), bytes: 9 * GIB, count: 96 },
@@ -195,7 +196,14 @@ fn report_is_well_formed_and_shows_the_figures() {
     assert!(html.contains("79.15 GiB"));
     assert!(html.contains("OOM: current (default) at event 90k"));
     assert!(html.contains("capacity 79.15 GiB"));
+    assert!(
+        html.contains("<line class=\"capacity\""),
+        "a card at the peak is drawn"
+    );
     assert!(html.contains("class=\"verdict good\""));
+    assert!(html.contains(
+        "<h2>What to check next</h2><ul><li>Print memory_summary() again just before the failing step.</li></ul>"
+    ));
     // Nothing reaches out of the file.
     for banned in ["<script", "http://", "https://", "<link", "@import", "url("] {
         let hits = html.matches(banned).count();
@@ -223,6 +231,50 @@ fn every_string_is_escaped() {
     assert!(!html.contains("<img"));
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
     assert!(html.contains("a &lt; b &amp; &quot;c&quot;"));
+}
+
+/// The largest y tick of the report's memory timeline, in bytes.
+fn top_tick(html: &str) -> u64 {
+    html.split("class=\"ytick\"")
+        .skip(1)
+        .filter_map(|t| {
+            let label = t.split('>').nth(1)?.split('<').next()?;
+            allocdoc::units::parse_size(label).ok()
+        })
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn the_memory_axis_follows_the_run_and_marks_the_card() {
+    // A run peaking at 2.59 GiB reserved on an 80 GiB card (what validate
+    // assumes without --capacity): drawn to the card, it would be a flat line.
+    let mut t = Timeline::new("current (default)");
+    for i in 0..=100u64 {
+        let allocated = 2400 * MIB * i / 100;
+        t.push(i, allocated, allocated + 252 * MIB);
+    }
+    let mut data = ReportData {
+        title: "run".into(),
+        timelines: vec![t],
+        capacity: Some(80 * GIB),
+        ..ReportData::default()
+    };
+    let html = render(&data);
+    check_balanced(&html);
+    assert_eq!(data.timelines[0].reserved.peak(), 2652 * MIB);
+    assert!(top_tick(&html) < 4 * GIB, "{}", top_tick(&html));
+    assert!(
+        html.contains("↑ capacity 80.00 GiB, above this axis"),
+        "{html}"
+    );
+    assert!(!html.contains("<line class=\"capacity\""));
+    // A card within twice the peak is drawn to scale.
+    data.capacity = Some(4 * GIB);
+    let html = render(&data);
+    assert!(top_tick(&html) >= 4 * GIB);
+    assert!(html.contains("<line class=\"capacity\""));
+    assert!(html.contains(">capacity 4.00 GiB<"));
 }
 
 #[test]
@@ -514,6 +566,18 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
     assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
     assert_eq!(html.matches("<tr class=\"flag\">").count(), 1);
     assert!(html.contains("7.31 GiB (7849052733 bytes)"));
+    // The steps the Markdown lists under "What to check next", one item each.
+    let steps = md
+        .split("### What to check next\n\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("- "))
+        .count();
+    let next = html.split("<section id=\"next\">").nth(1).unwrap();
+    let next = next.split("</section>").next().unwrap();
+    assert!(steps > 0);
+    assert_eq!(next.matches("<li>").count(), steps, "{next}");
 
     let json = allocdoc(&["diagnose", "fixtures/report/ranks.log", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();

@@ -604,6 +604,7 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
         }),
         figures,
         findings,
+        next_steps: next_steps(d).into_iter().map(String::from).collect(),
         tables,
         ..views.into_data()
     })
