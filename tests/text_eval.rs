@@ -150,11 +150,17 @@ fn an_unreproduced_oom_claims_nothing() {
     let input = fixture("fixtures/text/readme_example.log");
     let out = validate(&input, "expandable_segments:True", Format::Text);
     assert_eq!(out.exit_code, 4, "{}", out.stdout);
-    let verdict = out
-        .stdout
-        .lines()
+    // The headline and its details (one a line below it), as one finding.
+    let mut lines = out.stdout.lines();
+    let head = lines
         .find_map(|l| l.strip_prefix("Verdict: "))
         .expect("a verdict line");
+    let details = lines.map_while(|l| l.strip_prefix("  - "));
+    let verdict = std::iter::once(head)
+        .chain(details)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let verdict = verdict.as_str();
     assert!(
         verdict.starts_with("The OOM was not reproduced"),
         "{verdict}"
