@@ -4,7 +4,7 @@
 //! extension (python/src/lib.rs) and started through [`cli`].
 
 use allocdoc::app::{self, Outcome};
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -180,7 +180,7 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
         Command::Rules(opts) => app::rules_cmd::run(&opts),
         Command::Completions { shell } => {
             let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "allocdoc", &mut script);
+            clap_complete::generate(shell, &mut command(), "allocdoc", &mut script);
             Ok(Outcome::ok(String::from_utf8_lossy(&script).into_owned()))
         }
     }
@@ -329,11 +329,28 @@ mod out_of_memory {
     }
 }
 
+/// The command tree, every command's help ending with the one exit-code
+/// table (`allocdoc::error::EXIT_CODES_HELP`).
+fn command() -> clap::Command {
+    fn with_codes(c: clap::Command) -> clap::Command {
+        let help = c
+            .get_after_help()
+            .map(|h| format!("{h}\n\n"))
+            .unwrap_or_default();
+        c.after_help(format!("{help}{}", allocdoc::error::EXIT_CODES_HELP))
+            .mut_subcommands(with_codes)
+    }
+    with_codes(Cli::command())
+}
+
 /// The whole command: `args` (the program name first) parsed, run, printed;
 /// returns the exit code.
 pub fn cli(args: impl IntoIterator<Item = OsString>) -> u8 {
     let args: Vec<OsString> = args.into_iter().collect();
-    let cli = match Cli::try_parse_from(&args) {
+    let cli = match command()
+        .try_get_matches_from(&args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
             let _ = e.print();

@@ -2,8 +2,10 @@
 //! `diagnose`, `recommend` and `validate` give the same headline cause and
 //! the same line, or say in one sentence which evidence overrides which; no
 //! command recommends a value `conf check` rejects or flags as ignored, for
-//! PyTorch 1.10, 2.0, 2.1, 2.4 and 2.6 on Linux and Windows; and every
-//! comparison word in a verdict or finding agrees with the figures it relates.
+//! PyTorch 1.10, 2.0, 2.1, 2.4 and 2.6 on Linux and Windows; every
+//! comparison word in a verdict or finding agrees with the figures it relates;
+//! and no exit code contradicts its JSON verdict, nor the text either (issue 26,
+//! `support/verdicts.rs`).
 
 use allocdoc::advise::{self, Setup, Space};
 use allocdoc::app::Format;
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 #[path = "support/comparisons.rs"]
 mod comparisons;
+use crate::verdicts::contradictions as contradicts;
 use comparisons::contradictions;
 
 /// Fails with every contradiction found in `texts`.
@@ -156,10 +159,18 @@ fn prepared() -> &'static [Prepared] {
     })
 }
 
-/// `recommend --format json` and `validate --format json` as the commands
+/// One command's result: its JSON, its text and its exit code.
+struct Doc {
+    json: Value,
+    text: String,
+    exit: i32,
+}
+
+/// `recommend` and `validate` (JSON, text, exit code) as the commands
 /// render them, on a prepared fixture (the same steps as `app::recommend`
-/// and `app::validate`, with the probe fitted once).
-fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value>) {
+/// and `app::validate`, with the probe fitted once); `validate` is `None`
+/// where there is nothing to replay.
+fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Doc, Option<Doc>) {
     let p = &f.p;
     let Loaded::Ready(w) = &p.loaded else {
         let Loaded::Nothing(why) = &p.loaded else {
@@ -167,13 +178,13 @@ fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value
         };
         let only =
             allocdoc::trial::recommend::RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why.clone());
-        return (
-            json(&allocdoc::report::recommend::rules_only(
-                &only,
-                Format::Json,
-            )),
-            None,
-        );
+        let render = |format| allocdoc::report::recommend::rules_only("recommend", &only, format);
+        let doc = Doc {
+            json: json(&render(Format::Json)),
+            text: render(Format::Text),
+            exit: allocdoc::error::EXIT_NOTHING_TO_REPLAY,
+        };
+        return (doc, None);
     };
     let space = Space::for_setup(&p.setup, p.current.per_process_memory_fraction.is_some());
     let search = Search {
@@ -184,10 +195,14 @@ fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value
         bisect: true,
     };
     let r = recommend(w, w.capacity(None), &search, &|_| {}).unwrap();
-    let r = json(&allocdoc::report::recommend::recommendation(
-        &r,
-        Format::Json,
-    ));
+    let r = Doc {
+        json: json(&allocdoc::report::recommend::recommendation(
+            &r,
+            Format::Json,
+        )),
+        text: allocdoc::report::recommend::recommendation(&r, Format::Text),
+        exit: r.exit_code(),
+    };
     let settings = allocdoc::app::input::conf_at("--conf", candidate, &p.setup).unwrap();
     let v = allocdoc::trial::validate::validate(
         w,
@@ -198,19 +213,19 @@ fn recommend_and_validate(f: &Prepared, candidate: &str) -> (Value, Option<Value
         (p.diagnosis.as_ref(), &p.setup),
     )
     .unwrap();
-    (
-        r,
-        Some(json(&allocdoc::report::recommend::validation(
-            &v,
-            Format::Json,
-        ))),
-    )
+    let v = Doc {
+        json: json(&allocdoc::report::recommend::validation(&v, Format::Json)),
+        text: allocdoc::report::recommend::validation(&v, Format::Text),
+        exit: v.verdict.exit_code,
+    };
+    (r, Some(v))
 }
 
 #[test]
 fn diagnose_recommend_and_validate_agree_on_every_fixture() {
     use rayon::prelude::*;
     let all = prepared();
+    let contradicted = std::sync::Mutex::new(Vec::new());
     let overridden: Vec<String> = all
         .par_iter()
         .filter_map(|f| {
@@ -218,6 +233,17 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
             let d = diagnosed(path);
             let candidate = d.1.clone().unwrap_or_default();
             let (r, v) = recommend_and_validate(f, &candidate);
+            // Exit codes against the JSON verdicts, text against both.
+            let mut bad = contradicts("recommend", r.exit, &r.json, Some(&r.text));
+            if let Some(v) = &v {
+                bad.extend(contradicts("validate", v.exit, &v.json, Some(&v.text)));
+            }
+            contradicted
+                .lock()
+                .unwrap()
+                .extend(bad.into_iter().map(|b| format!("{path}: {b}")));
+            let r = r.json;
+            let v = v.map(|v| v.json);
             let answer = &r["answer"];
             agrees("recommend", path, &d, answer);
             assert_true(
@@ -245,20 +271,39 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
                     );
                 }
                 None => {
-                    // Nothing to replay: `validate` says so, with diagnose's answer.
-                    let e = allocdoc::app::validate::run(&ValidateOptions {
-                        input: path.clone(),
-                        conf: candidate,
-                        device: "sim".into(),
-                        ..ValidateOptions::default()
-                    })
-                    .unwrap_err()
-                    .to_string();
-                    assert!(e.contains("nothing to validate"), "validate {path}: {e}");
+                    // Nothing to replay: `validate` says so, with diagnose's
+                    // answer, and exits as `recommend` does (5).
+                    let run = |format| {
+                        allocdoc::app::validate::run(&ValidateOptions {
+                            input: path.clone(),
+                            conf: candidate.clone(),
+                            device: "sim".into(),
+                            format,
+                            ..ValidateOptions::default()
+                        })
+                        .unwrap()
+                    };
+                    let (out, doc) = (run(Format::Text), run(Format::Json));
+                    assert_eq!(
+                        out.exit_code,
+                        allocdoc::error::EXIT_NOTHING_TO_REPLAY,
+                        "{path}"
+                    );
                     assert!(
-                        e.contains(&format!("diagnose's answer: {}", d.0))
-                            || (d.0 == "unknown" && e.contains("diagnose's answer:")),
-                        "validate {path}: {e}"
+                        out.stdout.starts_with("validate: nothing to replay: "),
+                        "validate {path}: {}",
+                        out.stdout
+                    );
+                    agrees("validate", path, &d, &json(&doc.stdout)["answer"]);
+                    contradicted.lock().unwrap().extend(
+                        contradicts(
+                            "validate",
+                            doc.exit_code,
+                            &json(&doc.stdout),
+                            Some(&out.stdout),
+                        )
+                        .into_iter()
+                        .map(|b| format!("{path}: {b}")),
                     );
                     assert!(
                         r["candidates"].as_array().is_some_and(|c| c.is_empty()),
@@ -274,6 +319,13 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
         .filter(|f| matches!(f.p.loaded, Loaded::Ready(_)))
         .count();
     assert!(replayed > 80, "only {replayed} fixtures replayed");
+    let contradicted = contradicted.into_inner().unwrap();
+    assert!(
+        contradicted.is_empty(),
+        "{} contradictions between exit codes, JSON and text:\n{}",
+        contradicted.len(),
+        contradicted.join("\n")
+    );
     eprintln!(
         "{} of {} fixtures' lines differ from diagnose's, each with its sentence: {overridden:#?}",
         overridden.len(),

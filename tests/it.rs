@@ -29,6 +29,8 @@ mod trace_rules;
 mod validate;
 
 // Shared by report and snapshot (one copy: clippy::duplicate_mod).
+#[path = "support/verdicts.rs"]
+mod verdicts;
 #[path = "support/xorshift.rs"]
 mod xorshift;
 

@@ -209,20 +209,36 @@ impl Setup {
         v
     }
 
-    /// The versions a value must be valid in: both ends of the range (a key
-    /// exists over one interval of releases, so the ends decide), and the
-    /// replay version. An open end stands for the oldest release with an
-    /// allocator config (1.10) or the newest known.
+    /// The versions a value must be valid in: the replay version alone, the
+    /// one resolution of the version every command shares (`recommend`
+    /// searches, `validate` reads its candidate and the answer admits its
+    /// line there). Older releases the range allows are named in a note
+    /// instead ([`Setup::rejected_in_range`]).
     pub fn versions(&self) -> Vec<TorchVersion> {
-        let r = self.torch.value;
-        let mut v = vec![
-            r.lo.unwrap_or(TorchVersion::FIRST_ALLOC_CONF),
-            r.hi.unwrap_or(TorchVersion::LATEST_KNOWN),
-            self.replay_version(),
-        ];
-        v.sort();
-        v.dedup();
-        v
+        vec![self.replay_version()]
+    }
+
+    /// When the evidence dates PyTorch only as a range: a note naming the
+    /// oldest release in it that rejects `value` (which holds at the replay
+    /// version), so a user on that release knows to pass `--torch-version`.
+    pub fn rejected_in_range(&self, value: &str) -> Option<String> {
+        let version = self.replay_version();
+        let oldest = self
+            .torch
+            .value
+            .lo
+            .unwrap_or(TorchVersion::FIRST_ALLOC_CONF)
+            .max(TorchVersion::FIRST_ALLOC_CONF);
+        if oldest >= version || value.is_empty() {
+            return None;
+        }
+        crate::conf::parse(value, version).ok()?;
+        let e = crate::conf::parse(value, oldest).err()?;
+        Some(format!(
+            "the evidence dates PyTorch as {} and configs are read as PyTorch {version}; \
+             PyTorch {oldest} rejects {value} ({e}): pass --torch-version if yours is older",
+            range_text(self.torch.value)
+        ))
     }
 
     /// Whether `PYTORCH_CUDA_ALLOC_CONF` governs the memory that ran out.
@@ -433,13 +449,22 @@ mod tests {
         );
         assert_eq!(range_text(s.torch.value), "2.2-2.3");
         assert!(s.torch.source.contains("disagree"), "{}", s.torch.source);
-        // 1.10-2.0 replays as 2.0, and values must hold in 1.10 and 2.0.
+        // 1.10-2.0 replays as 2.0, values are read there, and a note names 1.10's refusals.
         let s = Setup::resolve(&evidence(vec![oom("1.10-2.0")]), &Context::default());
         assert_eq!(s.replay_version(), TorchVersion::new(2, 0));
-        assert_eq!(
-            s.versions(),
-            vec![TorchVersion::new(1, 10), TorchVersion::new(2, 0)]
+        assert_eq!(s.versions(), vec![TorchVersion::new(2, 0)]);
+        // "2.0+" is read as 2.6: expandable segments hold there, and 2.0 refuses them.
+        let s = Setup::resolve(&evidence(vec![oom("2.0+")]), &Context::default());
+        assert_eq!(s.versions(), vec![TorchVersion::new(2, 6)]);
+        let note = s.rejected_in_range("expandable_segments:True").unwrap();
+        assert!(
+            note.starts_with(
+                "the evidence dates PyTorch as 2.0+ and configs are read as PyTorch 2.6; \
+                 PyTorch 2.0 rejects expandable_segments:True"
+            ),
+            "{note}"
         );
+        assert_eq!(s.rejected_in_range("max_split_size_mb:128"), None);
     }
 
     #[test]

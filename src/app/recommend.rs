@@ -69,8 +69,10 @@ pub fn run_with_progress(
             // Nothing to replay: the rules' answer alone, said to be so.
             let only = RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why);
             return Ok(Outcome {
-                exit_code: i32::from(only.answer.recommendation.is_none()),
-                stdout: opts.format.finish(rules_only(&only, opts.format)),
+                exit_code: crate::error::EXIT_NOTHING_TO_REPLAY,
+                stdout: opts
+                    .format
+                    .finish(rules_only("recommend", &only, opts.format)),
                 stderr: p.notes,
             });
         }
@@ -86,6 +88,10 @@ pub fn run_with_progress(
     };
     let mut result = recommend(&workload, capacity, &search, progress)?;
     result.notes.extend(p.notes);
+    let line = result.recommendation.as_ref().map(|r| r.value.as_str());
+    result
+        .notes
+        .extend(line.and_then(|v| p.setup.rejected_in_range(v)));
     let stdout = recommendation(&result, opts.format);
     let mut stderr = Vec::new();
     if let Some(path) = &opts.report {

@@ -7,7 +7,8 @@ use super::input::{conf_at, ignored_notes, prepare};
 use super::{Format, Outcome};
 use crate::Error;
 use crate::device::DeviceSpec;
-use crate::report::recommend::{validation, validation_html};
+use crate::report::recommend::{rules_only, validation, validation_html};
+use crate::trial::recommend::RulesOnly;
 use crate::trial::run::conf_name;
 use crate::trial::workload::Loaded;
 use crate::trial::{validate, views};
@@ -67,12 +68,15 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let workload = match p.loaded {
         Loaded::Ready(w) => w,
         Loaded::Nothing(why) => {
-            let said = p
-                .diagnosis
-                .as_ref()
-                .map(|d| format!("; diagnose's answer: {}", d.verdict))
-                .unwrap_or_default();
-            return Err(Error::Input(format!("{why}: nothing to validate{said}")));
+            // Nothing to replay: the rules' answer alone, said to be so (as `recommend`).
+            let only = RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why);
+            return Ok(Outcome {
+                exit_code: crate::error::EXIT_NOTHING_TO_REPLAY,
+                stdout: opts
+                    .format
+                    .finish(rules_only("validate", &only, opts.format)),
+                stderr: p.notes,
+            });
         }
     };
     let v = validate::validate(
@@ -86,6 +90,11 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
     let stdout = validation(&v, opts.format);
     let mut stderr = p.notes;
     stderr.extend(ignored_notes("--conf", &opts.conf, &p.setup));
+    stderr.extend(
+        p.setup
+            .rejected_in_range(&opts.conf)
+            .map(|n| format!("note: {n}")),
+    );
     if let Some(path) = &opts.report {
         // The pictures come from the simulated card, whatever --device ran the verdict.
         let runs = [

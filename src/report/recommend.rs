@@ -252,15 +252,25 @@ pub fn capture_lines(version: TorchVersion) -> Vec<String> {
     lines
 }
 
-/// "Verdict: …" and "Evidence: …" lines.
+/// "Verdict: …" (the answer, one sentence), its details one a line below,
+/// and "Evidence: …".
 fn verdict_lines(label: &str, v: &Judgement) -> String {
-    format!(
-        "{label}: {}
-Evidence: {}
-",
-        v.sentence(),
-        v.evidence()
-    )
+    let mut s = format!("{label}: {}\n", v.headline());
+    for d in v.details() {
+        let _ = writeln!(s, "  - {d}");
+    }
+    let _ = writeln!(s, "Evidence: {}", v.evidence());
+    s
+}
+
+/// What was replayed, for a header: "1 event", "4496 events", or for text
+/// evidence the fitted workloads (whose events are not the user's).
+fn replayed_what(events: u64, probe: bool) -> String {
+    match (probe, events) {
+        (true, _) => "text evidence, replayed on fitted workloads".to_string(),
+        (false, 1) => "1 event".to_string(),
+        (false, n) => format!("{n} events"),
+    }
 }
 
 fn recommendation_tables(r: &RecommendResult) -> Vec<Table> {
@@ -359,12 +369,13 @@ fn recommended_block(r: &Recommendation) -> String {
     s
 }
 
-/// `recommend`'s output when nothing could be replayed: the rules' answer.
-pub fn rules_only(r: &RulesOnly, format: Format) -> String {
+/// `recommend`'s or `validate`'s (`command`) output when nothing could be
+/// replayed: the rules' answer.
+pub fn rules_only(command: &str, r: &RulesOnly, format: Format) -> String {
     match format {
         Format::Json | Format::Jsonl => super::common::json(r),
         Format::Text => {
-            let mut s = format!("recommend: nothing to replay: {}\n", r.not_replayed);
+            let mut s = format!("{command}: nothing to replay: {}\n", r.not_replayed);
             for l in answer_lines(&r.answer) {
                 let _ = writeln!(s, "{l}");
             }
@@ -379,7 +390,7 @@ pub fn rules_only(r: &RulesOnly, format: Format) -> String {
         }
         Format::Markdown => {
             let mut s = markdown::summary_line(
-                "allocdoc recommend",
+                &format!("allocdoc {command}"),
                 &format!("nothing to replay: {}", r.not_replayed),
             );
             s.push('\n');
@@ -401,9 +412,9 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
         Format::Json | Format::Jsonl => json_with_probe(r, r.probe.as_ref(), r.torch_version),
         Format::Text => {
             let mut s = format!(
-                "recommend: {} ({} events), capacity {}\n",
+                "recommend: {} ({}), capacity {}\n",
                 r.input,
-                r.events,
+                replayed_what(r.events, r.probe.is_some()),
                 capacity_text(r.capacity_bytes, r.capacity_source),
             );
             for l in answer_lines(&r.answer) {
@@ -429,7 +440,10 @@ pub fn recommendation(r: &RecommendResult, format: Format) -> String {
             s
         }
         Format::Markdown => {
-            let mut s = markdown::summary_line("allocdoc recommend", &r.verdict.sentence());
+            let mut s = markdown::summary_line("allocdoc recommend", r.verdict.headline());
+            for d in r.verdict.details() {
+                let _ = writeln!(s, "- {}", markdown::cell(d));
+            }
             let _ = writeln!(s, "Evidence: {}\n", markdown::cell(&r.verdict.evidence()));
             s.push('\n');
             for l in answer_lines(&r.answer) {
@@ -480,7 +494,11 @@ fn export_lines(r: &Recommendation) -> String {
 pub fn recommendation_html(r: &RecommendResult, views: &RunViews) -> String {
     super::html::render(&ReportData {
         title: "allocdoc recommend".into(),
-        subtitle: Some(format!("{} ({} events)", r.input, r.events)),
+        subtitle: Some(format!(
+            "{} ({})",
+            r.input,
+            replayed_what(r.events, r.probe.is_some())
+        )),
         verdict: Verdict {
             headline: r.verdict.sentence(),
             tone: tone(&r.verdict),
@@ -579,7 +597,10 @@ pub fn validation(v: &Validation, format: Format) -> String {
             s
         }
         Format::Markdown => {
-            let mut s = markdown::summary_line("allocdoc validate", &v.verdict.sentence());
+            let mut s = markdown::summary_line("allocdoc validate", v.verdict.headline());
+            for d in v.verdict.details() {
+                let _ = writeln!(s, "- {}", markdown::cell(d));
+            }
             let _ = writeln!(s, "Evidence: {}\n", markdown::cell(&v.verdict.evidence()));
             for l in answer_lines(&v.answer) {
                 let _ = writeln!(s, "- {}", markdown::cell(&l));

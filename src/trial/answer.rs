@@ -255,6 +255,21 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
                 if !rules_said.is_empty() {
                     answer.overrides = Some(format!("{rules_said}; {how}, {what}"));
                 }
+            } else if r.strength == Strength::Likely && !current_oom {
+                // No OOM to avoid, on synthetic evidence: the line keeps the
+                // config in use (a probe is not enough to change it).
+                answer.recommendation = Some(line(&r.current.conf));
+                if !rules_said.is_empty() {
+                    answer.overrides = Some(if kept {
+                        format!("{rules_said}; {how}, {what}")
+                    } else {
+                        format!(
+                            "{rules_said}; {how}, {what}, but a synthetic probe is not enough \
+                             to change {}, the config in use",
+                            shown(&r.current.conf)
+                        )
+                    });
+                }
             } else if !rules_said.is_empty() && !kept {
                 let why = if ruled_out {
                     "that gets past this one allocation, not the next ones"
@@ -313,6 +328,7 @@ mod tests {
                     event_index: 9,
                     requested_bytes: 1 << 30,
                     message: String::new(),
+                    before_trace: None,
                 }),
                 peak_reserved_bytes: peak,
                 ..RunFigures::default()

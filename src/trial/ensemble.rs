@@ -160,7 +160,7 @@ fn not_reproduced(e: &Ensemble, what: &str) -> String {
     let fitted = e.members.len();
     let closest = e
         .best()
-        .map(|m| format!(" (the closest, '{}', {})", m.family.name(), ending_text(m)))
+        .map(|m| format!("; the closest, '{}', {}", m.family.name(), ending_text(m)))
         .unwrap_or_default();
     match e.observed.requested_bytes {
         Some(r) => format!(
@@ -451,7 +451,8 @@ pub fn judge(e: &Ensemble, current: &Settings, (name, candidate): (&str, &Settin
         strength,
         finding: parts.join("; "),
         exit_code,
-    };
+    }
+    .settled();
     Judgement {
         verdict,
         workloads: judgements,
@@ -542,10 +543,16 @@ pub struct EnsembleSearch {
 pub const PLACEMENT_CHECKED: usize = 5;
 
 /// The smallest capacity at which `run` has no OOM (bisected from a run
-/// without limit).
-fn capacity_needed(run: impl Fn(u64) -> RunFigures) -> u64 {
+/// without limit), and the replays it took.
+fn capacity_needed(run: impl Fn(u64) -> RunFigures) -> (u64, usize) {
+    let replays = AtomicUsize::new(1);
+    let counted = |c| {
+        replays.fetch_add(1, Ordering::Relaxed);
+        run(c)
+    };
     let free = run(crate::device::NO_LIMIT);
-    search::min_capacity(&free, crate::device::NO_LIMIT, true, run, &|_| {})
+    let need = search::min_capacity(&free, crate::device::NO_LIMIT, true, counted, &|_| {});
+    (need, replays.into_inner())
 }
 
 /// Replays every config of `candidates` on every plausible workload of `e`,
@@ -608,7 +615,8 @@ pub fn search(
             configs_stopped_early: sum.configs_stopped_early + p.configs_stopped_early,
             bisection_replays: sum.bisection_replays + p.bisection_replays,
         });
-    let mut ranked: Vec<(RankedConfig, f64, u64)> = candidates
+    let mut pruning = pruning;
+    let mut ranked: Vec<(RankedConfig, (f64, f64), u64)> = candidates
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
@@ -619,17 +627,22 @@ pub fn search(
                 .filter(|(_, r)| r.oom.is_some())
                 .map(|(m, _)| m.family.name())
                 .collect::<Vec<_>>();
-            // Mean peak reserved as a share of the card; among failing runs,
-            // the one that got further is better.
-            let mean_peak = runs
+            // How far the runs got (the share of events before the OOM, 1 for a
+            // run without one): among failing configs, the one that got
+            // further is better, whatever its peak (a run that fails early
+            // peaks low). Then the mean peak reserved as a share of the card.
+            let reach = runs
                 .iter()
                 .map(|r| {
-                    let progress = r
-                        .oom
+                    r.oom
                         .as_ref()
-                        .map_or(0.0, |o| 1.0 - o.event_index as f64 / r.events.max(1) as f64);
-                    r.peak_reserved_bytes as f64 / cap.max(1) as f64 + progress
+                        .map_or(1.0, |o| o.event_index as f64 / r.events.max(1) as f64)
                 })
+                .sum::<f64>()
+                / runs.len().max(1) as f64;
+            let mean_peak = runs
+                .iter()
+                .map(|r| r.peak_reserved_bytes as f64 / cap.max(1) as f64)
                 .sum::<f64>()
                 / runs.len().max(1) as f64;
             let work = runs.iter().map(|r| r.device_allocs + r.device_frees).sum();
@@ -648,17 +661,19 @@ pub fn search(
                     candidate: c,
                     runs,
                 },
-                mean_peak,
+                (reach, mean_peak),
                 work,
             )
         })
         .collect();
-    let order = |a: &(RankedConfig, f64, u64), b: &(RankedConfig, f64, u64)| {
+    type Scored = (RankedConfig, (f64, f64), u64);
+    let order = |a: &Scored, b: &Scored| {
         b.0.avoids_under_every_placement
             .cmp(&a.0.avoids_under_every_placement)
             .then(b.0.avoids_with_margin.cmp(&a.0.avoids_with_margin))
             .then(b.0.avoids.cmp(&a.0.avoids))
-            .then(a.1.total_cmp(&b.1))
+            .then(b.1.0.total_cmp(&a.1.0))
+            .then(a.1.1.total_cmp(&b.1.1))
             .then(a.2.cmp(&b.2))
             .then(a.0.candidate.keys().cmp(&b.0.candidate.keys()))
     };
@@ -684,13 +699,29 @@ pub fn search(
         r.avoids_under_every_placement = Some(robust);
     });
     ranked[..checked].sort_by(order);
+    // The smallest card the first config runs every plausible workload on.
+    // When it avoids the OOM nowhere, the workloads only up to the message's
+    // request (`trace`, the request last): what the message shows the job
+    // needs to get past it, not a guess at its later steps.
+    let mut bisection_replays = 0;
     let needed_capacity_bytes = ranked.first().filter(|_| bisect).map(|(best, _, _)| {
         let settings = best.candidate.settings(current);
-        plausible
+        let on = |m: &Calibration| {
+            if best.avoids == 0 && m.request_bytes.is_some() {
+                m.trace.clone()
+            } else {
+                m.judged.clone()
+            }
+        };
+        let (need, replays) = plausible
             .par_iter()
-            .map(|m| capacity_needed(|c| replay(&m.judged, &settings, "", c).figures))
-            .max()
-            .unwrap_or(0)
+            .map(|m| {
+                let t = on(m);
+                capacity_needed(|c| replay(&t, &settings, "", c).figures)
+            })
+            .reduce(|| (0, 0), |a, b| (a.0.max(b.0), a.1 + b.1));
+        bisection_replays = replays;
+        need
     });
     let outgrown_on = match ranked.first() {
         Some((best, _, _))
@@ -700,6 +731,7 @@ pub fn search(
         }
         _ => Vec::new(),
     };
+    pruning.bisection_replays += bisection_replays;
     let workloads = e.members.iter().map(WorkloadJudgement::unjudged).collect();
     EnsembleSearch {
         plausible: plausible.len(),
@@ -731,10 +763,10 @@ impl EnsembleSearch {
             let verdict = Verdict {
                 basis,
                 strength: Strength::Uncertain,
-                finding: not_reproduced(e, "which config avoids it; nothing is recommended"),
+                finding: not_reproduced(e, "which config avoids it"),
                 exit_code: EXIT_UNCERTAIN,
             };
-            return (None, verdict);
+            return (None, verdict.settled());
         };
         if best.avoids == 0 && self.ranked.len() < 2 {
             // Only the config in use ran: the setup admits no other.
@@ -747,19 +779,35 @@ impl EnsembleSearch {
                 ),
                 exit_code: 1,
             };
-            return (None, verdict);
+            return (None, verdict.settled());
         }
         if best.avoids == 0 {
-            let need = self
-                .needed_capacity_bytes
-                .map(|b| {
-                    format!(
-                        "; they would need at least {} ({} runs all of them from there)",
-                        human(b),
-                        super::validate::config_name(&best.conf)
-                    )
-                })
-                .unwrap_or_default();
+            // What the message itself shows: the live tensors and the request
+            // together; and the smallest card the fitted workloads get past
+            // the request on, with the config that fails last.
+            let floor = e
+                .observed
+                .requested_bytes
+                .map(|r| e.observed.allocated_bytes.saturating_add(r));
+            let need = match (floor, self.needed_capacity_bytes) {
+                (Some(f), Some(b)) => format!(
+                    "; the message's live tensors and request alone come to {}, and the fitted \
+                     workloads get past the request from {} ({})",
+                    human(f),
+                    human(b),
+                    super::validate::config_name(&best.conf)
+                ),
+                (Some(f), None) => format!(
+                    "; the message's live tensors and request alone come to {}",
+                    human(f)
+                ),
+                (None, Some(b)) => format!(
+                    "; they would need {} ({} runs all of them from there)",
+                    human(b),
+                    super::validate::config_name(&best.conf)
+                ),
+                (None, None) => String::new(),
+            };
             let verdict = Verdict {
                 basis,
                 strength: ensemble_strength(n, n),
@@ -771,13 +819,22 @@ impl EnsembleSearch {
                 ),
                 exit_code: 1,
             };
-            return (None, verdict);
+            return (None, verdict.settled());
         }
         let name = super::validate::config_name(&best.conf);
-        let mut parts = vec![format!(
-            "{name} is the most robust config: it avoids the OOM {} {consistent}",
-            in_count(best.avoids, n)
-        )];
+        let mut parts = vec![if e.observed.requested_bytes.is_some() {
+            format!(
+                "{name} is the most robust config: it avoids the OOM {} {consistent}",
+                in_count(best.avoids, n)
+            )
+        } else {
+            // A summary records no OOM: there is none to avoid.
+            format!(
+                "No OOM to avoid (the evidence records none): {name} has the lowest mean \
+                 peak reserved, running without one {} {consistent}",
+                in_count(best.avoids, n)
+            )
+        }];
         let robust = best.avoids_under_every_placement.unwrap_or(0);
         let tight = best.avoids - best.avoids_with_margin;
         if tight > 0 {
@@ -814,7 +871,7 @@ impl EnsembleSearch {
             finding: parts.join("; "),
             exit_code,
         };
-        (Some(best), verdict)
+        (Some(best), verdict.settled())
     }
 }
 

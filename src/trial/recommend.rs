@@ -10,12 +10,16 @@ use super::ensemble::{self, EnsembleSearch};
 use super::placement::{self, Fate, PolicyOutcome};
 use super::run::{Replayer, Run};
 use super::search::{self, Progress, Pruning};
-use super::validate::{Basis, EXIT_UNCERTAIN, Strength, Verdict, config_name};
+use super::validate::{
+    Basis, EXIT_UNCERTAIN, Strength, Verdict, config_name, indistinct, indistinct_sentence,
+    start_does_not_fit,
+};
 use super::workload::{CapacitySource, Workload};
 use crate::Error;
 use crate::advise::{Diagnosis, Recommendation, Space};
 use crate::conf::Settings;
 use crate::device::sim::Placement::FirstFit;
+use crate::error::{EXIT_OK, EXIT_STILL_OOM};
 use crate::units::human;
 use crate::workload::RunFigures;
 use serde::Serialize;
@@ -92,12 +96,10 @@ pub struct RecommendResult {
 }
 
 impl RecommendResult {
-    /// The exit code: the verdict's, but never 0 without a line to set.
+    /// The exit code: the verdict's (settled with the answer, so never 0
+    /// without a line to set).
     pub fn exit_code(&self) -> i32 {
-        match (self.verdict.exit_code, &self.recommendation) {
-            (0, None) => 1,
-            (code, _) => code,
-        }
+        self.verdict.exit_code
     }
 }
 
@@ -243,6 +245,8 @@ fn search_with(
             rules: advice.as_ref(),
         }),
     );
+    let mut verdict = found.verdict;
+    settle(&mut verdict, &answer);
     // The contract's smallest capacity is the recommended config's: bisect
     // again when the answer kept a line other than the search's best (from a
     // run that finished: a bounded one stopped short of its peak).
@@ -288,13 +292,45 @@ fn search_with(
         current: current_run,
         notes,
         search: found.pruning,
-        strength: found.verdict.strength,
-        verdict: found.verdict,
+        strength: verdict.strength,
+        verdict,
         ensemble: found.ensemble,
         placement: found.placement,
         probe: workload.ensemble.clone(),
         torch_version: current.version,
     }
+}
+
+/// Settles the verdict with the answer, so that the exit code says what the
+/// output says: a verdict that would pass (exit 0) while the answer sets no
+/// line (the rules rule settings out and the replay evidence is not proven)
+/// is uncertain; one that finds every config failing while the answer keeps
+/// a line it did not replay is uncertain too.
+fn settle(verdict: &mut Verdict, answer: &Answer) {
+    if verdict.exit_code == EXIT_UNCERTAIN {
+        // What the line below the verdict is, when the replays do not give it.
+        let said = match (&answer.recommendation, &answer.rules_line) {
+            (None, _) => "nothing is recommended",
+            (Some(r), Some(rules)) if same_config(&r.value, rules) => {
+                "the line below is the rules' own, which no replay here confirms"
+            }
+            (Some(_), _) => return,
+        };
+        verdict.finding.push_str("; ");
+        verdict.finding.push_str(said);
+        return;
+    }
+    let why = match (verdict.exit_code, &answer.recommendation) {
+        (EXIT_OK, None) => "but the answer sets no line: the rules and the replays disagree",
+        (EXIT_STILL_OOM, Some(_)) => {
+            "but the answer keeps the rules' line, which was not replayed here"
+        }
+        _ => return,
+    };
+    verdict.finding.push_str("; ");
+    verdict.finding.push_str(why);
+    verdict.strength = Strength::Uncertain;
+    verdict.exit_code = EXIT_UNCERTAIN;
 }
 
 /// What a search found: the configs ranked best first, the first one's
@@ -371,6 +407,35 @@ fn recorded_verdict(
     let winner_runs = result.ranked.first().is_some_and(|(_, f)| finished(f));
     let (placed, first_min) = rayon::join(check, || (bisect && winner_runs).then(|| min_of(0)));
     let Some(top) = runs.first().filter(|r| r.figures.oom.is_none()).cloned() else {
+        let start = runs
+            .first()
+            .and_then(|r| r.figures.oom.as_ref().map(|o| (o, &r.figures)))
+            .filter(|(o, _)| o.before_trace.is_some());
+        if let Some((o, figures)) = start {
+            let fits_live = o.before_trace.is_some_and(|(live, _)| live <= cap);
+            let verdict = Verdict {
+                basis: Basis::StartDoesNotFit,
+                strength: if fits_live {
+                    Strength::Uncertain
+                } else {
+                    Strength::Proven
+                },
+                finding: start_does_not_fit("every config", o, figures),
+                exit_code: if fits_live {
+                    EXIT_UNCERTAIN
+                } else {
+                    EXIT_STILL_OOM
+                },
+            };
+            return Found {
+                candidates: runs,
+                min_capacity_bytes: None,
+                verdict,
+                ensemble: None,
+                placement: Vec::new(),
+                pruning: result.pruning,
+            };
+        }
         let finding = if runs.len() < 2 {
             // Only the config in use ran: the setup admits no other (the notes say why).
             format!(
@@ -390,7 +455,7 @@ fn recorded_verdict(
             basis: Basis::Recorded,
             strength: Strength::Proven,
             finding,
-            exit_code: 1,
+            exit_code: EXIT_STILL_OOM,
         };
         return Found {
             candidates: runs,
@@ -438,12 +503,23 @@ fn recorded_verdict(
             "; this depends on where the driver places segments: under {flipped} it runs out of memory"
         ));
     }
+    // Configs the replay cannot tell apart: nothing they decide was exercised.
+    let blind = indistinct(&runs.iter().map(|r| &r.figures).collect::<Vec<_>>());
+    if blind {
+        finding.push_str("; ");
+        finding.push_str(&indistinct_sentence(current_run.figures.events));
+    }
+    let strength = if blind { Strength::Uncertain } else { strength };
     let verdict = Verdict {
-        basis: Basis::Recorded,
+        basis: if blind {
+            Basis::Indistinct
+        } else {
+            Basis::Recorded
+        },
         strength,
         finding,
         exit_code: if strength == Strength::Proven {
-            0
+            EXIT_OK
         } else {
             EXIT_UNCERTAIN
         },

@@ -108,6 +108,7 @@ pub(crate) fn replay_snapshot<D: Device>(
                     event_index: 0,
                     requested_bytes: 0,
                     message: format!("the state at the trace start does not fit: {e}"),
+                    before_trace: Some(st.start.bytes()),
                 }),
                 events: st.trace.len() as u64,
                 capacity_bytes,

@@ -442,6 +442,7 @@ mod tests {
                 event_index: 3,
                 requested_bytes: 0,
                 message: String::new(),
+                before_trace: None,
             }),
             peak_reserved_bytes: need(s).min(cap),
             peak_allocated_bytes: 600 * MIB,

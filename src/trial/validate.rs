@@ -101,7 +101,8 @@ pub const LIKELY_SHARE: f64 = 0.8;
 pub const MIN_PLAUSIBLE: usize = 3;
 
 /// The exit code of a verdict that is neither proven nor unanimous.
-pub const EXIT_UNCERTAIN: i32 = 4;
+pub use crate::error::EXIT_UNCERTAIN;
+use crate::error::{EXIT_OK, EXIT_STILL_OOM};
 
 /// "likely" when enough plausible workloads agree, else "uncertain".
 pub fn ensemble_strength(plausible: usize, agreeing: usize) -> Strength {
@@ -117,6 +118,12 @@ pub fn ensemble_strength(plausible: usize, agreeing: usize) -> Strength {
 pub enum Basis {
     /// The workload as recorded (a trace, an RMM log, a snapshot's trace).
     Recorded,
+    /// The recorded workload replayed, but no config made a cudaMalloc or a
+    /// cudaFree in it: nothing the configs decide differently was exercised.
+    Indistinct,
+    /// A snapshot whose state at the trace start does not fit the card: no
+    /// config could start the replay.
+    StartDoesNotFit,
     /// Text evidence: `plausible` of `fitted` probes reproduce it.
     Ensemble { plausible: usize, fitted: usize },
 }
@@ -139,6 +146,28 @@ impl Verdict {
         self.finding.clone()
     }
 
+    /// The verdict with its exit code and strength agreeing: exit 4 exactly
+    /// when the strength is uncertain (an uncertain verdict neither passes
+    /// nor fails a gate; one held back from 0 or 1 is uncertain).
+    pub fn settled(mut self) -> Self {
+        if self.strength == Strength::Uncertain {
+            self.exit_code = EXIT_UNCERTAIN;
+        } else if self.exit_code == EXIT_UNCERTAIN {
+            self.strength = Strength::Uncertain;
+        }
+        self
+    }
+
+    /// The answer, in one sentence: the finding up to its first clause break.
+    pub fn headline(&self) -> &str {
+        self.finding.split("; ").next().unwrap_or_default()
+    }
+
+    /// The finding's further clauses, which reports list below the headline.
+    pub fn details(&self) -> Vec<&str> {
+        self.finding.split("; ").skip(1).collect()
+    }
+
     /// What the strength rests on, in one line.
     pub fn evidence(&self) -> String {
         match self.basis {
@@ -150,6 +179,15 @@ impl Verdict {
                  segments are placed"
                     .to_string()
             }
+            Basis::Indistinct => "uncertain: the recorded workload was replayed, but no config \
+                                  made a cudaMalloc or a cudaFree in it, so the replay cannot \
+                                  tell configs apart"
+                .to_string(),
+            Basis::StartDoesNotFit => format!(
+                "{}: the snapshot's state at the trace start does not fit the card, so the trace \
+                 could not be replayed",
+                self.strength.name()
+            ),
             Basis::Ensemble { fitted: 0, .. } => format!(
                 "{}: text only; no workload shape was fitted: the message shows more free memory \
                  than the request needs",
@@ -208,29 +246,17 @@ pub fn validate(
             })?;
             let robust = check.0.fate() != Fate::DependsOnPlacement
                 && check.1.fate() != Fate::DependsOnPlacement;
-            let mut finding = finding(&before, &after);
-            if !robust {
-                finding.push_str(&placement_clause(
+            let mut verdict = recorded_verdict(&before, &after, capacity);
+            if !robust && verdict.basis == Basis::Recorded {
+                verdict.finding.push_str(&placement_clause(
                     &before,
                     &after,
                     &check.0.differing(),
                     &check.1.differing(),
                 ));
+                verdict.strength = Strength::Uncertain;
+                verdict.exit_code = EXIT_UNCERTAIN;
             }
-            let verdict = Verdict {
-                basis: Basis::Recorded,
-                strength: if robust {
-                    Strength::Proven
-                } else {
-                    Strength::Uncertain
-                },
-                finding,
-                exit_code: match (robust, &after.figures.oom) {
-                    (false, _) => EXIT_UNCERTAIN,
-                    (true, Some(_)) => 1,
-                    (true, None) => 0,
-                },
-            };
             let placement = PlacementCheck {
                 current: check.0.by_policy(),
                 candidate: check.1.by_policy(),
@@ -240,12 +266,7 @@ pub fn validate(
         }
         // A GPU placed the segments itself: nothing to vary.
         None => (
-            Verdict {
-                basis: Basis::Recorded,
-                strength: Strength::Proven,
-                finding: finding(&before, &after),
-                exit_code: i32::from(after.figures.oom.is_some()),
-            },
+            recorded_verdict(&before, &after, after.figures.capacity_bytes),
             Vec::new(),
             None,
             None,
@@ -277,6 +298,59 @@ pub fn validate(
         ensemble: workload.ensemble.clone(),
         torch_version: current.1.version,
     })
+}
+
+/// The verdict on a recorded workload's two runs, before placement is
+/// checked: proven when the replay could tell the configs apart, uncertain
+/// when no config made a cudaMalloc or a cudaFree ([`indistinct`]); a start
+/// state that does not fit the card is a sure failure only when its live
+/// memory alone is larger than the card.
+fn recorded_verdict(before: &Run, after: &Run, capacity: u64) -> Verdict {
+    let finding = finding(before, after);
+    let start = after.figures.oom.as_ref().and_then(|o| o.before_trace);
+    let (basis, strength, exit_code) = match start {
+        Some((live, _)) if live > capacity => {
+            (Basis::StartDoesNotFit, Strength::Proven, EXIT_STILL_OOM)
+        }
+        Some(_) => (Basis::StartDoesNotFit, Strength::Uncertain, EXIT_UNCERTAIN),
+        None if indistinct(&[&before.figures, &after.figures]) => {
+            (Basis::Indistinct, Strength::Uncertain, EXIT_UNCERTAIN)
+        }
+        None if after.figures.oom.is_some() => (Basis::Recorded, Strength::Proven, EXIT_STILL_OOM),
+        None => (Basis::Recorded, Strength::Proven, EXIT_OK),
+    };
+    let finding = if basis == Basis::Indistinct {
+        format!("{finding}; {}", indistinct_sentence(before.figures.events))
+    } else {
+        finding
+    };
+    Verdict {
+        basis,
+        strength,
+        finding,
+        exit_code,
+    }
+}
+
+/// Whether replays of a recorded workload cannot tell configs apart: no run
+/// made a cudaMalloc, a cudaFree (an expandable segment's map or unmap
+/// counts) or a failed attempt, so every request was served from the
+/// segments it started with, and nothing a config decides was exercised.
+pub(crate) fn indistinct(runs: &[&RunFigures]) -> bool {
+    !runs.is_empty()
+        && runs
+            .iter()
+            .all(|r| r.device_allocs + r.device_frees == 0 && r.oom.is_none())
+}
+
+/// Why an [`indistinct`] replay is uncertain, in one sentence.
+pub(crate) fn indistinct_sentence(events: u64) -> String {
+    format!(
+        "this is uncertain: in the trace's {events} {} no config made a cudaMalloc or a \
+         cudaFree (every request was served from the segments the snapshot already held), so \
+         the replay cannot tell configs apart",
+        if events == 1 { "event" } else { "events" }
+    )
 }
 
 /// "; this depends on where the driver places segments: under … the
@@ -316,6 +390,7 @@ pub(crate) fn finding(current: &Run, candidate: &Run) -> String {
     let (current, candidate) = (&current.figures, &candidate.figures);
     let work = |r: &RunFigures| r.device_allocs + r.device_frees;
     match (&current.oom, &candidate.oom) {
+        (_, Some(o)) if o.before_trace.is_some() => start_does_not_fit(name, o, candidate),
         (_, Some(o)) => format!(
             "{name} still runs out of memory at event {} (a request of {})",
             o.event_index,
@@ -339,6 +414,31 @@ pub(crate) fn finding(current: &Run, candidate: &Run) -> String {
             }
             s
         }
+    }
+}
+
+/// "X cannot replay the trace: the snapshot's live memory … does not fit the card".
+pub(crate) fn start_does_not_fit(
+    name: &str,
+    o: &crate::workload::OomEvent,
+    r: &RunFigures,
+) -> String {
+    let (live, reserved) = o.before_trace.unwrap_or_default();
+    let card = human(r.capacity_bytes);
+    if live > r.capacity_bytes {
+        format!(
+            "{name} cannot run: the snapshot's live memory at the trace start ({}) does not fit \
+             the {card} card, whatever the config",
+            human(live)
+        )
+    } else {
+        format!(
+            "{name} cannot replay the trace: the snapshot's memory at the trace start ({} live \
+             in {} reserved) does not fit the {card} card; whether a config that caches less \
+             would fit, the replay cannot tell",
+            human(live),
+            human(reserved)
+        )
     }
 }
 

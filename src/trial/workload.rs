@@ -297,7 +297,18 @@ impl Workload {
                 "{name}: the evidence shows nothing allocated to fit a probe to"
             )));
         };
-        let closest = ensemble.best().map(|m| m.trace.clone()).unwrap_or_default();
+        // The closest member as configs are judged on it (past the request),
+        // so the runs shown beside a verdict are the runs it rests on.
+        let closest = ensemble
+            .best()
+            .map(|m| {
+                if m.judged.is_empty() {
+                    m.trace.clone()
+                } else {
+                    m.judged.clone()
+                }
+            })
+            .unwrap_or_default();
         Ok(Loaded::Ready(Box::new(Workload {
             input: name.to_string(),
             source: Source::Trace(closest),

@@ -18,6 +18,10 @@ pub struct OomEvent {
     pub requested_bytes: u64,
     /// The message PyTorch would raise.
     pub message: String,
+    /// A snapshot replay whose start state does not fit the card: the live
+    /// and the reserved bytes at the trace start (no request failed).
+    #[serde(skip)]
+    pub before_trace: Option<(u64, u64)>,
 }
 
 /// Allocated and reserved bytes after one event.
@@ -335,6 +339,7 @@ impl<D: Device> StreamedReplay<D> {
                             event_index: index,
                             requested_bytes: size,
                             message: e.message,
+                            before_trace: None,
                         });
                         break;
                     }
@@ -441,6 +446,7 @@ mod tests {
                 event_index: at,
                 requested_bytes: 0,
                 message: String::new(),
+                before_trace: None,
             }),
             ..RunFigures::default()
         };

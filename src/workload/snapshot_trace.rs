@@ -755,6 +755,26 @@ impl StartState {
                 .map(|r| r.ranges.len())
                 .sum::<usize>()
     }
+
+    /// The live (allocated) and the reserved bytes at the start, saturating
+    /// (sizes are untrusted).
+    pub fn bytes(&self) -> (u64, u64) {
+        let blocks = self.segments.iter().flat_map(|s| s.blocks.iter()).chain(
+            self.reservations
+                .iter()
+                .flat_map(|r| r.ranges.iter().flat_map(|g| g.blocks.iter())),
+        );
+        blocks.fold((0u64, 0u64), |(live, reserved), b| {
+            (
+                if b.allocated {
+                    live.saturating_add(b.size)
+                } else {
+                    live
+                },
+                reserved.saturating_add(b.size),
+            )
+        })
+    }
 }
 
 /// Where a container of live-at-start blocks goes: a start segment, or a
@@ -1053,6 +1073,7 @@ pub fn replay_on<D: Device>(
             event_index: o.event_index as u64,
             requested_bytes: o.requested_bytes,
             message: o.message,
+            before_trace: None,
         }),
         peak_event_index: run.peak_event_index,
         allocated_at_peak_reserved: run.allocated_at_peak_reserved,

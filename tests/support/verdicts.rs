@@ -1,0 +1,128 @@
+//! The contradiction checker of issue 26: a `validate` or `recommend`
+//! result's exit code against its JSON (the one exit-code table of
+//! `allocdoc::error`), and its text against both. Used over every fixture
+//! (tests/answer.rs) and the text-only evaluation harness (tests/text_eval.rs).
+
+use serde_json::Value;
+
+/// Every contradiction between `exit`, `json` and (when given) `text` of
+/// `command` ("validate" or "recommend"), one line each.
+pub fn contradictions(command: &str, exit: i32, json: &Value, text: Option<&str>) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut say = |what: String| bad.push(format!("{command} exit {exit}: {what}"));
+    let verdict = json["verdict"].as_str().unwrap_or("");
+    let strength = json["strength"].as_str().unwrap_or("");
+    let nothing = json.get("not_replayed").is_some();
+    if ![0, 1, 4, 5].contains(&exit) {
+        say("an exit code outside the table".into());
+    }
+    if nothing != (exit == 5) {
+        say(format!("not_replayed present: {nothing}, but exit {exit}"));
+    }
+    if nothing {
+        return bad;
+    }
+    if (strength == "uncertain") != (exit == 4) {
+        say(format!("strength {strength:?}"));
+    }
+    if !["proven", "likely", "uncertain"].contains(&strength) {
+        say(format!("no strength ({strength:?})"));
+    }
+    let oom = |run: &Value| !run["oom"].is_null();
+    let ensemble = json.get("probe").is_some();
+    match command {
+        "recommend" => {
+            let line = &json["recommendation"];
+            if exit == 0 && line.is_null() {
+                say("exit 0 without a recommendation".into());
+            }
+            if exit == 1 && !line.is_null() {
+                say(format!("exit 1 with the line {line}"));
+            }
+            let candidates = json["candidates"].as_array().cloned().unwrap_or_default();
+            if !ensemble {
+                if exit == 1 && candidates.iter().any(|c| !oom(c)) {
+                    say("exit 1 though a candidate runs without OOM".into());
+                }
+                if exit == 0
+                    && let Some(value) = line["value"].as_str()
+                    && let Some(c) = candidates.iter().find(|c| c["conf"] == value)
+                    && oom(c)
+                {
+                    say(format!(
+                        "exit 0 recommending {value:?}, which runs out of memory"
+                    ));
+                }
+            }
+        }
+        "validate" => {
+            let candidate = &json["candidate"];
+            if exit == 0 && oom(candidate) {
+                say("exit 0 though candidate.oom is set".into());
+            }
+            if exit == 1 && !ensemble && !oom(candidate) {
+                say("exit 1 though candidate.oom is null".into());
+            }
+            if exit == 1 && ensemble && json["leaning"] != "fails" {
+                say(format!("exit 1 leaning {}", json["leaning"]));
+            }
+            if verdict.contains("still runs out of memory in all") && !oom(candidate) {
+                say("\"still runs out of memory in all\" while candidate.oom is null".into());
+            }
+        }
+        _ => say(format!("unknown command {command}")),
+    }
+    // "proven" needs a replay that exercised what configs decide.
+    if strength == "proven" && !ensemble {
+        let runs: Vec<&Value> = [&json["current"], &json["candidate"]]
+            .into_iter()
+            .chain(json["candidates"].as_array().into_iter().flatten())
+            .filter(|r| r.is_object())
+            .collect();
+        let exercised = runs.iter().any(|r| {
+            oom(r)
+                || r["device_allocs"].as_u64().unwrap_or(0)
+                    + r["device_frees"].as_u64().unwrap_or(0)
+                    > 0
+        });
+        if !exercised {
+            say("proven, yet no config made a cudaMalloc or a cudaFree".into());
+        }
+    }
+    // Evidence that records no OOM has none to avoid.
+    if ensemble
+        && json["probe"]["observed"]["requested_bytes"].is_null()
+        && verdict.contains("avoids the OOM")
+    {
+        say(format!(
+            "\"avoids the OOM\" on evidence without one: {verdict}"
+        ));
+    }
+    if verdict.contains("a request of 0 B") {
+        say(format!("a request of 0 B: {verdict}"));
+    }
+    let Some(text) = text else {
+        return bad;
+    };
+    let recommended = text.lines().any(|l| l == "Recommended");
+    if text.contains("nothing is recommended") && recommended {
+        say("\"nothing is recommended\" above a Recommended block".into());
+    }
+    if command == "recommend" && recommended == json["recommendation"].is_null() {
+        say(format!(
+            "a Recommended block: {recommended}, recommendation: {}",
+            json["recommendation"]
+        ));
+    }
+    let header = text.lines().next().unwrap_or("");
+    if header.contains(" 1 events") || (ensemble && header.contains(" events)")) {
+        say(format!("event count in the header: {header}"));
+    }
+    if let Some(head) = text.lines().find_map(|l| l.strip_prefix("Verdict: ")) {
+        let words = head.split_whitespace().count();
+        if words > 60 {
+            say(format!("a {words}-word verdict headline: {head}"));
+        }
+    }
+    bad
+}
