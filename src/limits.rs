@@ -18,7 +18,7 @@ pub struct Limits {
     /// can take, and the memory of the inputs held whole: pickles, trace CSVs
     /// and RMM logs that arrive compressed or through a pipe.
     #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE", value_parser = crate::units::parse_size,
-        default_value_t = Limits::default().max_input_bytes, help_heading = "Limits"))]
+        default_value = MAX_INPUT_DEFAULT, help_heading = "Limits"))]
     pub max_input_bytes: u64,
     /// The most values a snapshot pickle may decode to (8 bytes each).
     ///
@@ -40,6 +40,9 @@ pub struct Limits {
         default_value_t = Limits::default().max_observations, help_heading = "Limits"))]
     pub max_observations: u64,
 }
+
+/// `--max-input-bytes`'s default as `--help` shows it: [`Limits::default`]'s, in units.
+pub const MAX_INPUT_DEFAULT: &str = "16GiB";
 
 impl Default for Limits {
     fn default() -> Self {
@@ -127,6 +130,14 @@ pub fn out_of_memory(input: &str, what: &str, bytes: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shown_default_is_the_default() {
+        assert_eq!(
+            crate::units::parse_size(MAX_INPUT_DEFAULT),
+            Ok(Limits::default().max_input_bytes)
+        );
+    }
 
     #[test]
     fn errors_name_the_limit_and_its_flag() {

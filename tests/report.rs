@@ -123,6 +123,7 @@ fn fixture(events: u64) -> ReportData {
                 ("requested".into(), "2.00 GiB".into()),
             ],
         }],
+        next_steps: vec!["Print memory_summary() again just before the failing step.".into()],
         top_sites: vec![
             Site { site: "model.py:212:forward".into(), bytes: 24 * GIB, count: 1200 },
             Site { site: "optim/adam.py:88:step".into(), bytes: 9 * GIB, count: 96 },
@@ -195,7 +196,14 @@ fn report_is_well_formed_and_shows_the_figures() {
     assert!(html.contains("79.15 GiB"));
     assert!(html.contains("OOM: current (default) at event 90k"));
     assert!(html.contains("capacity 79.15 GiB"));
+    assert!(
+        html.contains("<line class=\"capacity\""),
+        "a card at the peak is drawn"
+    );
     assert!(html.contains("class=\"verdict good\""));
+    assert!(html.contains(
+        "<h2>What to check next</h2><ul><li>Print memory_summary() again just before the failing step.</li></ul>"
+    ));
     // Nothing reaches out of the file.
     for banned in ["<script", "http://", "https://", "<link", "@import", "url("] {
         let hits = html.matches(banned).count();
@@ -223,6 +231,50 @@ fn every_string_is_escaped() {
     assert!(!html.contains("<img"));
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
     assert!(html.contains("a &lt; b &amp; &quot;c&quot;"));
+}
+
+/// The largest y tick of the report's memory timeline, in bytes.
+fn top_tick(html: &str) -> u64 {
+    html.split("class=\"ytick\"")
+        .skip(1)
+        .filter_map(|t| {
+            let label = t.split('>').nth(1)?.split('<').next()?;
+            allocdoc::units::parse_size(label).ok()
+        })
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn the_memory_axis_follows_the_run_and_marks_the_card() {
+    // A run peaking at 2.59 GiB reserved on an 80 GiB card (what validate
+    // assumes without --capacity): drawn to the card, it would be a flat line.
+    let mut t = Timeline::new("current (default)");
+    for i in 0..=100u64 {
+        let allocated = 2400 * MIB * i / 100;
+        t.push(i, allocated, allocated + 252 * MIB);
+    }
+    let mut data = ReportData {
+        title: "run".into(),
+        timelines: vec![t],
+        capacity: Some(80 * GIB),
+        ..ReportData::default()
+    };
+    let html = render(&data);
+    check_balanced(&html);
+    assert_eq!(data.timelines[0].reserved.peak(), 2652 * MIB);
+    assert!(top_tick(&html) < 4 * GIB, "{}", top_tick(&html));
+    assert!(
+        html.contains("↑ capacity 80.00 GiB, above this axis"),
+        "{html}"
+    );
+    assert!(!html.contains("<line class=\"capacity\""));
+    // A card within twice the peak is drawn to scale.
+    data.capacity = Some(4 * GIB);
+    let html = render(&data);
+    assert!(top_tick(&html) >= 4 * GIB);
+    assert!(html.contains("<line class=\"capacity\""));
+    assert!(html.contains(">capacity 4.00 GiB<"));
 }
 
 #[test]
@@ -514,6 +566,18 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
     assert!(html.contains("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
     assert_eq!(html.matches("<tr class=\"flag\">").count(), 1);
     assert!(html.contains("7.31 GiB (7849052733 bytes)"));
+    // The steps the Markdown lists under "What to check next", one item each.
+    let steps = md
+        .split("### What to check next\n\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("- "))
+        .count();
+    let next = html.split("<section id=\"next\">").nth(1).unwrap();
+    let next = next.split("</section>").next().unwrap();
+    assert!(steps > 0);
+    assert_eq!(next.matches("<li>").count(), steps, "{next}");
 
     let json = allocdoc(&["diagnose", "fixtures/report/ranks.log", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
@@ -524,6 +588,102 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
     assert_eq!(ranks[2]["reserved_unallocated_bytes"], 19778324398u64);
     assert_eq!(ranks[2]["flags"].as_array().unwrap().len(), 2);
     assert!(ranks[0]["flags"].as_array().unwrap().is_empty());
+}
+
+/// One 2.4+ OOM message as `scripts/gen_oom_flood.py` writes them.
+fn flood_message(rank: u64, request: u64, free: u64, unallocated: u64) -> String {
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / GIB as f64);
+    let capacity = 85_093_187_584u64; // 79.25 GiB
+    let process = capacity - free;
+    let allocated = process - unallocated - 512 * MIB;
+    format!(
+        "[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {}. GPU {} has a \
+         total capacity of 79.25 GiB of which {} is free. Including non-PyTorch memory, this process \
+         has {} memory in use. Of the allocated memory {} is allocated by PyTorch, and {} is reserved \
+         by PyTorch but unallocated. If reserved but unallocated memory is large try setting \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation \
+         for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n",
+        gib(request),
+        rank % 8,
+        gib(free),
+        gib(process),
+        gib(allocated),
+        gib(unallocated),
+    )
+}
+
+/// A 64-rank job's 200 OOMs, then 14 more copies of them in another order
+/// (repeats of the same events): the incident and rank tables stay bounded,
+/// every incident is found once with all 15 reports, and the verdict is the
+/// prefix's.
+#[test]
+fn an_oom_flood_keeps_bounded_tables_and_the_prefix_verdict() {
+    let mut rng = Rng(27);
+    let messages: Vec<String> = (0..200)
+        .map(|i| {
+            let request = 2 * GIB + rng.next() % (14 * GIB);
+            let free = MIB + rng.next() % (4 * GIB);
+            let unallocated = rng.next() % (2 * GIB);
+            flood_message(i % 64, request, free, unallocated)
+        })
+        .collect();
+    let prefix: String = messages.concat();
+    let mut flood = prefix.clone();
+    for _ in 0..14 {
+        let mut order: Vec<usize> = (0..messages.len()).collect();
+        for k in (1..order.len()).rev() {
+            order.swap(k, (rng.next() % (k as u64 + 1)) as usize);
+        }
+        for i in order {
+            flood.push_str(&messages[i]);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let diagnose = |name: &str, text: &str| -> serde_json::Value {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = allocdoc_ok(&["diagnose", path.to_str().unwrap(), "--format", "json"]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let small = diagnose("prefix.log", &prefix);
+    let big = diagnose("flood.log", &flood);
+    for v in [&small, &big] {
+        assert_eq!(v["incident_count"], 200);
+        let shown = v["incidents"].as_array().unwrap();
+        assert_eq!(shown.len(), allocdoc::advise::MAX_INCIDENTS);
+        let rest: u64 = v["other_incidents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(rest, 180);
+        assert_eq!(
+            v["ranks"].as_array().unwrap().len(),
+            allocdoc::report::ranks::MAX_ROWS
+        );
+        assert_eq!(v["ranks_omitted"]["count"], 32);
+        assert_eq!(v["ranks_omitted"]["ooms"], 32);
+    }
+    assert!(
+        big["incidents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["reports"] == 15)
+    );
+    assert_eq!(big["verdict"], small["verdict"]);
+    assert_eq!(big["cause"], small["cause"]);
+    assert_eq!(big["other_incidents"], small["other_incidents"]);
+    let verdicts = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["incidents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["verdict"].clone())
+            .collect()
+    };
+    assert_eq!(verdicts(&big), verdicts(&small));
 }
 
 #[test]

@@ -84,28 +84,64 @@ fn empty_cache_every_step_is_counted_with_its_line() {
     assert_eq!(site.entries, 8);
 }
 
-#[test]
-fn empty_cache_without_stacks_is_told_from_malloc_retries_by_room() {
-    // No frames: a release run followed by a segment_alloc the card had room
-    // for (the trace reserved more at another time) cannot be malloc's retry.
-    let mut r = Recorder::new("", 16 * GIB);
-    let first: Vec<u64> = (0..4).map(|_| r.malloc(300 * MIB, 0)).collect();
-    first.into_iter().for_each(|p| r.free(p));
-    for _ in 0..3 {
-        r.empty_cache(None);
-        let a = r.malloc(300 * MIB, 0);
-        let b = r.malloc(300 * MIB, 0);
-        r.free(a);
-        r.free(b);
+/// A loop that calls `empty_cache()` every step, its releases recorded without stacks.
+fn empty_cache_unrecorded(steps: u64) -> Loop {
+    Loop {
+        steps,
+        empty_cache_unrecorded: true,
+        ..Loop::default()
     }
+}
+
+#[test]
+fn empty_cache_without_stacks_is_told_by_the_cache_it_emptied() {
+    // Each step's empty_cache() gives back the 24 MiB activation segments
+    // the next step's first request fits: malloc would have reused one
+    // rather than release it (get_free_block comes first), even though each
+    // step's reserved memory is the trace's highest.
+    let m = metrics(&training_loop("", &empty_cache_unrecorded(20)).snapshot());
+    assert_eq!(m.empty_cache.calls, 20, "{m:#?}");
+    assert_eq!(m.empty_cache_steps, 20, "{m:#?}");
+    assert_eq!(m.allocator_releases.calls, 0, "{m:#?}");
+    assert!(m.empty_cache_site.is_none());
+
+    // No block a run released fits the next request (it is on another
+    // stream): only the room tells.
+    let mut r = Recorder::new("", 16 * GIB);
+    let (x, y) = (r.malloc(4 * GIB, 0), r.malloc(300 * MIB, 0));
+    r.free(x);
+    r.free(y);
+    r.empty_cache(None);
+    let z = r.malloc(GIB, 1);
+    r.free(z);
+    r.empty_cache(None);
+    let w = r.malloc(300 * MIB, 0);
+    r.free(w);
     r.empty_cache(None);
     let m = metrics(&r.snapshot());
-    // The first run (1200 MiB reserved, then a 300 MiB cudaMalloc) could have
-    // been a retry at the card's limit; the next two could not; the last is
+    // The first run released the trace's highest reserved figure (4396 MiB)
+    // before a 1 GiB cudaMalloc: malloc's retry at the card's limit, as far as
+    // the trace tells. The second (1 GiB, then 300 MiB) had room; the last is
     // followed by nothing.
-    assert_eq!(m.empty_cache.calls, 3, "{m:#?}");
-    assert_eq!(m.allocator_releases.calls, 1);
-    assert!(m.empty_cache_site.is_none());
+    assert_eq!(m.allocator_releases.calls, 1, "{m:#?}");
+    assert_eq!(m.empty_cache.calls, 2, "{m:#?}");
+}
+
+#[test]
+fn malloc_retries_without_stacks_stay_malloc_s() {
+    // A 1 GiB card: three 300 MiB blocks cached, then a request they cannot
+    // serve (larger, or on another stream): cudaMalloc fails, malloc empties
+    // the cache and retries.
+    for (size, stream) in [(500 * MIB, 0), (300 * MIB, 1)] {
+        let mut r = Recorder::new("", GIB);
+        let held: Vec<u64> = (0..3).map(|_| r.malloc(300 * MIB, 0)).collect();
+        held.into_iter().for_each(|p| r.free(p));
+        r.malloc(size, stream);
+        let m = metrics(&r.snapshot());
+        assert_eq!(m.allocator_releases.calls, 1, "{size} on {stream}: {m:#?}");
+        assert_eq!(m.allocator_releases.segments, 3);
+        assert_eq!(m.empty_cache.calls, 0);
+    }
 }
 
 #[test]
@@ -316,6 +352,10 @@ fn fixtures() -> Vec<(&'static str, Vec<u8>)> {
             training_loop("", &empty_cache).snapshot(),
         ),
         (
+            "gen-trace-empty-cache-unrecorded.pickle",
+            training_loop("", &empty_cache_unrecorded(20)).snapshot(),
+        ),
+        (
             "gen-trace-deferred-frees.pickle",
             training_loop("", &side_stream).snapshot(),
         ),
@@ -442,6 +482,23 @@ fn empty_cache_in_the_loop_points_to_its_line() {
     assert!(
         !rules_of(&once, "findings").contains(&"trace-empty-cache".into()),
         "{once:#}"
+    );
+}
+
+#[test]
+fn empty_cache_in_the_loop_is_found_without_stacks() {
+    let (v, text) = diagnose(&fixture("gen-trace-empty-cache-unrecorded.pickle"));
+    let f = finding(&v, "trace-empty-cache");
+    assert_eq!(f["evidence"]["empty_cache_calls"], 20, "{f:#}");
+    assert_eq!(f["evidence"]["empty_cache_steps"], 20, "{f:#}");
+    assert!(f.get("site").is_none(), "{f:#}");
+    assert!(
+        !rules_of(&v, "findings").contains(&"trace-fraction-flushes".into()),
+        "{v:#}"
+    );
+    assert!(
+        text.contains("torch.cuda.empty_cache() ran 20 times"),
+        "{text}"
     );
 }
 

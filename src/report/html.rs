@@ -27,6 +27,8 @@ pub struct ReportData {
     pub capacity: Option<u64>,
     pub segment_map: Option<SegmentMap>,
     pub findings: Vec<Finding>,
+    /// "What to check next": the steps a reader takes, after the findings.
+    pub next_steps: Vec<String>,
     pub top_sites: Vec<Site>,
     /// Heading of the sites table (default "Top allocation sites").
     pub sites_title: Option<String>,
@@ -510,6 +512,13 @@ pub fn render(data: &ReportData) -> String {
         segment_section(&mut h, map);
     }
     findings_section(&mut h, &data.findings);
+    if !data.next_steps.is_empty() {
+        h.push_str("<section id=\"next\"><h2>What to check next</h2><ul>");
+        for n in &data.next_steps {
+            let _ = write!(h, "<li>{}</li>", escape(n));
+        }
+        h.push_str("</ul></section>");
+    }
     sites_section(
         &mut h,
         data.sites_title

@@ -24,7 +24,7 @@ pub enum Format {
     Text,
     Json,
     Markdown,
-    /// JSON, one document a line (with `--each`: one line per input).
+    /// JSON, one document a line.
     Jsonl,
 }
 

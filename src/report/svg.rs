@@ -227,6 +227,122 @@ fn size_label(v: f64) -> String {
     format!("{} {}", trim(v), UNITS[i])
 }
 
+/// The top of a memory axis for data peaking at `data_peak`, and whether the
+/// card (`capacity`) is drawn on it. The axis is scaled to the data: a card
+/// more than twice the peak (an 80 GiB card under a 2.59 GiB run) would flatten
+/// the data into a line at the bottom, so it is marked above the axis instead.
+fn memory_axis(data_peak: u64, capacity: Option<u64>) -> (f64, bool) {
+    let data_peak = data_peak.max(1);
+    match capacity {
+        Some(c) if c <= data_peak.saturating_mul(2) => (data_peak.max(c) as f64, true),
+        _ => (data_peak as f64, false),
+    }
+}
+
+/// A chart's plot area: entries (or seconds) across, bytes up.
+struct Axes {
+    max_x: f64,
+    max_y: f64,
+    y_step: f64,
+    plot_w: f64,
+    plot_h: f64,
+}
+
+impl Axes {
+    /// Axes for `max_x` entries and data peaking at `data_peak` bytes, and
+    /// whether the card is drawn on them ([`memory_axis`]).
+    fn new(max_x: f64, data_peak: u64, capacity: Option<u64>) -> (Self, bool) {
+        let (peak, on_axis) = memory_axis(data_peak, capacity);
+        let y_step = byte_step(peak, 5.0);
+        let axes = Axes {
+            max_x,
+            max_y: (peak * 1.04 / y_step).ceil() * y_step,
+            y_step,
+            plot_w: CHART_W - PAD_L - PAD_R,
+            plot_h: CHART_H - PAD_T - PAD_B,
+        };
+        (axes, on_axis)
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        PAD_L + x / self.max_x * self.plot_w
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        PAD_T + self.plot_h - y / self.max_y * self.plot_h
+    }
+
+    /// The chart's opening: the `<svg>` element, the grid with its ticks and
+    /// the x axis's label.
+    fn open(&self, aria_label: &str, x_label: &str) -> String {
+        let (plot_h, max_y, max_x, y_step) = (self.plot_h, self.max_y, self.max_x, self.y_step);
+        let mut s = String::with_capacity(64 * 1024);
+        let _ = write!(
+            s,
+            r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="{}" xmlns="http://www.w3.org/2000/svg"><g class="grid">"#,
+            escape(aria_label)
+        );
+        let mut y = 0.0;
+        while y <= max_y + 0.5 {
+            let py = self.sy(y);
+            let _ = write!(
+                s,
+                r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
+                CHART_W - PAD_R,
+                PAD_L - 6.0,
+                py + 4.0,
+                size_label(y)
+            );
+            y += y_step;
+        }
+        let x_step = decimal_step(max_x, 8.0);
+        let mut x = 0.0;
+        while x <= max_x + 0.5 {
+            let px = self.sx(x);
+            let _ = write!(
+                s,
+                r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
+                PAD_T + plot_h,
+                PAD_T + plot_h + 16.0,
+                count_label(x)
+            );
+            x += x_step;
+        }
+        let _ = write!(
+            s,
+            r#"</g><text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
+            PAD_L + self.plot_w / 2.0,
+            CHART_H - 4.0,
+            escape(x_label)
+        );
+        s
+    }
+}
+
+/// The card's capacity: a line at its height when it is on the axis
+/// ([`memory_axis`]), else a label at the top edge saying it lies above.
+fn capacity_mark(s: &mut String, capacity: Option<u64>, on_axis: bool, sy: impl Fn(f64) -> f64) {
+    let Some(cap) = capacity else { return };
+    let x = CHART_W - PAD_R - 4.0;
+    if on_axis {
+        let py = sy(cap as f64);
+        let _ = write!(
+            s,
+            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{x:.1}" y="{:.1}">capacity {}</text>"#,
+            CHART_W - PAD_R,
+            py - 5.0,
+            escape(&human(cap))
+        );
+    } else {
+        let _ = write!(
+            s,
+            r#"<text class="capacity-label" x="{x:.1}" y="{:.1}">↑ capacity {}, above this axis</text>"#,
+            PAD_T + 14.0,
+            escape(&human(cap))
+        );
+    }
+}
+
 /// The memory timeline: reserved (solid) and allocated (dashed) per config,
 /// overlaid on shared axes, with the capacity and each OOM marked.
 pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &str) -> String {
@@ -236,73 +352,16 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
         .max()
         .unwrap_or(0)
         .max(1) as f64;
-    let peak = timelines
+    let data_peak = timelines
         .iter()
         .map(|t| t.reserved.peak().max(t.allocated.peak()))
         .max()
-        .unwrap_or(0)
-        .max(capacity.unwrap_or(0))
-        .max(1) as f64;
-    let y_step = byte_step(peak, 5.0);
-    let max_y = (peak * 1.04 / y_step).ceil() * y_step;
-    let x_step = decimal_step(max_x, 8.0);
-    let plot_w = CHART_W - PAD_L - PAD_R;
-    let plot_h = CHART_H - PAD_T - PAD_B;
-    let sx = |x: f64| PAD_L + x / max_x * plot_w;
-    let sy = |y: f64| PAD_T + plot_h - y / max_y * plot_h;
-
-    let mut s = String::with_capacity(64 * 1024);
-    let _ = write!(
-        s,
-        r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="memory timeline" xmlns="http://www.w3.org/2000/svg">"#
-    );
-    // Grid and y ticks.
-    s.push_str(r#"<g class="grid">"#);
-    let mut y = 0.0;
-    while y <= max_y + 0.5 {
-        let py = sy(y);
-        let _ = write!(
-            s,
-            r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
-            CHART_W - PAD_R,
-            PAD_L - 6.0,
-            py + 4.0,
-            size_label(y)
-        );
-        y += y_step;
-    }
-    let mut x = 0.0;
-    while x <= max_x + 0.5 {
-        let px = sx(x);
-        let _ = write!(
-            s,
-            r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
-            PAD_T + plot_h,
-            PAD_T + plot_h + 16.0,
-            count_label(x)
-        );
-        x += x_step;
-    }
-    s.push_str("</g>");
-    let _ = write!(
-        s,
-        r#"<text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
-        PAD_L + plot_w / 2.0,
-        CHART_H - 4.0,
-        escape(x_label)
-    );
-
-    if let Some(cap) = capacity {
-        let py = sy(cap as f64);
-        let _ = write!(
-            s,
-            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{:.1}" y="{:.1}">capacity {}</text>"#,
-            CHART_W - PAD_R,
-            CHART_W - PAD_R - 4.0,
-            py - 5.0,
-            escape(&human(cap))
-        );
-    }
+        .unwrap_or(0);
+    let (axes, on_axis) = Axes::new(max_x, data_peak, capacity);
+    let (sx, sy) = (|x| axes.sx(x), |y| axes.sy(y));
+    let (plot_w, plot_h) = (axes.plot_w, axes.plot_h);
+    let mut s = axes.open("memory timeline", x_label);
+    capacity_mark(&mut s, capacity, on_axis, sy);
 
     for (i, t) in timelines.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
@@ -395,54 +454,11 @@ pub fn stacked_chart(
                 .sum()
         })
         .collect();
-    // Scaled to the data: a card far above the peak is named, not drawn.
-    let data_peak = totals.iter().copied().max().unwrap_or(0).max(1);
-    let drawn_capacity = capacity.filter(|&c| c <= data_peak.saturating_mul(2));
-    let peak = data_peak.max(drawn_capacity.unwrap_or(0)) as f64;
-    let y_step = byte_step(peak, 5.0);
-    let max_y = (peak * 1.04 / y_step).ceil() * y_step;
-    let x_step = decimal_step(max_x, 8.0);
-    let plot_w = CHART_W - PAD_L - PAD_R;
-    let plot_h = CHART_H - PAD_T - PAD_B;
-    let sx = |x: f64| PAD_L + x / max_x * plot_w;
-    let sy = |y: f64| PAD_T + plot_h - y / max_y * plot_h;
-    let mut s = String::with_capacity(64 * 1024);
-    let _ = write!(
-        s,
-        r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="allocated memory by category" xmlns="http://www.w3.org/2000/svg"><g class="grid">"#
-    );
-    let mut y = 0.0;
-    while y <= max_y + 0.5 {
-        let py = sy(y);
-        let _ = write!(
-            s,
-            r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
-            CHART_W - PAD_R,
-            PAD_L - 6.0,
-            py + 4.0,
-            size_label(y)
-        );
-        y += y_step;
-    }
-    let mut x = 0.0;
-    while x <= max_x + 0.5 {
-        let px = sx(x);
-        let _ = write!(
-            s,
-            r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
-            PAD_T + plot_h,
-            PAD_T + plot_h + 16.0,
-            count_label(x)
-        );
-        x += x_step;
-    }
-    let _ = write!(
-        s,
-        r#"</g><text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
-        PAD_L + plot_w / 2.0,
-        CHART_H - 4.0,
-        escape(x_label)
-    );
+    let data_peak = totals.iter().copied().max().unwrap_or(0);
+    let (axes, on_axis) = Axes::new(max_x, data_peak, capacity);
+    let (sx, sy) = (|x| axes.sx(x), |y| axes.sy(y));
+    let (plot_w, plot_h) = (axes.plot_w, axes.plot_h);
+    let mut s = axes.open("allocated memory by category", x_label);
     let mut base = vec![0u64; xs.len()];
     for layer in layers {
         if layer.values.iter().all(|&v| v == 0) {
@@ -469,17 +485,7 @@ pub fn stacked_chart(
         let _ = write!(s, r#""><title>{}</title></polygon>"#, escape(layer.name));
         base = top;
     }
-    if let Some(cap) = drawn_capacity {
-        let py = sy(cap as f64);
-        let _ = write!(
-            s,
-            r#"<line class="capacity" x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="capacity-label" x="{:.1}" y="{:.1}">capacity {}</text>"#,
-            CHART_W - PAD_R,
-            CHART_W - PAD_R - 4.0,
-            py - 5.0,
-            escape(&human(cap))
-        );
-    }
+    capacity_mark(&mut s, capacity, on_axis, sy);
     for (i, (at, label)) in marks.iter().enumerate() {
         let px = sx(*at as f64);
         let _ = write!(

@@ -307,7 +307,7 @@ pub const METRICS: &[MetricDef] = &[
     t(
         "empty_cache_calls",
         Number,
-        "runs of segment releases that malloc did not make: torch.cuda.empty_cache() calls (a run whose stack names empty_cache; else one not followed by malloc's own cudaMalloc or OOM, or followed by a cudaMalloc the card had room for)",
+        "runs of segment releases that malloc did not make: torch.cuda.empty_cache() calls (a run whose stack names empty_cache; else one that gave back a cached block the next request could have used, since malloc releases only when none fits; one not followed by malloc's own cudaMalloc or OOM; or one followed by a cudaMalloc the card had room for)",
     ),
     t(
         "empty_cache_steps",

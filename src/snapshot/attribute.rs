@@ -490,7 +490,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             moments.push(m);
         }
         let end_index = (traced && self.entries > 0).then(|| self.entries - 1);
-        if !(only && !moments.is_empty()) {
+        if !only || moments.is_empty() {
             moments.push(self.moment(MomentKind::End, last, end_index));
         }
         match self.ask.at {
@@ -528,18 +528,6 @@ impl<'s, 'a> Attributor<'s, 'a> {
         }
     }
 
-    /// Feeds every entry of the device's trace, then [`Attributor::settle`]s:
-    /// all of [`Attributor::finish`] but what needs the step boundaries (on
-    /// a second thread beside the evidence's pass, for a long trace).
-    pub fn feed(mut self) -> Result<Self, super::model::ModelError> {
-        let snap = self.snap;
-        for (i, e) in snap.trace(self.device).enumerate() {
-            self.entry(i, &e?);
-        }
-        self.settle();
-        Ok(self)
-    }
-
     /// The end state matched and the categories given, once every entry
     /// was fed (a second call does nothing).
     pub fn settle(&mut self) {
@@ -569,14 +557,19 @@ impl<'s, 'a> Attributor<'s, 'a> {
         let mut cursor = 0usize;
         let mut find = |addr: u64| -> Option<u32> {
             if open.get(cursor).is_some_and(|&(a, _)| a > addr)
-                || cursor.checked_sub(1).and_then(|c| open.get(c)).is_some_and(|&(a, _)| a >= addr)
+                || cursor
+                    .checked_sub(1)
+                    .and_then(|c| open.get(c))
+                    .is_some_and(|&(a, _)| a >= addr)
             {
                 cursor = open.partition_point(|&(a, _)| a < addr);
             }
             while open.get(cursor).is_some_and(|&(a, _)| a < addr) {
                 cursor += 1;
             }
-            open.get(cursor).filter(|&&(a, _)| a == addr).map(|&(_, k)| k)
+            open.get(cursor)
+                .filter(|&&(a, _)| a == addr)
+                .map(|&(_, k)| k)
         };
         for seg in snap.segments.iter().filter(|s| s.device == device) {
             for b in snap.blocks_of(seg) {
@@ -1268,7 +1261,9 @@ fn range_of(ranges: &[(u64, u64)], addr: u64, hint: usize) -> Option<usize> {
     if holds(hint) {
         return Some(hint);
     }
-    let i = ranges.partition_point(|&(start, _)| start <= addr).checked_sub(1)?;
+    let i = ranges
+        .partition_point(|&(start, _)| start <= addr)
+        .checked_sub(1)?;
     holds(i).then_some(i)
 }
 

@@ -21,7 +21,11 @@
 //!   failed (followed there by its retry: a `segment_alloc` or an `oom`);
 //!   `release_available_cached_blocks` (oversize blocks) and
 //!   `garbage_collect_cached_blocks` also release inside `malloc`, right
-//!   before its cudaMalloc. `emptyCache()` gathers its context at
+//!   before its cudaMalloc. All of them run only after `get_free_block` found
+//!   no cached block for the request, so a run that gave back a block the
+//!   next request could have had (same pool and stream, within the oversize
+//!   rule) came before that request: an `empty_cache()` call.
+//!   `emptyCache()` gathers its context at
 //!   `RecordContext::ALL`, so with `_record_memory_history(context="all")`
 //!   its `segment_free` entries carry the stack of the `empty_cache()` call.
 //! - `oom`: recorded before OutOfMemoryError; `device_free` is what
@@ -39,7 +43,7 @@
 
 use super::evidence::frame_text;
 use super::model::{Action, Frames, Segment, Snapshot, TraceEntry};
-use crate::allocator::sizes::{SMALL_BUFFER, SMALL_SIZE, round_size};
+use crate::allocator::sizes::{SMALL_BUFFER, SMALL_SIZE, max_non_split_rounding_size, round_size};
 use crate::conf::Settings;
 pub use crate::evidence::{
     Peak, Releases, Site, SizeChurn, StepSource, StreamDeferred, TraceMetrics,
@@ -109,6 +113,8 @@ struct Burst {
     at: u32,
     /// The entry after the run: action, size, frames.
     next: Option<(Action, u64, Frames)>,
+    /// A block it released would have served the request that followed.
+    served_next: bool,
 }
 
 impl Burst {
@@ -121,16 +127,19 @@ impl Burst {
             return false;
         }
         match self.next {
-            Some((Action::Oom, _, _)) => true,
+            Some((Action::Oom, _, _)) => !self.served_next,
             Some((Action::SegmentAlloc | Action::SegmentMap, size, frames)) => {
                 // malloc passes its own context to release_cached_blocks, so
                 // its releases carry the stack of the segment_alloc that follows.
                 if frames != Frames::NONE && self.frames != Frames::NONE {
                     return frames == self.frames;
                 }
-                // Without stacks: a retry follows a failed cudaMalloc, so the
-                // card had no room for this segment on top of what was reserved.
-                self.reserved_before.saturating_add(signed(size)) > reserved_max || gc
+                // Without stacks: malloc releases only what get_free_block
+                // could not use, and its retry follows a failed cudaMalloc, so
+                // the card had no room for this segment on top of what was reserved.
+                !self.served_next
+                    && self.reserved_before.saturating_add(signed(size)) > reserved_max
+                    || gc
             }
             _ => false,
         }
@@ -156,6 +165,10 @@ pub struct TraceScan<'s, 'a> {
     bursts: Vec<Burst>,
     /// A run still open (the last of `bursts`).
     in_burst: bool,
+    /// Blocks the last run released (whole free segments): size, stream, small pool.
+    released: Vec<(u64, u64, bool)>,
+    /// The last run was followed by a segment_alloc: the next alloc is the request it served.
+    awaiting_request: bool,
     /// The last `free_requested`, until the next entry shows whether it completed at once.
     request: Option<Request>,
     waiting: HashMap<u64, Request>,
@@ -221,6 +234,8 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             miss_at: Vec::new(),
             bursts: Vec::new(),
             in_burst: false,
+            released: Vec::new(),
+            awaiting_request: false,
             request: None,
             waiting: HashMap::new(),
             streams: HashMap::new(),
@@ -269,6 +284,14 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             if let Some(b) = self.bursts.last_mut() {
                 b.next = Some((e.action, e.size, e.frames));
             }
+            match e.action {
+                // malloc records the rounded size of the request it could not serve.
+                Action::Oom => self.served(e.size, e.stream),
+                Action::SegmentAlloc => self.awaiting_request = true,
+                _ => {}
+            }
+        } else if std::mem::take(&mut self.awaiting_request) && e.action == Action::Alloc {
+            self.served(round_size(e.size, &self.settings), e.stream);
         }
         match e.action {
             Action::Alloc => self.alloc(i, e),
@@ -310,6 +333,8 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                 self.reserved = self.reserved.saturating_sub(signed(e.size));
                 if !self.in_burst {
                     self.in_burst = true;
+                    self.awaiting_request = false;
+                    self.released.clear();
                     self.bursts.push(Burst {
                         segments: 0,
                         bytes: 0,
@@ -318,6 +343,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                         reserved_before: self.reserved.saturating_add(signed(e.size)),
                         at: self.alloc_index(),
                         next: None,
+                        served_next: false,
                     });
                 }
                 if let Some(b) = self.bursts.last_mut() {
@@ -325,7 +351,9 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                     b.bytes = b.bytes.saturating_add(e.size);
                 }
                 if e.action == Action::SegmentFree {
-                    self.segment_free(i, e.addr);
+                    let small = self.segment_free(i, e.addr);
+                    let small = small.unwrap_or(e.size == SMALL_BUFFER);
+                    self.released.push((e.size, e.stream, small));
                 }
             }
             Action::Oom => {
@@ -337,6 +365,28 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             Action::Snapshot | Action::Annotate | Action::Other => {}
         }
         self.prev = Some((e.action, e.addr, e.size));
+    }
+
+    /// Marks the last run if `get_free_block` would have served a request of
+    /// `size` (rounded) bytes on `stream` from a block it released: the
+    /// smallest cached block of the pool and stream at least that large,
+    /// refused only when oversize (`CUDACachingAllocator.cpp`, `get_free_block`).
+    fn served(&mut self, size: u64, stream: u64) {
+        let small = size <= SMALL_SIZE;
+        let max_split = self.settings.max_split_size;
+        let tolerance = max_non_split_rounding_size(&self.settings);
+        let fits = |&(block, s, pool_small): &(u64, u64, bool)| {
+            s == stream
+                && pool_small == small
+                && block >= size
+                && !(size < max_split && block >= max_split)
+                && !(size >= max_split && block >= size.saturating_add(tolerance))
+        };
+        if self.released.iter().any(fits)
+            && let Some(b) = self.bursts.last_mut()
+        {
+            b.served_next = true;
+        }
     }
 
     fn alloc_index(&self) -> u32 {
@@ -536,18 +586,22 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         });
     }
 
-    fn segment_free(&mut self, i: usize, addr: u64) {
-        match self.born.remove(&addr).or_else(|| self.initial_at(addr)) {
-            Some(k) => {
-                if let Some(s) = self.segs.get_mut(k) {
-                    s.died = index32(i);
-                    s.final_live = 0;
-                }
-            }
-            // Made before the trace and never seen in the final snapshot.
-            None => self.m.peak.segments_unknown += 1,
-        }
+    /// The segment at `addr` is released at entry `i`; whether it was of the
+    /// small pool, when known.
+    fn segment_free(&mut self, i: usize, addr: u64) -> Option<bool> {
         self.last_seg = None;
+        match self.born.remove(&addr).or_else(|| self.initial_at(addr)) {
+            Some(k) => self.segs.get_mut(k).map(|s| {
+                s.died = index32(i);
+                s.final_live = 0;
+                s.small
+            }),
+            // Made before the trace and never seen in the final snapshot.
+            None => {
+                self.m.peak.segments_unknown += 1;
+                None
+            }
+        }
     }
 
     /// The metrics, once every entry was fed.

@@ -174,6 +174,9 @@ pub struct Loop {
     pub seq: Option<fn(u64) -> u64>,
     /// Call `empty_cache()` at the end of every step (with this line's stack).
     pub empty_cache_line: Option<i64>,
+    /// Call `empty_cache()` at the end of every step, recorded without a
+    /// stack (`_record_memory_history(context="alloc")`, or before 2.1).
+    pub empty_cache_unrecorded: bool,
     /// Activations also used on side stream 7 (`record_stream`), which is
     /// synchronized only at the end of the step.
     pub side_stream: bool,
@@ -224,6 +227,9 @@ pub fn training_loop(conf: &str, l: &Loop) -> Recorder {
         }
         if let Some(line) = l.empty_cache_line {
             r.empty_cache(Some(empty_cache_stack(line)));
+        }
+        if l.empty_cache_unrecorded {
+            r.empty_cache(None);
         }
     }
     r
