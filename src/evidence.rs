@@ -18,6 +18,10 @@ pub enum Kind {
     MemorySummary,
     MemoryStats,
     Snapshot,
+    /// An error the device runtime or a custom allocator printed that is not
+    /// an out-of-memory error (vLLM's `CUDA Error: invalid argument at
+    /// …/cumem_allocator.cpp:278`): what made a later OOM with free memory.
+    DeviceError,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -445,6 +449,12 @@ impl Observation {
             allocator_settings: None,
             detail: None,
         }
+    }
+
+    /// The last `oom` entry of a snapshot's trace (the OOM that device
+    /// raised last), when it records one.
+    pub fn snapshot_oom(&self) -> Option<&SnapshotOom> {
+        self.detail.as_ref()?.oom_events.last()
     }
 }
 

@@ -980,3 +980,276 @@ fn text_logs_starting_like_a_pickle_stay_text() {
         assert_eq!(ev.observations[0].kind, allocdoc::evidence::Kind::Oom);
     }
 }
+
+// ---- OOMs a snapshot records -------------------------------------------------
+
+fn diagnose_json(inputs: &[&str]) -> serde_json::Value {
+    use allocdoc::app::Format;
+    use allocdoc::app::diagnose::{DiagnoseOptions, run};
+    let out = run(&DiagnoseOptions {
+        inputs: inputs.iter().map(|s| s.to_string()).collect(),
+        format: Format::Json,
+        ..Default::default()
+    })
+    .unwrap();
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+#[test]
+fn an_oom_in_the_trace_of_the_second_of_three_devices_is_the_verdict() {
+    // scripts/gen_multidevice_oom_snapshot.py: cuda:1's trace ends in an oom
+    // entry (2529 pages of 2 MiB asked, 95 MiB free on the device, 78.42 GiB
+    // reserved, 110 MiB of it free); cuda:0 and cuda:2 end normally, and
+    // cuda:2 is the last observation (what the fallback used to diagnose).
+    const MIB: u64 = 1 << 20;
+    let d = diagnose_json(&["fixtures/snapshots/gen-multidevice-oom-dev1.pickle"]);
+    assert_eq!(d["cause"], "capacity", "{d:#}");
+    assert_eq!(
+        d["verdict"].as_str().unwrap(),
+        "capacity: cuda:1 ran out of memory (entry 20 of its trace): the 4.94 GiB request found \
+         95.00 MiB free on the device and 110.00 MiB cached unused, 205.00 MiB together, less \
+         than the 4.94 GiB request, while live tensors held 78.31 GiB of the 78.42 GiB PyTorch reserved. \
+         The card is full; no allocator setting frees enough."
+    );
+    assert_eq!(d["fills"]["device_index"], 1);
+    assert_eq!(d["fills"]["moment"]["moment"], "oom");
+    assert_eq!(
+        d["fills"]["must_go"]["shortfall_bytes"],
+        2529 * 2 * MIB - 95 * MIB - 110 * MIB
+    );
+    assert_eq!(d["recommendation"], serde_json::Value::Null);
+}
+
+#[test]
+fn every_device_whose_trace_records_an_oom_is_an_incident() {
+    use allocdoc::snapshot::writer::{self, Action, Block, BlockState, Segment, TraceEntry};
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    // Device: (live, free in its segment, request, device free).
+    let devices = [
+        (10 * GIB, 6 * GIB, 2 * GIB, 100 * MIB), // 6 GiB split free: fragmentation
+        (20 * GIB, 64 * MIB, 3 * GIB, 50 * MIB), // full, the largest request
+        (20 * GIB, 64 * MIB, GIB, 50 * MIB),     // full
+    ];
+    let mut snap = writer::Snapshot::default();
+    for (d, &(live, free, request, device_free)) in devices.iter().enumerate() {
+        snap.segments.push(Segment {
+            device: d as i64,
+            address: 0x7f00_0000_0000 + ((d as u64) << 40),
+            stream: 0,
+            is_large: true,
+            pool_id: (0, 0),
+            is_expandable: false,
+            blocks: vec![
+                Block {
+                    size: live,
+                    requested_size: live,
+                    state: BlockState::ActiveAllocated,
+                },
+                Block {
+                    size: free,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                },
+            ],
+        });
+        snap.device_traces.push(vec![TraceEntry {
+            action: Action::Oom,
+            addr: device_free,
+            size: request,
+            stream: 0,
+            time_us: 1,
+        }]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("three.pickle");
+    std::fs::write(&path, writer::to_bytes(&snap)).unwrap();
+    let d = diagnose_json(&[path.to_str().unwrap()]);
+    let incidents = d["incidents"].as_array().expect("incidents");
+    assert_eq!(incidents.len(), 3, "{d:#}");
+    // The headline: a full card (an error) over the fragmented one (info),
+    // then the larger request.
+    assert!(
+        d["verdict"].as_str().unwrap().starts_with(
+            "capacity: cuda:1 ran out of memory (entry 0 of its trace): the 3.00 GiB request"
+        ),
+        "{}",
+        d["verdict"]
+    );
+    let causes: Vec<&str> = incidents
+        .iter()
+        .map(|i| i["cause"].as_str().unwrap())
+        .collect();
+    assert_eq!(causes, ["capacity", "capacity", "fragmentation"]);
+    let device_of = |i: &serde_json::Value| {
+        d["observations"][i["observation"].as_u64().unwrap() as usize]["device_index"].clone()
+    };
+    let devices: Vec<serde_json::Value> = incidents.iter().map(device_of).collect();
+    assert_eq!(devices, [1, 2, 0]);
+}
+
+#[test]
+fn an_oom_observer_dump_with_allocated_at_reserved_is_a_full_card() {
+    // The yiyi snapshot: segments only, written by an OOM observer
+    // (oom_snapshot.pickle); 11 840 159 744 of 11 844 714 496 bytes allocated.
+    let d = diagnose_json(&["fixtures/snapshots/yiyi-llm-inference_oom_snapshot.pickle"]);
+    assert_eq!(d["cause"], "capacity", "{d:#}");
+    assert_eq!(
+        d["verdict"].as_str().unwrap(),
+        "capacity: This snapshot of cuda:0 was written at an out-of-memory error (its file name \
+         says so; an OOM observer records segments only), and live tensors held 11.03 GiB of the \
+         11.03 GiB PyTorch reserved, all but 4.34 MiB (0.0 %): the card was full of live \
+         tensors, not fragmented. No allocator setting frees enough."
+    );
+    // What fills it: the one site, every byte.
+    assert_eq!(
+        d["fills"]["moment"]["rows"][0]["key"],
+        "pytorch_backend.py:190:allocate"
+    );
+    // The same bytes under a name that says nothing of an OOM: no verdict.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("snapshot.pickle");
+    std::fs::write(&plain, fixture("yiyi-llm-inference_oom_snapshot.pickle")).unwrap();
+    let d = diagnose_json(&[plain.to_str().unwrap()]);
+    assert_ne!(d["cause"], "capacity", "{d:#}");
+    // Nor on a full cache that was not at an OOM (wedsonlin: 96.6 % allocated).
+    let d = diagnose_json(&[
+        "fixtures/snapshots/wedsonlin-assignment2-systems_medium_128_inference_memory_snapshot.pickle",
+    ]);
+    assert_ne!(d["cause"], "capacity", "{d:#}");
+}
+
+#[test]
+fn pasted_text_whose_first_byte_is_a_pickle_opcode_stays_evidence() {
+    use allocdoc::ingest::{InputKind, detect};
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    // Morizeyao/GPT2-Chinese#215: a 1.x message's figures quoted alone. As
+    // opcodes `(` is MARK, `G` a BINFLOAT of the next 8 bytes and `.` STOP.
+    let fragment = "(GPU 0; 15.75 GiB total capacity; 79.11 MiB already allocated; \
+                    3.62 MiB free; 86.00 MiB reserved in total by PyTorch)\n";
+    for first in [
+        &b""[..],
+        b"]",
+        b"}",
+        b"c",
+        b"N",
+        b"I",
+        b"S",
+        b".",
+        b"\x80",
+        b"]\n",
+        b"N.\n",
+    ] {
+        let text = [first, fragment.as_bytes()].concat();
+        assert_eq!(detect(&text), InputKind::Text, "{first:?}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_allocdoc"))
+            .args(["parse", "-", "--format", "json"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&text).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{first:?}: {err}");
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let o = &doc["observations"][0];
+        assert_eq!(o["kind"], "oom", "{first:?}");
+        assert_eq!(
+            o["total_capacity_bytes"], 16911433728u64,
+            "{first:?}: 15.75 GiB"
+        );
+        assert_eq!(o["free_bytes"], 3795845u64, "{first:?}: 3.62 MiB");
+    }
+    // A header-less pickle with no evidence in it stays a pickle: a
+    // protocol-0 list [1, 2] (MARK, INT, INT, LIST, STOP).
+    assert_eq!(detect(b"(I1\nI2\nl."), InputKind::Pickle);
+    // And a real protocol-0 snapshot, whose opening is certain.
+    assert_eq!(detect(&fixture("gen-small-p0.pickle")), InputKind::Pickle);
+}
+
+#[test]
+fn a_device_error_before_an_oom_with_free_memory_is_the_cause() {
+    // fixtures/text/real_hip_vllm_workers_ansi.log (shared/realtext/oom_031.txt):
+    // vLLM's CuMemAllocator printed "CUDA Error: invalid argument" four times
+    // before four HIP OOMs of 186 MiB with 188 GiB free.
+    let log = "fixtures/text/real_hip_vllm_workers_ansi.log";
+    let d = diagnose_json(&[log]);
+    let errors: Vec<&serde_json::Value> = d["observations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["kind"] == "device_error")
+        .collect();
+    assert_eq!(errors.len(), 1, "the four identical lines are one");
+    assert_eq!(
+        errors[0]["message"],
+        "CUDA Error: invalid argument at /workspace/vllm-patch/csrc/cumem_allocator.cpp:278"
+    );
+    assert_eq!(d["cause"], "not_allocator", "{d:#}");
+    let finding = &d["findings"][0];
+    assert_eq!(finding["rule"], "device-error");
+    assert_eq!(
+        finding["site"],
+        "CUDA Error: invalid argument at /workspace/vllm-patch/csrc/cumem_allocator.cpp:278"
+    );
+    // ROCm: HIP's own switches, no CUDA_LAUNCH_BLOCKING, no MIG.
+    let next = d["next_steps"].to_string();
+    assert!(next.contains("HIP_LAUNCH_BLOCKING=1"), "{next}");
+    assert!(!next.contains("CUDA_LAUNCH_BLOCKING"), "{next}");
+    assert!(!next.contains("MIG"), "{next}");
+    // Without the error line, the same OOM on ROCm still gets ROCm's advice,
+    // and on CUDA the CUDA one.
+    let dir = tempfile::tempdir().unwrap();
+    let oom = |device: &str| {
+        format!(
+            "torch.OutOfMemoryError: {device} out of memory. Tried to allocate 186.00 MiB. GPU 5 has \
+             a total capacity of 191.45 GiB of which 188.75 GiB is free. Of the allocated memory 0 \
+             bytes is allocated by PyTorch, and 2.00 MiB is reserved by PyTorch but unallocated.\n"
+        )
+    };
+    for (device, wanted, unwanted) in [
+        ("HIP", "HIP_LAUNCH_BLOCKING=1", "CUDA_LAUNCH_BLOCKING"),
+        ("CUDA", "CUDA_LAUNCH_BLOCKING=1", "HIP_LAUNCH_BLOCKING"),
+    ] {
+        let path = dir.path().join(format!("{device}.log"));
+        std::fs::write(&path, oom(device)).unwrap();
+        let d = diagnose_json(&[path.to_str().unwrap()]);
+        assert_eq!(d["findings"][0]["rule"], "free-exceeds-request", "{device}");
+        let next = d["next_steps"].to_string();
+        assert!(next.contains(wanted), "{device}: {next}");
+        assert!(!next.contains(unwanted), "{device}: {next}");
+        assert_eq!(next.contains("MIG"), device == "CUDA", "{device}: {next}");
+    }
+}
+
+#[test]
+fn an_xpu_request_under_its_fraction_cap_with_the_card_free_meets_the_cap() {
+    // intel/torch-xpu-ops#2392 (test_set_per_process_memory_fraction on Windows).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("xpu.log");
+    std::fs::write(
+        &path,
+        "torch.OutOfMemoryError: XPU out of memory. Tried to allocate 8.11 GiB. GPU 0 has a total \
+         capacity of 16.54 GiB of which 16.54 GiB is free. 8.27 GiB allowed; Of the allocated \
+         memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by PyTorch but \
+         unallocated. Please use `empty_cache` to release all unoccupied cached memory.\n",
+    )
+    .unwrap();
+    let d = diagnose_json(&[path.to_str().unwrap()]);
+    assert_eq!(d["cause"], "memory_fraction_cap", "{d:#}");
+    assert!(
+        d["verdict"].as_str().unwrap().contains(
+            "0 bytes reserved plus the request make 8.11 GiB, 98.1 % of the 8.27 GiB cap"
+        ),
+        "{}",
+        d["verdict"]
+    );
+    assert!(
+        d["next_steps"]
+            .to_string()
+            .contains("UR_L0_USE_RELAXED_ALLOCATION_LIMITS=1")
+    );
+}

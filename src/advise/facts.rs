@@ -26,8 +26,10 @@ pub struct Shared<'e> {
     base: Facts,
     /// The last summary or stats dump (the latest state of the run).
     latest: Option<&'e Observation>,
-    /// How many allocator OOM messages the evidence holds.
+    /// How many allocator OOM messages and snapshot `oom` entries the evidence holds.
     messages: u64,
+    /// The first device error of each input.
+    first_device_error: std::collections::HashMap<&'e str, &'e Observation>,
 }
 
 impl<'e> Shared<'e> {
@@ -50,7 +52,21 @@ impl<'e> Shared<'e> {
                 .iter()
                 .rev()
                 .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats)),
-            messages: obs.iter().filter(|o| o.kind == Kind::Oom).count() as u64,
+            messages: obs
+                .iter()
+                .map(|o| match o.kind {
+                    Kind::Oom => 1,
+                    Kind::Snapshot => o.detail.as_ref().map_or(0, |d| d.oom_events.len() as u64),
+                    _ => 0,
+                })
+                .sum(),
+            first_device_error: obs.iter().filter(|o| o.kind == Kind::DeviceError).fold(
+                std::collections::HashMap::new(),
+                |mut m, o| {
+                    m.entry(o.input.as_str()).or_insert(o);
+                    m
+                },
+            ),
         }
     }
 
@@ -150,6 +166,20 @@ fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
             .sum();
         bytes(f, "other_processes_bytes", Some(others));
     }
+    // A device error printed before the OOM in the same input: what made
+    // an allocation fail with memory free.
+    let error = shared
+        .first_device_error
+        .get(p.input.as_str())
+        .filter(|e| e.line <= p.line);
+    f.set("device_error", Fact::Bool(error.is_some()));
+    if let Some(text) = error.and_then(|e| e.message.clone()) {
+        f.set_text("device_error_site", text);
+    }
+    f.set(
+        "xpu",
+        Fact::Bool(p.device_kind == Some(crate::evidence::DeviceKind::Xpu)),
+    );
     if p.kind == Kind::Oom {
         let listed = !p.other_processes.is_empty() || p.process_in_use_bytes.is_some();
         f.set("process_info", Fact::Bool(listed));
@@ -200,20 +230,43 @@ fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
     if latest.is_none() && p.kind == Kind::Snapshot {
         snapshot_facts(f, p);
     }
-    // A summary printed before the OOM does not count it; the messages do.
+    f.set(
+        "snapshot_at_oom",
+        Fact::Bool(p.kind == Kind::Snapshot && snapshot_at_oom(p)),
+    );
+    // A summary printed before the OOM does not count it; the messages and
+    // the snapshots' `oom` entries (every device's trace) do.
     let messages = shared.messages;
     let counted = latest.and_then(|s| s.cuda_ooms.or(s.num_ooms)).unwrap_or(0);
     let ooms = counted.max(messages);
     f.set("ooms", Fact::Num(ooms as f64));
 }
 
+/// Whether a snapshot was taken at an OOM: its trace records an `oom` entry,
+/// or its file name says so (an OOM observer's dump,
+/// `torch._C._cuda_attach_out_of_memory_observer`, records segments only:
+/// `oom_snapshot.pickle`, `snapshot-OOM-rank3.pkl`).
+fn snapshot_at_oom(p: &Observation) -> bool {
+    let name = p.input.rsplit(['/', '\\']).next().unwrap_or(&p.input);
+    p.snapshot_oom().is_some()
+        || name.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| {
+            let w = w.trim_end_matches(|c: char| c.is_ascii_digit());
+            w.eq_ignore_ascii_case("oom") || w.eq_ignore_ascii_case("outofmemory")
+        })
+}
+
 /// The summary-like facts of a snapshot, from its `detail` (snapshot::evidence):
 /// inactive split bytes per pool type, the small pool's reservation, and the
-/// last `oom` trace entry (rounded request, device free), as §9.2 records them.
+/// last `oom` trace entry (rounded request, device free), as §9.2 records
+/// them, with allocated and reserved memory as they stood at that entry.
 fn snapshot_facts(f: &mut Facts, p: &Observation) {
     let Some(detail) = &p.detail else {
         return;
     };
+    if let Some(d) = p.device_index {
+        f.set("oom_device", Fact::Num(f64::from(d)));
+    }
+    f.set("oom_entries", Fact::Num(detail.oom_events.len() as f64));
     let sum = |figure: fn(&PoolDetail) -> u64, kind: Option<&str>| -> Option<u64> {
         Some(
             detail
@@ -236,18 +289,39 @@ fn snapshot_facts(f: &mut Facts, p: &Observation) {
     if let Some(oom) = detail.oom_events.last() {
         bytes(f, "requested", Some(oom.size));
         bytes(f, "free", Some(oom.device_free));
+        bytes(f, "oom_event_index", Some(oom.event_index));
+    }
+    // The trace may go on after its OOM: the attribution's state at the entry.
+    let at_oom = detail
+        .fills
+        .as_deref()
+        .and_then(|a| a.moment(crate::evidence::fills::MomentKind::Oom));
+    if let Some(m) = at_oom {
+        bytes(f, "allocated", Some(m.allocated_block_bytes));
+        bytes(f, "reserved", Some(m.reserved_bytes));
+        bytes(
+            f,
+            "reserved_unallocated",
+            Some(m.reserved_bytes.saturating_sub(m.allocated_block_bytes)),
+        );
     }
 }
 
 /// The snapshot observation whose recorded trace the trace metrics come
-/// from: the last one whose trace has entries.
+/// from: the last one whose trace records an OOM, else the last one whose
+/// trace has entries (a device's OOM is diagnosed with its own trace).
 pub fn trace_source(evidence: &Evidence) -> Option<&Observation> {
-    evidence.observations.iter().rev().find(|o| {
+    let traced = |o: &&Observation| {
         o.detail
             .as_ref()
             .and_then(|d| d.trace.as_ref())
             .is_some_and(|t| t.entries > 0)
-    })
+    };
+    let mut traces = evidence.observations.iter().filter(traced);
+    traces
+        .clone()
+        .rfind(|o| o.snapshot_oom().is_some())
+        .or_else(|| traces.next_back())
 }
 
 /// The metrics of a snapshot's recorded trace (rules/README.md, "Trace

@@ -1,6 +1,7 @@
 //! Several out-of-memory errors in the evidence (ranks, retries, repeated
-//! prints, cut copies, several files) as incidents, and the rule that picks
-//! the one the verdict is about.
+//! prints, cut copies, several files, the devices of a snapshot whose traces
+//! record `oom` entries) as incidents, and the rule that picks the one the
+//! verdict is about.
 //!
 //! An incident is one OOM event: every OOM observation that agrees with it on
 //! the rank, the device and every figure both state is a report of the same
@@ -32,12 +33,35 @@ impl Incident {
     }
 }
 
+/// The request that failed: a message's, or a snapshot's last `oom` entry's
+/// (a snapshot's `requested_bytes` is what its live blocks asked for).
+fn request(o: &Observation) -> Option<u64> {
+    match o.kind {
+        Kind::Snapshot => o.snapshot_oom().map(|e| e.size),
+        _ => o.requested_bytes,
+    }
+}
+
+/// Whether `o` reports an OOM: a message, or a snapshot device whose trace
+/// records an `oom` entry.
+pub fn is_oom(o: &Observation) -> bool {
+    match o.kind {
+        Kind::Oom | Kind::NonAllocatorOom => true,
+        Kind::Snapshot => o.snapshot_oom().is_some(),
+        Kind::MemorySummary | Kind::MemoryStats | Kind::DeviceError => false,
+    }
+}
+
 /// The figures an OOM report can state.
 fn figures(o: &Observation) -> [Option<u64>; 9] {
+    let free = match o.kind {
+        Kind::Snapshot => o.snapshot_oom().map(|e| e.device_free),
+        _ => o.free_bytes,
+    };
     [
-        o.requested_bytes,
+        request(o),
         o.total_capacity_bytes,
-        o.free_bytes,
+        free,
         o.allocated_bytes,
         o.reserved_bytes,
         o.reserved_unallocated_bytes,
@@ -217,7 +241,7 @@ pub fn incidents(evidence: &Evidence) -> Vec<Incident> {
     let mut grouping = Grouping::default();
     let mut process_lines: HashMap<Vec<(Option<u64>, u64)>, u64> = HashMap::new();
     for (i, o) in obs.iter().enumerate() {
-        if !matches!(o.kind, Kind::Oom | Kind::NonAllocatorOom) {
+        if !is_oom(o) {
             continue;
         }
         let ev = Event {
@@ -268,7 +292,7 @@ pub fn headline_key(o: &Observation, weight: Weight) -> HeadlineKey<'_> {
     (
         completeness(o),
         weight,
-        o.requested_bytes.unwrap_or(0),
+        request(o).unwrap_or(0),
         std::cmp::Reverse(o.rank.unwrap_or(u32::MAX)),
         std::cmp::Reverse((o.input.as_str(), o.line.unwrap_or(0))),
     )

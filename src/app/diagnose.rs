@@ -151,7 +151,7 @@ fn pictures(opts: &DiagnoseOptions) -> ReportViews {
         let Ok(data) = opts.buffers.read(name, &opts.limits) else {
             continue;
         };
-        if crate::snapshot::is_pickle(&data)
+        if crate::ingest::detect(&data) == crate::ingest::InputKind::Pickle
             && let Ok(snap) = crate::snapshot::load_with(name, &data, &opts.limits)
         {
             views.add_snapshot(name, &snap);

@@ -64,6 +64,14 @@ fn first_content_line(data: &[u8]) -> &[u8] {
         .unwrap_or(b"")
 }
 
+/// Whether `data` read as text holds an observation (or more than the
+/// limits let it keep).
+fn holds_evidence(data: &[u8]) -> bool {
+    let mut clues = TextClues::default();
+    scan::scan_with_clues(data, "", &mut clues, &Limits::default())
+        .map_or(true, |obs| !obs.is_empty())
+}
+
 /// Whether a CSV header line names `columns`, its fields quoted or not
 /// (RFC 4180 writers quote every field).
 fn header_is(line: &[u8], columns: &[u8]) -> bool {
@@ -74,9 +82,11 @@ fn header_is(line: &[u8], columns: &[u8]) -> bool {
         && unquoted.next().is_none()
 }
 
-/// Detects the kind of an input from its first bytes.
+/// Detects the kind of an input from its first bytes. A header-less start
+/// that decodes as a pickle is only a guess: text that holds evidence wins
+/// (`(GPU 0; 15.75 GiB total capacity; …)` reads as MARK, BINFLOAT, STOP).
 pub fn detect(data: &[u8]) -> InputKind {
-    if snapshot::is_pickle(data) {
+    if snapshot::is_pickle(data) && (snapshot::opens_certainly(data) || !holds_evidence(data)) {
         return InputKind::Pickle;
     }
     let head = &data[..data.len().min(64 * 1024)];

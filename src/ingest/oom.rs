@@ -842,6 +842,41 @@ pub fn library(
     Some(non_allocator(data, line, lead, source, input))
 }
 
+/// A device error that is not out of memory, on the line of `hit`:
+/// vLLM's CuMemAllocator prints `CUDA Error: invalid argument at
+/// …/cumem_allocator.cpp:278` (its `CUDA_CHECK`, hipified on ROCm with the
+/// same words), PyTorch raises `CUDA error: …` / `HIP error: …`
+/// (`C10_CUDA_CHECK`).
+pub fn device_error(data: &[u8], hit: usize, input: &str) -> Option<Found> {
+    let line = hit_line(data, hit, 0, b"\n");
+    // A cut line may be the head of a memory failure (`CUDA error: CUB…`).
+    if data.get(line.bound) != Some(&b'\n') {
+        return None;
+    }
+    let text = line.after.trim();
+    let what = text.split_once(": ").map_or("", |(_, w)| w.trim());
+    // Memory failures (`CUDA error: out of memory`, `CUDA error:
+    // CUBLAS_STATUS_ALLOC_FAILED …`) are the other parsers' to read.
+    let lower = text.to_ascii_lowercase();
+    if what.is_empty()
+        || ["out of memory", "alloc_failed", "out_of_device_memory"]
+            .iter()
+            .any(|m| lower.contains(m))
+    {
+        return None;
+    }
+    let mut obs = Observation::new(Kind::DeviceError, input);
+    // vLLM's hipified build on ROCm still says "CUDA Error": only PyTorch's
+    // "HIP error" names the device kind.
+    obs.device_kind = text.starts_with("HIP").then_some(DeviceKind::Hip);
+    obs.message = Some(text::head(text, MESSAGE_CHARS));
+    Some(Found {
+        obs,
+        start: hit,
+        end: line.bound,
+    })
+}
+
 fn non_allocator(
     data: &[u8],
     line: HitLine,

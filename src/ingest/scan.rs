@@ -42,6 +42,7 @@ enum Anchor {
     TriedToAllocate,
     MallocAsync,
     Library(oom::Library),
+    DeviceError,
     Summary,
     /// A `memory_stats()` key; the parser's hit is the quote before it.
     Stats,
@@ -97,6 +98,9 @@ static ANCHORS: LazyLock<(AhoCorasick, Vec<Anchor>)> = LazyLock::new(|| {
         Anchor::Library(Library::Host),
     );
     add("OUT_OF_DEVICE_MEMORY", Anchor::Library(Library::LevelZero));
+    for p in ["CUDA Error: ", "CUDA error: ", "HIP error: "] {
+        add(p, Anchor::DeviceError);
+    }
     add("memory summary, device ID", Anchor::Summary);
     for row in [
         "Allocated memory ",
@@ -275,6 +279,7 @@ impl<'c> Scanner<'c> {
             Anchor::TriedToAllocate => oom::tried_to_allocate(w, h, input),
             Anchor::MallocAsync => oom::malloc_async(w, h, input),
             Anchor::Library(lib) => oom::library(w, h, len, lib, input),
+            Anchor::DeviceError => oom::device_error(w, h, input),
             Anchor::Summary => summary::summary(w, h, floor, input),
             Anchor::Stats => stats::stats(w, h, input),
             Anchor::Clue(_) => None,
@@ -285,6 +290,17 @@ impl<'c> Scanner<'c> {
     }
 
     fn push(&mut self, buf: &[u8], base: usize, mut f: Found) {
+        // A device error printed again (once per worker, per retry) is one.
+        if f.obs.kind == Kind::DeviceError
+            && self
+                .out
+                .iter()
+                .rev()
+                .find(|o| o.kind == Kind::DeviceError)
+                .is_some_and(|o| o.message == f.obs.message)
+        {
+            return;
+        }
         f.obs.line = Some(self.lines.line_of(buf, base, f.start));
         if f.obs.kind == Kind::Oom {
             if let Some((i, end)) = self.last_oom

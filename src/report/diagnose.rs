@@ -289,6 +289,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::MemorySummary => "memory_summary()",
         Kind::MemoryStats => "memory_stats()",
         Kind::Snapshot => "snapshot",
+        Kind::DeviceError => "device error",
     }
 }
 

@@ -214,6 +214,13 @@ fn grids(ev: &Evidence) -> Vec<Grid> {
     if !other.rows.is_empty() {
         out.push(other.drop_empty_columns());
     }
+    let mut errors = Grid::new("Device errors (not out of memory)", &["Where", "Error"]);
+    for o in of(Kind::DeviceError) {
+        errors.row(vec![place(o), opt(o.message.as_deref())]);
+    }
+    if !errors.rows.is_empty() {
+        out.push(errors);
+    }
 
     for o in ev
         .observations

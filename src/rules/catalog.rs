@@ -151,7 +151,38 @@ pub const METRICS: &[MetricDef] = &[
     m(
         "ooms",
         Number,
-        "OOMs: the larger of the allocator's count (latest summary/stats) and the number of OOM messages seen",
+        "OOMs: the larger of the allocator's count (latest summary/stats) and the number of OOM messages and snapshot oom trace entries (every device's) seen",
+    ),
+    m(
+        "device_error",
+        Bool,
+        "the input shows a device error that is not out of memory before the OOM (vLLM's 'CUDA Error: invalid argument at …/cumem_allocator.cpp:278', PyTorch's 'CUDA error: …' / 'HIP error: …')",
+    ),
+    m(
+        "device_error_site",
+        Text,
+        "that device error's line as printed",
+    ),
+    m("xpu", Bool, "the device diagnosed is an Intel GPU (XPU)"),
+    m(
+        "snapshot_at_oom",
+        Bool,
+        "the snapshot diagnosed was taken at an OOM: its device's trace records an oom entry, or its file name says oom (an OOM observer's dump, torch._C._cuda_attach_out_of_memory_observer, which records segments only)",
+    ),
+    m(
+        "oom_entries",
+        Number,
+        "oom entries in the trace of the snapshot device diagnosed",
+    ),
+    m(
+        "oom_device",
+        Number,
+        "the device index of the snapshot device diagnosed",
+    ),
+    m(
+        "oom_event_index",
+        Number,
+        "the index in its device's trace of the last oom entry (the OOM diagnosed; requested, free, allocated and reserved are its figures)",
     ),
     m(
         "expandable_segments_on",

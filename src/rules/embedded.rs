@@ -23,6 +23,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/cuda-malloc-async.yaml"),
     ),
     (
+        "rules/device-error.yaml",
+        include_str!("../../rules/device-error.yaml"),
+    ),
+    (
         "rules/expandable-already-on.yaml",
         include_str!("../../rules/expandable-already-on.yaml"),
     ),
@@ -117,6 +121,14 @@ pub(super) const FILES: &[(&str, &str)] = &[
     (
         "rules/small-pool-fragmentation.yaml",
         include_str!("../../rules/small-pool-fragmentation.yaml"),
+    ),
+    (
+        "rules/snapshot-full-card.yaml",
+        include_str!("../../rules/snapshot-full-card.yaml"),
+    ),
+    (
+        "rules/snapshot-oom.yaml",
+        include_str!("../../rules/snapshot-oom.yaml"),
     ),
     (
         "rules/trace-cache-misses.yaml",

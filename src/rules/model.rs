@@ -74,6 +74,7 @@ enum KindName {
     MemorySummary,
     MemoryStats,
     Snapshot,
+    DeviceError,
 }
 
 impl From<KindName> for Kind {
@@ -84,6 +85,7 @@ impl From<KindName> for Kind {
             KindName::MemorySummary => Kind::MemorySummary,
             KindName::MemoryStats => Kind::MemoryStats,
             KindName::Snapshot => Kind::Snapshot,
+            KindName::DeviceError => Kind::DeviceError,
         }
     }
 }
@@ -129,7 +131,7 @@ struct RawRule {
     #[serde(default)]
     recommend: BTreeMap<String, Spanned<String>>,
     because: RawMessage,
-    next: Option<Spanned<String>>,
+    next: Option<RawMessage>,
     /// A text metric naming where in the program the finding points.
     site: Option<Spanned<String>>,
     reference: String,
@@ -137,8 +139,8 @@ struct RawRule {
     tests: Vec<RawCase>,
 }
 
-/// `because`: one template, or cases (`- when: expr` / `text: template`),
-/// the last without `when`.
+/// `because` (and `next`): one template, or cases (`- when: expr` /
+/// `text: template`), the last without `when`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum RawMessage {
@@ -332,7 +334,7 @@ pub struct Rule {
     pub when: Expr,
     pub recommend: BTreeMap<String, ValueTemplate>,
     pub because: Message,
-    pub next: Option<Template>,
+    pub next: Option<Message>,
     /// The text metric the finding's source location comes from.
     pub site: Option<String>,
     pub reference: String,
@@ -387,9 +389,9 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
         }
     })?;
     let when = expr::parse(&raw.when.value).map_err(|e| expr_error(file, &raw.when, "when", &e))?;
-    let because = message(file, &raw.because)?;
+    let because = message(file, &raw.because, "because")?;
     let next = match &raw.next {
-        Some(n) => Some(Template::parse(&n.value).map_err(|e| expr_error(file, n, "next", &e))?),
+        Some(n) => Some(message(file, n, "next")?),
         None => None,
     };
     if let Some(site) = &raw.site {
@@ -441,10 +443,9 @@ pub(super) fn parse_rule(file: &str, text: &str) -> Result<Rule, RuleError> {
     })
 }
 
-fn message(file: &str, raw: &RawMessage) -> Result<Message, RuleError> {
-    let template = |t: &Spanned<String>| {
-        Template::parse(&t.value).map_err(|e| expr_error(file, t, "because", &e))
-    };
+fn message(file: &str, raw: &RawMessage, field: &str) -> Result<Message, RuleError> {
+    let template =
+        |t: &Spanned<String>| Template::parse(&t.value).map_err(|e| expr_error(file, t, field, &e));
     match raw {
         RawMessage::One(t) => Ok(Message::single(template(t)?)),
         RawMessage::Cases(cases) => {
@@ -453,14 +454,14 @@ fn message(file: &str, raw: &RawMessage) -> Result<Message, RuleError> {
                 let when = match &c.when {
                     Some(w) => Some((
                         expr::parse(&w.value)
-                            .map_err(|e| expr_error(file, w, "because.when", &e))?,
+                            .map_err(|e| expr_error(file, w, &format!("{field}.when"), &e))?,
                         w.value.clone(),
                     )),
                     None if i + 1 < cases.len() => {
                         return Err(located(
                             file,
                             &c.text,
-                            "because: only the last case may omit `when`".into(),
+                            format!("{field}: only the last case may omit `when`"),
                         ));
                     }
                     None => None,
@@ -472,8 +473,9 @@ fn message(file: &str, raw: &RawMessage) -> Result<Message, RuleError> {
                     file: file.to_string(),
                     line: 0,
                     column: 0,
-                    message: "because: the last case must have no `when` (it is the fallback)"
-                        .into(),
+                    message: format!(
+                        "{field}: the last case must have no `when` (it is the fallback)"
+                    ),
                 });
             }
             Ok(Message::cases(out))

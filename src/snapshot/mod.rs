@@ -79,6 +79,13 @@ pub fn is_pickle(data: &[u8]) -> bool {
     }
 }
 
+/// True when `data` opens as [`is_pickle`] is certain of (a PROTO header,
+/// or the exact opening `pickle.dump` writes in protocols 0 and 1); a
+/// pickle without one is a guess that text parsing as evidence must beat.
+pub fn opens_certainly(data: &[u8]) -> bool {
+    opening(data) == Opening::Certain
+}
+
 /// True when an input whose first bytes are `head` may be a pickle: read
 /// it whole and ask [`is_pickle`]. For streams, whose end is not read yet:
 /// a pickle's head decodes up to an opcode cut near its end, where text

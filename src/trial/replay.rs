@@ -110,7 +110,7 @@ impl Plan {
 /// under each.
 pub fn replay(plan: &Plan, data: &[u8]) -> Result<Replay, Error> {
     let name = crate::ingest::input_name(&plan.input).to_string();
-    let is_snapshot = crate::snapshot::is_pickle(data);
+    let is_snapshot = crate::ingest::detect(data) == crate::ingest::InputKind::Pickle;
     if plan.fidelity && !is_snapshot {
         return Err(Error::Usage(
             "--fidelity needs a snapshot with a trace: it compares the replay with the recorded addresses".into(),

@@ -183,11 +183,20 @@ pub fn recorded_settings(snap: &Snapshot) -> Settings {
     s
 }
 
-/// The first device with trace entries.
+/// The device whose trace is replayed: the first whose trace records an
+/// `oom` entry (the OOM a diagnosis is about), else the first with entries.
 pub fn traced_device(snap: &Snapshot) -> Option<u32> {
-    (0..snap.trace_lists())
-        .filter_map(|d| u32::try_from(d).ok())
-        .find(|&d| snap.trace_len(d) > 0)
+    let traced = || {
+        (0..snap.trace_lists())
+            .filter_map(|d| u32::try_from(d).ok())
+            .filter(|&d| snap.trace_len(d) > 0)
+    };
+    traced()
+        .find(|&d| {
+            snap.trace(d)
+                .any(|e| e.is_ok_and(|e| e.action == Action::Oom))
+        })
+        .or_else(|| traced().next())
 }
 
 /// A snapshot's trace on one device, with the state it started from.
