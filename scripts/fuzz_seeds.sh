@@ -48,6 +48,11 @@ put("memo-index.pickle", b"\x80\x04}r\xff\xff\xff\xff0j\xff\xff\xff\xff.")
 put("binunicode8.pickle", b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fabc.")
 put("binbytes.pickle", b"\x80\x04B\xff\xff\xff\xffabc.")
 put("frame.pickle", b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff}.")
+# Floods of cheap opcodes that each cost the decoder many times their size (issue 27).
+for name, unit in [("empty-lists", b"]"), ("empty-dicts", b"}"), ("empty-tuples", b")"),
+                   ("mark-lists", b"(l"), ("mark-tuples", b"(Nt"), ("short-binunicode", b"\x8c\x01a"),
+                   ("binunicode", b"X\x01\x00\x00\x00a"), ("short-binbytes", b"C\x01a")]:
+    put(f"flood-{name}.pickle", b"\x80\x04" + unit * (8192 // len(unit)))
 put("p0-global.pickle", b"cos\nsystem\n(S'echo hi'\ntR.")
 put("p1-global.pickle", b"cos\nsystem\nq\x00(X\x07\x00\x00\x00echo hiq\x01tq\x02Rq\x03.")
 put("p0-inst.pickle", b"(S'echo hi'\nios\nsystem\n.")

@@ -3,6 +3,11 @@
 # screenshot of it in headless Chromium (Debian's `chromium` package).
 #
 #   scripts/screenshot.sh [--events N] [--html OUT.html] [--png OUT.png] [--trace-only] [--measure]
+#   scripts/screenshot.sh --top SNAPSHOT [--html OUT.html] [--png OUT.png] [--measure]
+#
+# --top renders `allocdoc top SNAPSHOT --report` (what fills the card) instead
+# of the replay; with --measure it also prints what Chromium laid out: the
+# chart's category layers, its peak/OOM markers and the tables beside it.
 #
 # --measure also prints the report's size and how long Chromium takes to load
 # and lay it out (performance.now() around an iframe, logged to the console),
@@ -22,6 +27,7 @@ html=""
 png=docs/report.png
 trace_only=0
 measure=0
+top=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events="$2"; shift 2 ;;
@@ -29,6 +35,7 @@ while [ $# -gt 0 ]; do
     --png) png="$2"; shift 2 ;;
     --trace-only) trace_only=1; shift ;;
     --measure) measure=1; shift ;;
+    --top) top="$2"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -37,7 +44,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 trace="$work/varlen_training.csv"
 
-awk -v N="$events" 'BEGIN {
+# --top renders a snapshot: no trace to make.
+[ -z "$top" ] && awk -v N="$events" 'BEGIN {
   x = 7
   print "# synthetic variable-length training trace (scripts/screenshot.sh)"
   print "action,id,size,stream"
@@ -75,11 +83,15 @@ fi
 ALLOCDOC=$(realpath "$ALLOCDOC")
 html=$(realpath -m "$html")
 start=$(date +%s.%N)
+if [ -n "$top" ]; then
+  "$ALLOCDOC" top "$top" --report "$html" >/dev/null
+else
 # PyTorch's defaults, then expandable segments, overlaid (run from the trace's
 # folder so the report names it plainly). Exit 1 (the last config still runs
 # out) still writes the report.
 (cd "$work" && "$ALLOCDOC" replay "$(basename "$trace")" --conf "" --conf expandable_segments:True \
   --capacity "${CAPACITY:-5.25GiB}" --report "$html" >/dev/null) || [ $? -eq 1 ]
+fi
 end=$(date +%s.%N)
 test -s "$html"
 
@@ -120,6 +132,15 @@ HTML
     [ -n "$ms" ] || continue
     if [ -z "$best" ] || awk -v a="$ms" -v b="$best" 'BEGIN{exit !(a<b)}'; then best=$ms; fi
   done
-  printf 'events %s\nreport_bytes %s\nallocdoc_seconds %.2f\nchromium_load_layout_ms %s\n' \
-    "$events" "$(wc -c < "$html")" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${best:-n/a}"
+  if [ -n "$top" ]; then
+    # What the browser built from the page (its DOM after parsing, not our text).
+    dom=$(chrome --dump-dom "file://$(realpath "$html")" 2>/dev/null)
+    printf 'snapshot %s\nchart_layers %s\nmarkers %s\ntables %s\ntable_rows %s\n' "$top" \
+      "$(grep -o '<polygon class="layer"' <<<"$dom" | wc -l)" \
+      "$(grep -oE 'class="oom-label"[^>]*>[^<]*' <<<"$dom" | sed 's/.*>//' | paste -sd ';' -)" \
+      "$(grep -o '<table' <<<"$dom" | wc -l)" "$(grep -o '<tr' <<<"$dom" | wc -l)"
+  fi
+  [ -n "$top" ] || printf 'events %s\n' "$events"
+  printf 'report_bytes %s\nallocdoc_seconds %.2f\nchromium_load_layout_ms %s\n' \
+    "$(wc -c < "$html")" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${best:-n/a}"
 fi

@@ -53,7 +53,11 @@ def own_peak_rss():
 
 
 def run(argv):
-    """(wall seconds, peak RSS bytes, exit code, whether the RSS is only the floor) of one child."""
+    """(wall seconds, CPU seconds, peak RSS bytes, exit code, whether the RSS is only the floor) of one child.
+
+    The CPU seconds (user + system, from the same wait4) are the figure to compare on a shared
+    machine: other work stretches the wall time of a two-threaded command more than of a
+    one-threaded one."""
     devnull = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
     floor = own_peak_rss()
     start = time.perf_counter()
@@ -61,7 +65,7 @@ def run(argv):
     _, status, usage = os.wait4(pid, 0)
     wall = time.perf_counter() - start
     rss = usage.ru_maxrss * 1024
-    return wall, rss, os.waitstatus_to_exitcode(status), rss <= floor
+    return wall, usage.ru_utime + usage.ru_stime, rss, os.waitstatus_to_exitcode(status), rss <= floor
 
 
 def mib(b):
@@ -77,6 +81,8 @@ def main():
     ap.add_argument("--mosaic-python", required=True, help="python of the venv where Mosaic is installed")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--diagnose", action="store_true", help="also time `allocdoc diagnose SNAPSHOT`")
+    ap.add_argument("--no-categories", action="store_true",
+                    help="leave out Mosaic's categories command (minutes per round)")
     a = ap.parse_args()
 
     snap = os.path.abspath(a.snapshot)
@@ -87,9 +93,10 @@ def main():
     commands = [
         ("allocdoc " + a.allocdoc_args.split()[0], allocdoc),
         ("mosaic peak", [os.path.join(bindir, "mosaic_get_memory_usage_peak"), "--snapshot", snap]),
-        ("mosaic categories", [os.path.join(bindir, "mosaic_get_memory_profile"), "--snapshot", snap,
-                               "--profile", "categories", "--out-path", html]),
     ]
+    if not a.no_categories:
+        commands.append(("mosaic categories", [os.path.join(bindir, "mosaic_get_memory_profile"), "--snapshot",
+                                               snap, "--profile", "categories", "--out-path", html]))
     if a.diagnose:
         commands.append(("allocdoc diagnose", [os.path.abspath(a.allocdoc), "diagnose", snap]))
 
@@ -97,40 +104,40 @@ def main():
     floored = {}  # name -> some run's RSS was only the inherited floor
     for r in range(a.rounds):
         for name, argv in commands:
-            wall, rss, rc, at_floor = run(argv)
-            results[name].append((wall, rss, rc))
+            wall, cpu, rss, rc, at_floor = run(argv)
+            results[name].append((wall, cpu, rss, rc))
             floored[name] = floored.get(name, False) or at_floor
-            print(f"round {r + 1}/{a.rounds}: {name}: {wall:.3f} s, {mib(rss)} MiB"
+            print(f"round {r + 1}/{a.rounds}: {name}: {wall:.3f} s ({cpu:.3f} s CPU), {mib(rss)} MiB"
                   f"{' (the floor)' if at_floor else ''}, exit {rc}", file=sys.stderr)
     shutil.rmtree(scratch, ignore_errors=True)
 
-    med = {n: (statistics.median(w for w, _, _ in v), statistics.median(m for _, m, _ in v)) for n, v in results.items()}
+    med = {n: tuple(statistics.median(r[i] for r in v) for i in range(3)) for n, v in results.items()}
     le = {n: "<= " if f else "" for n, f in floored.items()}
     size = os.path.getsize(snap)
     print(f"Snapshot: `{a.snapshot}` ({size} bytes). {a.rounds} rounds, interleaved in the order below.\n")
     print(f"Machine: {machine()}.\n")
-    print("| command | wall median (s) | wall min-max (s) | peak RSS median (MiB) | peak RSS min-max (MiB) | exit codes |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| command | wall median (s) | wall min-max (s) | CPU median (s) | peak RSS median (MiB) "
+          "| peak RSS min-max (MiB) | exit codes |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, v in results.items():
-        walls, rsss = [w for w, _, _ in v], [m for _, m, _ in v]
-        codes = ",".join(sorted({str(c) for _, _, c in v}))
-        print(f"| {name} | {med[name][0]:.3f} | {min(walls):.3f}-{max(walls):.3f} | {le[name]}{mib(med[name][1])} | "
-              f"{le[name]}{mib(min(rsss))}-{mib(max(rsss))} | {codes} |")
+        walls, rsss = [r[0] for r in v], [r[2] for r in v]
+        codes = ",".join(sorted({str(r[3]) for r in v}))
+        print(f"| {name} | {med[name][0]:.3f} | {min(walls):.3f}-{max(walls):.3f} | {med[name][1]:.3f} | "
+              f"{le[name]}{mib(med[name][2])} | {le[name]}{mib(min(rsss))}-{mib(max(rsss))} | {codes} |")
     base = commands[0][0]
     print(f"\nRatios (median Mosaic / median `{base}`):\n")
-    print("| Mosaic command | wall time ratio | peak RSS ratio |")
-    print("|---|---:|---:|")
-    for name in ("mosaic peak", "mosaic categories"):
-        t = med[name][0] / med[base][0] if med[base][0] else float("inf")
-        m = med[name][1] / med[base][1] if med[base][1] else float("inf")
-        print(f"| {name} | {t:.1f}x | {'>= ' if floored[base] else ''}{m:.1f}x |")
+    print("| Mosaic command | wall time ratio | CPU time ratio | peak RSS ratio |")
+    print("|---|---:|---:|---:|")
+    for name in (n for n in ("mosaic peak", "mosaic categories") if n in med):
+        t, c, m = (med[name][i] / med[base][i] if med[base][i] else float("inf") for i in range(3))
+        print(f"| {name} | {t:.1f}x | {c:.1f}x | {'>= ' if floored[base] else ''}{m:.1f}x |")
     if any(floored.values()):
         print(f"\n`<=`: at or below this script's own peak RSS ({mib(own_peak_rss())} MiB), which Linux carries into "
               "a child at exec: the child's true peak is at most that (measure it with `/usr/bin/time -f %M`).")
     print("\nCommands:\n")
     for name, argv in commands:
         print(f"- {name}: `{shlex.join(argv)}`")
-    if any(c != 0 for v in results.values() for _, _, c in v):
+    if any(r[3] != 0 for v in results.values() for r in v):
         print("\nA command exited non-zero (see the table): check that it did the work before comparing.")
 
 

@@ -119,6 +119,48 @@ impl Limits {
     }
 }
 
+/// The memory this process may use: its memory cgroup's limit (v2
+/// `memory.max`, v1 `memory.limit_in_bytes`) or the machine's RAM, whichever
+/// is less; `None` where neither can be read. A container's limit is enforced
+/// by killing the process, not by refusing an allocation, so budgets must
+/// stay under it rather than wait for a refusal.
+pub fn memory_available() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let ram = read("/proc/meminfo").and_then(|m| {
+        let kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+        Some(
+            kib.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()?
+                * 1024,
+        )
+    });
+    let cgroup = read("/proc/self/cgroup").and_then(|c| {
+        c.lines().find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (controllers, path) = rest.split_once(':')?;
+            let (dir, file) = if controllers.is_empty() {
+                ("/sys/fs/cgroup", "memory.max")
+            } else if controllers.split(',').any(|c| c == "memory") {
+                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            } else {
+                return None;
+            };
+            // Inside a container the mount's root is the process's own group.
+            // "max" (v2) or a huge number (v1) when unlimited.
+            [format!("{dir}{path}/{file}"), format!("{dir}/{file}")]
+                .iter()
+                .find_map(|f| read(f)?.trim().parse::<u64>().ok())
+        })
+    });
+    match (ram, cgroup) {
+        (Some(r), Some(c)) => Some(r.min(c)),
+        (r, c) => r.or(c),
+    }
+}
+
 /// The error for an allocation the system refused while reading `input`.
 pub fn out_of_memory(input: &str, what: &str, bytes: usize) -> Error {
     Error::Input(format!(
@@ -130,6 +172,19 @@ pub fn out_of_memory(input: &str, what: &str, bytes: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_memory_available_is_at_most_the_machine_ram() {
+        let m = memory_available().expect("Linux has /proc/meminfo");
+        let info = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let kib: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        assert!(m > 0 && m <= kib * 1024, "{m} of {kib} KiB");
+    }
 
     #[test]
     fn the_shown_default_is_the_default() {

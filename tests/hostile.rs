@@ -365,6 +365,134 @@ fn deep_nesting_memo_bombs_and_huge_lengths_are_refused() {
     }
 }
 
+/// Runs the binary under the address-space limit and returns its run and
+/// its peak resident memory in bytes (`wait4`'s `ru_maxrss`). The binary is
+/// started by a fresh copy of this test binary ([`rss_of_child`]): a child
+/// forked from this large process would report this process's resident
+/// memory, which exec keeps in `ru_maxrss`.
+#[cfg(target_os = "linux")]
+fn run_measured(args: &[&str]) -> (Run, u64) {
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "hostile::rss_of_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MEASURE, args.join("\u{1f}"))
+        .output()
+        .expect("the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> String {
+        let at = stdout
+            .find(name)
+            .unwrap_or_else(|| panic!("{name} in {stdout}"));
+        let rest = &stdout[at + name.len()..];
+        rest.split('\u{1e}').next().unwrap_or_default().to_string()
+    };
+    let run = Run {
+        code: field("code=").parse().expect("exit code"),
+        stdout: String::new(),
+        stderr: field("stderr="),
+    };
+    (run, field("rss=").parse().expect("peak RSS"))
+}
+
+/// Where [`run_measured`] passes the arguments to [`rss_of_child`].
+const MEASURE: &str = "ALLOCDOC_TEST_MEASURE";
+
+/// Not a test: [`run_measured`]'s helper, run in a fresh copy of this binary.
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "run by run_measured"]
+fn rss_of_child() {
+    use std::os::unix::process::CommandExt;
+    let Ok(args) = std::env::var(MEASURE) else {
+        return;
+    };
+    let mut cmd = Command::new(BIN);
+    cmd.args(args.split('\u{1f}'))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: ADDRESS_SPACE,
+                rlim_max: ADDRESS_SPACE,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("the allocdoc binary");
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the zeroed struct; the only child was reaped.
+    assert_eq!(
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) },
+        0
+    );
+    println!(
+        "code={}\u{1e}rss={}\u{1e}stderr={}\u{1e}",
+        out.status.code().unwrap_or(-1),
+        usage.ru_maxrss as u64 * 1024,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Floods of cheap opcodes that each make the decoder hold many times their
+/// size (64 MiB of input, no STOP): every one stops at the values limit, and
+/// its resident memory stays within that limit's bytes, the input's pages
+/// and a few MiB of the binary's own: the limit counts what each value costs.
+#[cfg(target_os = "linux")]
+#[test]
+fn opcode_floods_stay_within_the_values_budget() {
+    const INPUT: usize = 64 << 20;
+    const VALUES: u64 = 1 << 26; // 512 MiB
+    let flood = |unit: &[u8]| -> Vec<u8> {
+        let mut d = b"\x80\x04".to_vec();
+        d.extend(unit.repeat(INPUT / unit.len()));
+        d
+    };
+    let shapes: Vec<(&str, Vec<u8>)> = vec![
+        ("empty-lists", flood(b"]")),
+        ("empty-dicts", flood(b"}")),
+        ("empty-tuples", flood(b")")),
+        // MARK + LIST: one empty list per MARK, the MARK closed again.
+        ("mark-lists", flood(b"(l")),
+        // MARK + NONE + TUPLE: a one-item tuple per MARK.
+        ("mark-tuples", flood(b"(Nt")),
+        ("short-binunicode", flood(b"\x8c\x01a")),
+        ("binunicode", flood(b"X\x01\x00\x00\x00a")),
+        ("short-binbytes", flood(b"C\x01a")),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let values = VALUES.to_string();
+    for (name, data) in shapes {
+        let path = write(dir.path(), name, &data);
+        let (r, rss) = run_measured(&["parse", &path, "--max-objects", &values]);
+        refused(
+            &r,
+            &[
+                "over the limit of 67108864 decoded values",
+                "--max-objects N",
+            ],
+        );
+        let bound = VALUES * 8 + INPUT as u64 + (96 << 20);
+        eprintln!("{name}: peak RSS {} MiB", rss >> 20);
+        assert!(
+            rss <= bound,
+            "{name}: peak RSS {} MiB over {} MiB",
+            rss >> 20,
+            bound >> 20
+        );
+    }
+}
+
 #[test]
 fn truncated_snapshots_name_where_they_end() {
     let dir = tempfile::tempdir().unwrap();

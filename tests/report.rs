@@ -590,6 +590,102 @@ fn diagnose_flags_the_odd_rank_in_every_format() {
     assert!(ranks[0]["flags"].as_array().unwrap().is_empty());
 }
 
+/// One 2.4+ OOM message as `scripts/gen_oom_flood.py` writes them.
+fn flood_message(rank: u64, request: u64, free: u64, unallocated: u64) -> String {
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / GIB as f64);
+    let capacity = 85_093_187_584u64; // 79.25 GiB
+    let process = capacity - free;
+    let allocated = process - unallocated - 512 * MIB;
+    format!(
+        "[rank{rank}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {}. GPU {} has a \
+         total capacity of 79.25 GiB of which {} is free. Including non-PyTorch memory, this process \
+         has {} memory in use. Of the allocated memory {} is allocated by PyTorch, and {} is reserved \
+         by PyTorch but unallocated. If reserved but unallocated memory is large try setting \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation \
+         for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n",
+        gib(request),
+        rank % 8,
+        gib(free),
+        gib(process),
+        gib(allocated),
+        gib(unallocated),
+    )
+}
+
+/// A 64-rank job's 200 OOMs, then 14 more copies of them in another order
+/// (repeats of the same events): the incident and rank tables stay bounded,
+/// every incident is found once with all 15 reports, and the verdict is the
+/// prefix's.
+#[test]
+fn an_oom_flood_keeps_bounded_tables_and_the_prefix_verdict() {
+    let mut rng = Rng(27);
+    let messages: Vec<String> = (0..200)
+        .map(|i| {
+            let request = 2 * GIB + rng.next() % (14 * GIB);
+            let free = MIB + rng.next() % (4 * GIB);
+            let unallocated = rng.next() % (2 * GIB);
+            flood_message(i % 64, request, free, unallocated)
+        })
+        .collect();
+    let prefix: String = messages.concat();
+    let mut flood = prefix.clone();
+    for _ in 0..14 {
+        let mut order: Vec<usize> = (0..messages.len()).collect();
+        for k in (1..order.len()).rev() {
+            order.swap(k, (rng.next() % (k as u64 + 1)) as usize);
+        }
+        for i in order {
+            flood.push_str(&messages[i]);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let diagnose = |name: &str, text: &str| -> serde_json::Value {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = allocdoc_ok(&["diagnose", path.to_str().unwrap(), "--format", "json"]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let small = diagnose("prefix.log", &prefix);
+    let big = diagnose("flood.log", &flood);
+    for v in [&small, &big] {
+        assert_eq!(v["incident_count"], 200);
+        let shown = v["incidents"].as_array().unwrap();
+        assert_eq!(shown.len(), allocdoc::advise::MAX_INCIDENTS);
+        let rest: u64 = v["other_incidents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(rest, 180);
+        assert_eq!(
+            v["ranks"].as_array().unwrap().len(),
+            allocdoc::report::ranks::MAX_ROWS
+        );
+        assert_eq!(v["ranks_omitted"]["count"], 32);
+        assert_eq!(v["ranks_omitted"]["ooms"], 32);
+    }
+    assert!(
+        big["incidents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["reports"] == 15)
+    );
+    assert_eq!(big["verdict"], small["verdict"]);
+    assert_eq!(big["cause"], small["cause"]);
+    assert_eq!(big["other_incidents"], small["other_incidents"]);
+    let verdicts = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["incidents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["verdict"].clone())
+            .collect()
+    };
+    assert_eq!(verdicts(&big), verdicts(&small));
+}
+
 #[test]
 fn report_of_real_replays_overlays_both_configs() {
     use allocdoc::conf::Settings;

@@ -19,29 +19,50 @@ pub fn fallback(evidence: &Evidence) -> Option<&Observation> {
         .or_else(|| obs.last())
 }
 
-/// The facts for `primary` (the observation diagnosed) within `evidence`,
-/// plus what the surrounding text, the user and the setup say.
-pub fn facts(
-    evidence: &Evidence,
-    ctx: &Context,
-    setup: &Setup,
-    primary: Option<&Observation>,
-) -> Facts {
-    let mut f = Facts::default();
-    for o in &evidence.observations {
-        if !f.kinds.contains(&o.kind) {
-            f.kinds.push(o.kind);
+/// What the facts of every incident share (the kinds present, the series,
+/// the trace, the setup, the latest dump, how many messages), read from the
+/// evidence once, so that diagnosing n incidents does not read it n times.
+pub struct Shared<'e> {
+    base: Facts,
+    /// The last summary or stats dump (the latest state of the run).
+    latest: Option<&'e Observation>,
+    /// How many allocator OOM messages the evidence holds.
+    messages: u64,
+}
+
+impl<'e> Shared<'e> {
+    pub fn new(evidence: &'e Evidence, ctx: &Context, setup: &Setup) -> Self {
+        let mut f = Facts::default();
+        for o in &evidence.observations {
+            if !f.kinds.contains(&o.kind) {
+                f.kinds.push(o.kind);
+            }
+        }
+        f.torch = setup.torch.value;
+        f.backend = Some(setup.backend.value);
+        series(&mut f, evidence);
+        trace_facts(&mut f, evidence);
+        context_facts(&mut f, ctx, setup, recorded_settings(evidence));
+        let obs = &evidence.observations;
+        Shared {
+            base: f,
+            latest: obs
+                .iter()
+                .rev()
+                .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats)),
+            messages: obs.iter().filter(|o| o.kind == Kind::Oom).count() as u64,
         }
     }
-    f.torch = setup.torch.value;
-    f.backend = Some(setup.backend.value);
-    if let Some(p) = primary {
-        scalars(&mut f, p, evidence);
+
+    /// The facts for `primary` (the observation diagnosed) within the
+    /// evidence, plus what the surrounding text, the user and the setup say.
+    pub fn facts(&self, primary: Option<&Observation>) -> Facts {
+        let mut f = self.base.clone();
+        if let Some(p) = primary {
+            scalars(&mut f, p, self);
+        }
+        f
     }
-    series(&mut f, evidence);
-    trace_facts(&mut f, evidence);
-    context_facts(&mut f, ctx, setup, recorded_settings(evidence));
-    f
 }
 
 fn bytes(f: &mut Facts, name: &str, v: Option<u64>) {
@@ -53,7 +74,7 @@ fn bytes(f: &mut Facts, name: &str, v: Option<u64>) {
 /// §7.2: "Tried to allocate more than 1EB memory." states a lower bound only.
 const ONE_EIB: u64 = 1 << 60;
 
-fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
+fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
     let over_1eb = p
         .message
         .as_deref()
@@ -155,11 +176,7 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
             })),
         );
     }
-    let latest = evidence
-        .observations
-        .iter()
-        .rev()
-        .find(|o| matches!(o.kind, Kind::MemorySummary | Kind::MemoryStats));
+    let latest = shared.latest;
     if let Some(s) = latest {
         bytes(f, "inactive_split", stat(s, "inactive_split_bytes", "all"));
         bytes(
@@ -184,11 +201,7 @@ fn scalars(f: &mut Facts, p: &Observation, evidence: &Evidence) {
         snapshot_facts(f, p);
     }
     // A summary printed before the OOM does not count it; the messages do.
-    let messages = evidence
-        .observations
-        .iter()
-        .filter(|o| o.kind == Kind::Oom)
-        .count() as u64;
+    let messages = shared.messages;
     let counted = latest.and_then(|s| s.cuda_ooms.or(s.num_ooms)).unwrap_or(0);
     let ooms = counted.max(messages);
     f.set("ooms", Fact::Num(ooms as f64));
@@ -519,7 +532,7 @@ mod tests {
     fn test_facts(ev: &Evidence) -> Facts {
         let ctx = Context::default();
         let setup = Setup::resolve(ev, &ctx);
-        facts(ev, &ctx, &setup, ev.observations.last())
+        Shared::new(ev, &ctx, &setup).facts(ev.observations.last())
     }
 
     #[test]

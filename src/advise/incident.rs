@@ -16,6 +16,7 @@
 //!    so that equal incidents still give one answer in any order.
 
 use crate::evidence::{Evidence, Kind, Observation};
+use std::collections::{BTreeSet, HashMap};
 
 /// One OOM event and the observations that report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +32,7 @@ impl Incident {
     }
 }
 
-/// The figures an OOM report can state, as (name, value) pairs.
+/// The figures an OOM report can state.
 fn figures(o: &Observation) -> [Option<u64>; 9] {
     [
         o.requested_bytes,
@@ -54,42 +55,189 @@ pub fn completeness(o: &Observation) -> usize {
         + usize::from(!o.truncated)
 }
 
-/// Whether two OOM reports can be the same event.
-fn same_event(a: &Observation, b: &Observation) -> bool {
-    let agree = |x: Option<u64>, y: Option<u64>| x.is_none() || y.is_none() || x == y;
-    a.kind == b.kind
-        && a.rank == b.rank
-        && a.device_index == b.device_index
-        && a.source == b.source
-        && figures(a)
-            .iter()
-            .zip(figures(b).iter())
-            .all(|(x, y)| agree(*x, *y))
-        && (a.other_processes.is_empty()
-            || b.other_processes.is_empty()
-            || a.other_processes == b.other_processes)
+/// What every report of one event states alike: kind, rank, device, source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Event {
+    kind: u8,
+    rank: Option<u32>,
+    device: Option<u32>,
+    source: Option<u8>,
 }
 
-/// The OOM incidents of `evidence` (allocator and other out-of-memory errors).
+/// A report's figures, with its process lines (interned) as a tenth: two
+/// reports agree when every one both state is equal.
+type Figures = [Option<u64>; 10];
+/// Which of the ten a report states, one bit each.
+type Mask = u16;
+
+fn mask(f: &Figures) -> Mask {
+    f.iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_some())
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// `f` with only the figures in `m` stated.
+fn project(f: &Figures, m: Mask) -> Figures {
+    let mut out = [None; 10];
+    for (i, (o, v)) in out.iter_mut().zip(f).enumerate() {
+        if m & 1 << i != 0 {
+            *o = *v;
+        }
+    }
+    out
+}
+
+/// The incidents found so far, indexed so that finding the first one a
+/// report agrees with costs a hash lookup per distinct figure mask, not a
+/// comparison per incident. An incident is indexed by what its reports state
+/// together (`merged`: they agree with one another, so each figure has one
+/// value); a report agrees with every member exactly when it agrees with that.
+#[derive(Default)]
+struct Grouping {
+    incidents: Vec<Incident>,
+    merged: Vec<(Event, Figures)>,
+    /// The incidents of each (event, merged mask).
+    by_mask: HashMap<(Event, Mask), BTreeSet<usize>>,
+    /// The masks present per event, and the sub-masks whose projections are built per (event, mask).
+    masks: HashMap<Event, Vec<Mask>>,
+    built: HashMap<(Event, Mask), Vec<Mask>>,
+    /// (event, mask M, sub-mask T) → the incidents of mask M by their figures on T.
+    projections: HashMap<(Event, Mask, Mask), HashMap<Figures, BTreeSet<usize>>>,
+}
+
+impl Grouping {
+    /// The first incident (in order of appearance) `figs` agrees with.
+    fn find(&mut self, ev: Event, figs: &Figures) -> Option<usize> {
+        let s = mask(figs);
+        let mut first: Option<usize> = None;
+        for k in 0..self.masks.get(&ev).map_or(0, Vec::len) {
+            let Some(&m) = self.masks.get(&ev).and_then(|ms| ms.get(k)) else {
+                break;
+            };
+            let t = m & s;
+            self.build(ev, m, t);
+            let hit = self
+                .projections
+                .get(&(ev, m, t))
+                .and_then(|p| p.get(&project(figs, t)))
+                .and_then(|ids| ids.first().copied());
+            first = match (first, hit) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        first
+    }
+
+    /// Indexes the incidents of mask `m` by their figures on `t`, once.
+    fn build(&mut self, ev: Event, m: Mask, t: Mask) {
+        let built = self.built.entry((ev, m)).or_default();
+        if built.contains(&t) {
+            return;
+        }
+        built.push(t);
+        let table = self.projections.entry((ev, m, t)).or_default();
+        for &i in self.by_mask.get(&(ev, m)).into_iter().flatten() {
+            if let Some((_, f)) = self.merged.get(i) {
+                table.entry(project(f, t)).or_default().insert(i);
+            }
+        }
+    }
+
+    fn index(&mut self, i: usize, ev: Event, f: &Figures, add: bool) {
+        let m = mask(f);
+        let ids = self.by_mask.entry((ev, m)).or_default();
+        if add {
+            ids.insert(i);
+        } else {
+            ids.remove(&i);
+        }
+        let empty = ids.is_empty();
+        let masks = self.masks.entry(ev).or_default();
+        match (masks.iter().position(|&x| x == m), empty) {
+            (None, false) => masks.push(m),
+            (Some(at), true) => {
+                masks.swap_remove(at);
+            }
+            _ => {}
+        }
+        for &t in self.built.get(&(ev, m)).into_iter().flatten() {
+            let table = self.projections.entry((ev, m, t)).or_default();
+            let key = project(f, t);
+            if add {
+                table.entry(key).or_default().insert(i);
+            } else if let Some(ids) = table.get_mut(&key) {
+                ids.remove(&i);
+                if ids.is_empty() {
+                    table.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, obs: usize, ev: Event, figs: Figures) {
+        match self.find(ev, &figs) {
+            Some(i) => {
+                let Some(inc) = self.incidents.get_mut(i) else {
+                    return;
+                };
+                inc.observations.push(obs);
+                let Some(&(_, old)) = self.merged.get(i) else {
+                    return;
+                };
+                let mut new = old;
+                for (n, v) in new.iter_mut().zip(figs) {
+                    *n = n.or(v);
+                }
+                if new != old {
+                    self.index(i, ev, &old, false);
+                    self.index(i, ev, &new, true);
+                    if let Some(m) = self.merged.get_mut(i) {
+                        m.1 = new;
+                    }
+                }
+            }
+            None => {
+                let i = self.incidents.len();
+                self.incidents.push(Incident {
+                    observations: vec![obs],
+                });
+                self.merged.push((ev, figs));
+                self.index(i, ev, &figs, true);
+            }
+        }
+    }
+}
+
+/// The OOM incidents of `evidence` (allocator and other out-of-memory
+/// errors), in order of their first report; linear in the reports.
 pub fn incidents(evidence: &Evidence) -> Vec<Incident> {
     let obs = &evidence.observations;
-    let mut out: Vec<Incident> = Vec::new();
+    let mut grouping = Grouping::default();
+    let mut process_lines: HashMap<Vec<(Option<u64>, u64)>, u64> = HashMap::new();
     for (i, o) in obs.iter().enumerate() {
         if !matches!(o.kind, Kind::Oom | Kind::NonAllocatorOom) {
             continue;
         }
-        let joined = out.iter_mut().find(|inc| {
-            inc.observations
-                .iter()
-                .all(|&j| obs.get(j).is_some_and(|p| same_event(p, o)))
-        });
-        match joined {
-            Some(inc) => inc.observations.push(i),
-            None => out.push(Incident {
-                observations: vec![i],
-            }),
+        let ev = Event {
+            kind: o.kind as u8,
+            rank: o.rank,
+            device: o.device_index,
+            source: o.source.map(|s| s as u8),
+        };
+        let mut figs = [None; 10];
+        for (f, v) in figs.iter_mut().zip(figures(o)) {
+            *f = v;
         }
+        if !o.other_processes.is_empty() {
+            let lines: Vec<_> = o.other_processes.iter().map(|u| (u.pid, u.bytes)).collect();
+            let next = process_lines.len() as u64;
+            figs[9] = Some(*process_lines.entry(lines).or_insert(next));
+        }
+        grouping.add(i, ev, figs);
     }
+    let mut out = grouping.incidents;
     for inc in &mut out {
         // Fullest first; among equals the earliest report (a stable sort).
         inc.observations
@@ -106,23 +254,23 @@ pub struct Weight {
     pub priority: i32,
 }
 
-/// The order of incidents, greatest = headline (see the module docs).
-pub fn headline_key(
-    o: &Observation,
-    weight: Weight,
-) -> (
+/// Completeness, weight, request, then the lower rank, input and line.
+pub type HeadlineKey<'o> = (
     usize,
     Weight,
     u64,
     std::cmp::Reverse<u32>,
-    std::cmp::Reverse<(String, u64)>,
-) {
+    std::cmp::Reverse<(&'o str, u64)>,
+);
+
+/// The order of incidents, greatest = headline (see the module docs).
+pub fn headline_key(o: &Observation, weight: Weight) -> HeadlineKey<'_> {
     (
         completeness(o),
         weight,
         o.requested_bytes.unwrap_or(0),
         std::cmp::Reverse(o.rank.unwrap_or(u32::MAX)),
-        std::cmp::Reverse((o.input.clone(), o.line.unwrap_or(0))),
+        std::cmp::Reverse((o.input.as_str(), o.line.unwrap_or(0))),
     )
 }
 
@@ -155,6 +303,69 @@ mod tests {
         assert_eq!(inc[0].observations, vec![1, 3, 0]);
         assert_eq!(inc[1].observations, vec![2]);
         assert_eq!(inc[2].observations, vec![4]);
+    }
+
+    /// The definition, one report against every member of every incident.
+    fn by_definition(evidence: &Evidence) -> Vec<Incident> {
+        let agree = |x: Option<u64>, y: Option<u64>| x.is_none() || y.is_none() || x == y;
+        let same_event = |a: &Observation, b: &Observation| {
+            a.kind == b.kind
+                && a.rank == b.rank
+                && a.device_index == b.device_index
+                && a.source == b.source
+                && figures(a).iter().zip(figures(b)).all(|(x, y)| agree(*x, y))
+                && (a.other_processes.is_empty()
+                    || b.other_processes.is_empty()
+                    || a.other_processes == b.other_processes)
+        };
+        let obs = &evidence.observations;
+        let mut out: Vec<Incident> = Vec::new();
+        for (i, o) in obs.iter().enumerate() {
+            let joined = out
+                .iter_mut()
+                .find(|inc| inc.observations.iter().all(|&j| same_event(&obs[j], o)));
+            match joined {
+                Some(inc) => inc.observations.push(i),
+                None => out.push(Incident {
+                    observations: vec![i],
+                }),
+            }
+        }
+        for inc in &mut out {
+            inc.observations
+                .sort_by_key(|&i| std::cmp::Reverse(completeness(&obs[i])));
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Few values, so that repeats, cut copies (fewer figures) and
+        /// reports that agree with several incidents are common.
+        #[test]
+        fn the_index_groups_as_the_definition_does(
+            reports in proptest::collection::vec(
+                (0..3u32, proptest::collection::vec(proptest::option::of(1..3u64), 4), 0..3usize, proptest::bool::ANY),
+                0..60,
+            )
+        ) {
+            let observations = reports
+                .into_iter()
+                .map(|(rank, figs, procs, truncated)| {
+                    let mut o = oom(rank, 0, None);
+                    o.requested_bytes = figs[0];
+                    o.free_bytes = figs[1];
+                    o.allocated_bytes = figs[2];
+                    o.reserved_unallocated_bytes = figs[3];
+                    o.other_processes = (0..procs)
+                        .map(|k| crate::evidence::ProcessUse { pid: Some(k as u64), bytes: 1 })
+                        .collect();
+                    o.truncated = truncated;
+                    o
+                })
+                .collect();
+            let ev = Evidence { notes: Vec::new(), observations };
+            proptest::prop_assert_eq!(incidents(&ev), by_definition(&ev));
+        }
     }
 
     #[test]

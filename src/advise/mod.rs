@@ -120,6 +120,17 @@ pub struct IncidentCause {
     pub verdict: String,
 }
 
+/// How many incidents have one cause.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CauseCount {
+    pub cause: Cause,
+    pub count: usize,
+}
+
+/// How many incidents a diagnosis lists with their verdicts; a log of a
+/// large job can hold one per rank and step.
+pub const MAX_INCIDENTS: usize = 20;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Diagnosis {
     pub evidence: Evidence,
@@ -138,8 +149,13 @@ pub struct Diagnosis {
     pub facts: Facts,
     /// The user's setup every part of the answer holds for.
     pub setup: Setup,
-    /// Every OOM incident with its cause, the headline first.
+    /// The OOM incidents with their causes, the headline first: the top
+    /// [`MAX_INCIDENTS`] by [`incident::headline_key`].
     pub incidents: Vec<IncidentCause>,
+    /// How many OOM incidents the evidence holds.
+    pub incident_count: usize,
+    /// The incidents beyond `incidents`, counted by cause (most first).
+    pub other_incidents: Vec<CauseCount>,
     /// Trace rules whose settings the replay did not support.
     pub withheld: Vec<Withheld>,
     /// What fills the card, and for a capacity OOM what must go.
@@ -297,44 +313,67 @@ pub fn diagnose_checked(
     mut check: Option<&mut Checker>,
 ) -> Diagnosis {
     let setup = Setup::resolve(&evidence, ctx);
-    let facts_of = |p: Option<&Observation>| facts::facts(&evidence, ctx, &setup, p);
-    let mut incidents: Vec<(usize, usize, Outcome)> = incident::incidents(&evidence)
-        .into_iter()
-        .filter_map(|inc| {
-            let i = inc.report();
-            let o = evidence.observations.get(i)?;
-            Some((
-                i,
-                inc.observations.len(),
-                evaluate(rules, facts_of(Some(o)), check.as_deref_mut()),
-            ))
-        })
-        .collect();
-    // The headline first (incident::headline_key), the others after it by the same order.
-    incidents.sort_by(|a, b| {
-        let key = |(i, _, o): &(usize, usize, Outcome)| {
+    let shared = facts::Shared::new(&evidence, ctx, &setup);
+    let facts_of = |p: Option<&Observation>| shared.facts(p);
+    // Every incident is evaluated, but only the top MAX_INCIDENTS (by
+    // incident::headline_key) keep a verdict and only the headline keeps its
+    // outcome; the rest are counted by cause, so memory does not grow with them.
+    let mut top: Vec<(usize, usize, incident::Weight, Cause, String)> = Vec::new();
+    let mut best: Option<Outcome> = None;
+    let mut by_cause: Vec<CauseCount> = Vec::new();
+    let all = incident::incidents(&evidence);
+    let incident_count = all.len();
+    for inc in all {
+        let i = inc.report();
+        let Some(o) = evidence.observations.get(i) else {
+            continue;
+        };
+        let outcome = evaluate(rules, facts_of(Some(o)), check.as_deref_mut());
+        let weight = outcome.weight();
+        let cause = outcome
+            .deciding()
+            .and_then(|f| f.cause)
+            .unwrap_or(Cause::Unknown);
+        match by_cause.iter_mut().find(|c| c.cause == cause) {
+            Some(c) => c.count += 1,
+            None => by_cause.push(CauseCount { cause, count: 1 }),
+        }
+        let key = incident::headline_key(o, weight);
+        let rank = top.partition_point(|(j, _, w, _, _)| {
             evidence
                 .observations
-                .get(*i)
-                .map(|obs| incident::headline_key(obs, o.weight()))
-        };
-        key(b).cmp(&key(a))
-    });
-    let incident_causes: Vec<IncidentCause> = incidents
+                .get(*j)
+                .is_some_and(|p| incident::headline_key(p, *w) >= key)
+        });
+        if rank >= MAX_INCIDENTS {
+            continue;
+        }
+        let (_, verdict) = verdict_of(&outcome, &evidence);
+        top.insert(rank, (i, inc.observations.len(), weight, cause, verdict));
+        top.truncate(MAX_INCIDENTS);
+        if rank == 0 {
+            best = Some(outcome);
+        }
+    }
+    for (_, _, _, cause, _) in &top {
+        if let Some(c) = by_cause.iter_mut().find(|c| c.cause == *cause) {
+            c.count -= 1;
+        }
+    }
+    by_cause.retain(|c| c.count > 0);
+    by_cause.sort_by_key(|c| std::cmp::Reverse(c.count));
+    let incident_causes: Vec<IncidentCause> = top
         .iter()
-        .map(|(i, n, o)| {
-            let (cause, verdict) = verdict_of(o, &evidence);
-            IncidentCause {
-                observation: *i,
-                reports: *n,
-                cause,
-                verdict,
-            }
+        .map(|(i, n, _, cause, verdict)| IncidentCause {
+            observation: *i,
+            reports: *n,
+            cause: *cause,
+            verdict: verdict.clone(),
         })
         .collect();
-    let (primary, outcome) = match incidents.into_iter().next() {
-        Some((i, _, o)) => (Some(i), o),
-        None => {
+    let (primary, outcome) = match (top.first(), best) {
+        (Some((i, ..)), Some(o)) => (Some(*i), o),
+        _ => {
             let p = facts::fallback(&evidence);
             let i = p.and_then(|p| {
                 evidence
@@ -378,6 +417,8 @@ pub fn diagnose_checked(
         facts: outcome.facts,
         setup,
         incidents: incident_causes,
+        incident_count,
+        other_incidents: by_cause,
         withheld: outcome.withheld,
     }
 }

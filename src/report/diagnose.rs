@@ -117,18 +117,30 @@ fn finding_text(f: &Finding) -> String {
 /// How many incidents, which one the verdict is about, and the others whose
 /// cause differs.
 fn incident_lines(d: &Diagnosis) -> Vec<String> {
-    if d.incidents.len() < 2 {
+    if d.incident_count < 2 {
         return Vec::new();
     }
     let mut v = vec![format!(
         "Incidents: {} separate OOMs in the input; the verdict is about the one above, chosen by \
          the most complete evidence, then severity.",
-        d.incidents.len()
+        d.incident_count
     )];
     for i in d.differing_incidents() {
         if let Some(o) = d.evidence.observations.get(i.observation) {
             v.push(format!("  also: {}: {}", describe(o), i.verdict));
         }
+    }
+    if !d.other_incidents.is_empty() {
+        let counts: Vec<String> = d
+            .other_incidents
+            .iter()
+            .map(|c| format!("{} {}", c.count, c.cause.as_str()))
+            .collect();
+        v.push(format!(
+            "  and {} more, by cause: {}",
+            d.incident_count - d.incidents.len(),
+            counts.join(", ")
+        ));
     }
     v
 }
@@ -351,12 +363,22 @@ pub struct Json<'a> {
     verdict: &'a str,
     /// The setup the answer holds for: version, platform, backend, each with its source.
     setup: &'a crate::advise::Setup,
-    /// Every OOM incident with its own cause, the headline first (when there are several).
+    /// The OOM incidents with their own causes, the headline first (when there are several):
+    /// the top `MAX_INCIDENTS`.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     incidents: &'a [crate::advise::IncidentCause],
+    /// How many OOM incidents the input holds (when there are several).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incident_count: Option<usize>,
+    /// The incidents beyond `incidents`, counted by cause.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    other_incidents: &'a [crate::advise::CauseCount],
     /// Per-rank figures and flags, when the inputs hold two or more ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     ranks: Option<super::ranks::RankTable>,
+    /// The ranks beyond `ranks`, counted (when there are more than it shows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks_omitted: Option<super::ranks::Omitted>,
     next_steps: Vec<&'a str>,
     not_evaluated: &'a [NotEvaluated],
     /// Trace findings whose settings the replay did not support.
@@ -373,6 +395,7 @@ pub fn json(d: &Diagnosis) -> String {
 
 /// The fields of `diagnose --format json`.
 pub fn document(d: &Diagnosis) -> Json<'_> {
+    let ranks = super::ranks::rank_table(&d.evidence);
     Json {
         observations: &d.evidence.observations,
         cause: d.cause.as_str(),
@@ -380,12 +403,15 @@ pub fn document(d: &Diagnosis) -> Json<'_> {
         recommendation: d.recommendation.as_ref(),
         verdict: &d.verdict,
         setup: &d.setup,
-        incidents: if d.incidents.len() > 1 {
+        incidents: if d.incident_count > 1 {
             &d.incidents
         } else {
             &[]
         },
-        ranks: super::ranks::rank_table(&d.evidence),
+        incident_count: (d.incident_count > 1).then_some(d.incident_count),
+        other_incidents: &d.other_incidents,
+        ranks_omitted: ranks.as_ref().map(|t| t.omitted).filter(|o| o.count > 0),
+        ranks,
         next_steps: next_steps(d),
         not_evaluated: &d.not_evaluated,
         withheld: &d.withheld,

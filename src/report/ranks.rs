@@ -45,10 +45,28 @@ pub struct RankRow {
     pub flags: Vec<String>,
 }
 
+/// How many rows the table shows; the others are counted (a log of a
+/// 512-rank job holds 512).
+pub const MAX_ROWS: usize = 32;
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(transparent)]
 pub struct RankTable {
+    /// The rows shown, by rank: the ones that stand out most, at most [`MAX_ROWS`].
     pub rows: Vec<RankRow>,
+    /// The rows beyond `rows`, counted.
+    #[serde(skip)]
+    pub omitted: Omitted,
+}
+
+/// The rows a [`RankTable`] does not show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Omitted {
+    pub count: usize,
+    /// How many of them hold an OOM.
+    pub ooms: usize,
+    /// How many of them stand out.
+    pub flagged: usize,
 }
 
 /// The per-rank table, or `None` when the evidence holds fewer than two ranks
@@ -57,20 +75,22 @@ pub fn rank_table(evidence: &Evidence) -> Option<RankTable> {
     let by_rank = evidence.observations.iter().any(|o| o.rank.is_some());
     // Group in first-seen order; observations are in input then line order.
     let mut groups: Vec<(Option<u32>, String, Vec<&Observation>)> = Vec::new();
+    let mut at: std::collections::HashMap<(Option<u32>, &str), usize> = Default::default();
     for o in &evidence.observations {
         if by_rank && o.rank.is_none() {
             continue;
         }
-        let pos = groups.iter().position(|(rank, input, _)| {
-            if by_rank {
-                *rank == o.rank
-            } else {
-                *input == o.input
-            }
-        });
-        match pos.and_then(|i| groups.get_mut(i)) {
+        let key = if by_rank {
+            (o.rank, "")
+        } else {
+            (None, o.input.as_str())
+        };
+        match at.get(&key).and_then(|&i| groups.get_mut(i)) {
             Some(g) => g.2.push(o),
-            None => groups.push((o.rank.filter(|_| by_rank), o.input.clone(), vec![o])),
+            None => {
+                at.insert(key, groups.len());
+                groups.push((o.rank.filter(|_| by_rank), o.input.clone(), vec![o]));
+            }
         }
     }
     if groups.len() < 2 {
@@ -85,7 +105,29 @@ pub fn rank_table(evidence: &Evidence) -> Option<RankTable> {
         return None;
     }
     flag(&mut rows);
-    Some(RankTable { rows })
+    let mut omitted = Omitted::default();
+    if rows.len() > MAX_ROWS {
+        // The rows that stand out most, then the lowest ranks; shown by rank.
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(rows.get(i).map_or(0, |r| r.flags.len())));
+        let mut keep = vec![false; rows.len()];
+        for &i in order.iter().take(MAX_ROWS) {
+            if let Some(k) = keep.get_mut(i) {
+                *k = true;
+            }
+        }
+        let mut kept = keep.iter();
+        rows.retain(|r| {
+            let shown = kept.next().copied().unwrap_or(false);
+            if !shown {
+                omitted.count += 1;
+                omitted.ooms += usize::from(r.oom);
+                omitted.flagged += usize::from(!r.flags.is_empty());
+            }
+            shown
+        });
+    }
+    Some(RankTable { rows, omitted })
 }
 
 /// `metrics[stat]["all"].current` of a summary or stats observation.
@@ -180,11 +222,17 @@ fn flag(rows: &mut [RankRow]) {
         }
     }
     // A rank on a smaller card explains a lone OOM without any allocator story.
-    let caps: Vec<u64> = rows.iter().filter_map(|r| r.capacity).collect();
-    if let Some(&most) = caps
+    // The most common capacity; of equally common ones the one seen last.
+    let mut caps: std::collections::HashMap<u64, (usize, usize)> = Default::default();
+    for (i, c) in rows
         .iter()
-        .max_by_key(|c| caps.iter().filter(|d| d == c).count())
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.capacity?)))
     {
+        let e = caps.entry(c).or_default();
+        *e = (e.0 + 1, i);
+    }
+    if let Some((&most, _)) = caps.iter().max_by_key(|&(_, n)| *n) {
         for r in rows.iter_mut() {
             if let Some(c) = r.capacity.filter(|c| *c != most) {
                 r.flags.push(format!(
@@ -252,20 +300,31 @@ impl RankTable {
         if one_input {
             headers.remove(1);
         }
-        let flagged = self.flagged().count();
+        let flagged = self.flagged().count() + self.omitted.flagged;
+        let total = self.rows.len() + self.omitted.count;
+        let mut note = if flagged == 0 {
+            format!("{total} ranks, none stands out.")
+        } else {
+            format!(
+                "{flagged} of {total} ranks stand out (more than {:.0} % off the median, alone in running out of memory, or on a different card).",
+                DEVIATION * 100.0
+            )
+        };
+        let o = self.omitted;
+        if o.count > 0 {
+            let _ = std::fmt::Write::write_fmt(
+                &mut note,
+                format_args!(
+                    " {} more not shown ({} with an OOM, {} standing out).",
+                    o.count, o.ooms, o.flagged
+                ),
+            );
+        }
         Table {
             title: "Ranks".into(),
             headers,
             rows,
-            note: Some(if flagged == 0 {
-                format!("{} ranks, none stands out.", self.rows.len())
-            } else {
-                format!(
-                    "{flagged} of {} ranks stand out (more than {:.0} % off the median, alone in running out of memory, or on a different card).",
-                    self.rows.len(),
-                    DEVIATION * 100.0
-                )
-            }),
+            note: Some(note),
         }
     }
 }

@@ -239,6 +239,86 @@ fn memory_axis(data_peak: u64, capacity: Option<u64>) -> (f64, bool) {
     }
 }
 
+/// A chart's plot area: entries (or seconds) across, bytes up.
+struct Axes {
+    max_x: f64,
+    max_y: f64,
+    y_step: f64,
+    plot_w: f64,
+    plot_h: f64,
+}
+
+impl Axes {
+    /// Axes for `max_x` entries and data peaking at `data_peak` bytes, and
+    /// whether the card is drawn on them ([`memory_axis`]).
+    fn new(max_x: f64, data_peak: u64, capacity: Option<u64>) -> (Self, bool) {
+        let (peak, on_axis) = memory_axis(data_peak, capacity);
+        let y_step = byte_step(peak, 5.0);
+        let axes = Axes {
+            max_x,
+            max_y: (peak * 1.04 / y_step).ceil() * y_step,
+            y_step,
+            plot_w: CHART_W - PAD_L - PAD_R,
+            plot_h: CHART_H - PAD_T - PAD_B,
+        };
+        (axes, on_axis)
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        PAD_L + x / self.max_x * self.plot_w
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        PAD_T + self.plot_h - y / self.max_y * self.plot_h
+    }
+
+    /// The chart's opening: the `<svg>` element, the grid with its ticks and
+    /// the x axis's label.
+    fn open(&self, aria_label: &str, x_label: &str) -> String {
+        let (plot_h, max_y, max_x, y_step) = (self.plot_h, self.max_y, self.max_x, self.y_step);
+        let mut s = String::with_capacity(64 * 1024);
+        let _ = write!(
+            s,
+            r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="{}" xmlns="http://www.w3.org/2000/svg"><g class="grid">"#,
+            escape(aria_label)
+        );
+        let mut y = 0.0;
+        while y <= max_y + 0.5 {
+            let py = self.sy(y);
+            let _ = write!(
+                s,
+                r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
+                CHART_W - PAD_R,
+                PAD_L - 6.0,
+                py + 4.0,
+                size_label(y)
+            );
+            y += y_step;
+        }
+        let x_step = decimal_step(max_x, 8.0);
+        let mut x = 0.0;
+        while x <= max_x + 0.5 {
+            let px = self.sx(x);
+            let _ = write!(
+                s,
+                r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
+                PAD_T + plot_h,
+                PAD_T + plot_h + 16.0,
+                count_label(x)
+            );
+            x += x_step;
+        }
+        let _ = write!(
+            s,
+            r#"</g><text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
+            PAD_L + self.plot_w / 2.0,
+            CHART_H - 4.0,
+            escape(x_label)
+        );
+        s
+    }
+}
+
 /// The card's capacity: a line at its height when it is on the axis
 /// ([`memory_axis`]), else a label at the top edge saying it lies above.
 fn capacity_mark(s: &mut String, capacity: Option<u64>, on_axis: bool, sy: impl Fn(f64) -> f64) {
@@ -277,56 +357,10 @@ pub fn timeline_chart(timelines: &[Timeline], capacity: Option<u64>, x_label: &s
         .map(|t| t.reserved.peak().max(t.allocated.peak()))
         .max()
         .unwrap_or(0);
-    let (peak, on_axis) = memory_axis(data_peak, capacity);
-    let y_step = byte_step(peak, 5.0);
-    let max_y = (peak * 1.04 / y_step).ceil() * y_step;
-    let x_step = decimal_step(max_x, 8.0);
-    let plot_w = CHART_W - PAD_L - PAD_R;
-    let plot_h = CHART_H - PAD_T - PAD_B;
-    let sx = |x: f64| PAD_L + x / max_x * plot_w;
-    let sy = |y: f64| PAD_T + plot_h - y / max_y * plot_h;
-
-    let mut s = String::with_capacity(64 * 1024);
-    let _ = write!(
-        s,
-        r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="memory timeline" xmlns="http://www.w3.org/2000/svg">"#
-    );
-    // Grid and y ticks.
-    s.push_str(r#"<g class="grid">"#);
-    let mut y = 0.0;
-    while y <= max_y + 0.5 {
-        let py = sy(y);
-        let _ = write!(
-            s,
-            r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
-            CHART_W - PAD_R,
-            PAD_L - 6.0,
-            py + 4.0,
-            size_label(y)
-        );
-        y += y_step;
-    }
-    let mut x = 0.0;
-    while x <= max_x + 0.5 {
-        let px = sx(x);
-        let _ = write!(
-            s,
-            r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
-            PAD_T + plot_h,
-            PAD_T + plot_h + 16.0,
-            count_label(x)
-        );
-        x += x_step;
-    }
-    s.push_str("</g>");
-    let _ = write!(
-        s,
-        r#"<text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
-        PAD_L + plot_w / 2.0,
-        CHART_H - 4.0,
-        escape(x_label)
-    );
-
+    let (axes, on_axis) = Axes::new(max_x, data_peak, capacity);
+    let (sx, sy) = (|x| axes.sx(x), |y| axes.sy(y));
+    let (plot_w, plot_h) = (axes.plot_w, axes.plot_h);
+    let mut s = axes.open("memory timeline", x_label);
     capacity_mark(&mut s, capacity, on_axis, sy);
 
     for (i, t) in timelines.iter().enumerate() {
@@ -421,51 +455,10 @@ pub fn stacked_chart(
         })
         .collect();
     let data_peak = totals.iter().copied().max().unwrap_or(0);
-    let (peak, on_axis) = memory_axis(data_peak, capacity);
-    let y_step = byte_step(peak, 5.0);
-    let max_y = (peak * 1.04 / y_step).ceil() * y_step;
-    let x_step = decimal_step(max_x, 8.0);
-    let plot_w = CHART_W - PAD_L - PAD_R;
-    let plot_h = CHART_H - PAD_T - PAD_B;
-    let sx = |x: f64| PAD_L + x / max_x * plot_w;
-    let sy = |y: f64| PAD_T + plot_h - y / max_y * plot_h;
-    let mut s = String::with_capacity(64 * 1024);
-    let _ = write!(
-        s,
-        r#"<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" aria-label="allocated memory by category" xmlns="http://www.w3.org/2000/svg"><g class="grid">"#
-    );
-    let mut y = 0.0;
-    while y <= max_y + 0.5 {
-        let py = sy(y);
-        let _ = write!(
-            s,
-            r#"<line x1="{PAD_L}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}"/><text class="ytick" x="{:.1}" y="{:.1}">{}</text>"#,
-            CHART_W - PAD_R,
-            PAD_L - 6.0,
-            py + 4.0,
-            size_label(y)
-        );
-        y += y_step;
-    }
-    let mut x = 0.0;
-    while x <= max_x + 0.5 {
-        let px = sx(x);
-        let _ = write!(
-            s,
-            r#"<line x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="xtick" x="{px:.1}" y="{:.1}">{}</text>"#,
-            PAD_T + plot_h,
-            PAD_T + plot_h + 16.0,
-            count_label(x)
-        );
-        x += x_step;
-    }
-    let _ = write!(
-        s,
-        r#"</g><text class="axis-label" x="{:.1}" y="{:.1}">{}</text>"#,
-        PAD_L + plot_w / 2.0,
-        CHART_H - 4.0,
-        escape(x_label)
-    );
+    let (axes, on_axis) = Axes::new(max_x, data_peak, capacity);
+    let (sx, sy) = (|x| axes.sx(x), |y| axes.sy(y));
+    let (plot_w, plot_h) = (axes.plot_w, axes.plot_h);
+    let mut s = axes.open("allocated memory by category", x_label);
     let mut base = vec![0u64; xs.len()];
     for layer in layers {
         if layer.values.iter().all(|&v| v == 0) {

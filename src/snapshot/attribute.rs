@@ -528,18 +528,6 @@ impl<'s, 'a> Attributor<'s, 'a> {
         }
     }
 
-    /// Feeds every entry of the device's trace, then [`Attributor::settle`]s:
-    /// all of [`Attributor::finish`] but what needs the step boundaries (on
-    /// a second thread beside the evidence's pass, for a long trace).
-    pub fn feed(mut self) -> Result<Self, super::model::ModelError> {
-        let snap = self.snap;
-        for (i, e) in snap.trace(self.device).enumerate() {
-            self.entry(i, &e?);
-        }
-        self.settle();
-        Ok(self)
-    }
-
     /// The end state matched and the categories given, once every entry
     /// was fed (a second call does nothing).
     pub fn settle(&mut self) {

@@ -5,7 +5,7 @@
 
 use super::attribute::{Ask, Attributor};
 use super::model::{
-    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
+    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot, TraceEntry,
 };
 use super::trace_metrics::TraceScan;
 use crate::conf::{Settings, TorchVersion};
@@ -18,10 +18,94 @@ use std::collections::{BTreeMap, HashMap};
 
 const MIB: u64 = 1 << 20;
 /// Where a trace's attribution is fed: on this thread, entry by entry, or
-/// by a thread of its own reading the trace beside this one.
-enum Feeding<'t, A> {
-    Inline(A),
-    Thread(std::thread::ScopedJoinHandle<'t, Result<A, ModelError>>),
+/// on a thread of its own, in batches of the entries this pass has read
+/// (each entry is decoded once; the batches' buffers go back and forth).
+enum Feeding<'t, 's, 'a> {
+    Inline(Box<Attributor<'s, 'a>>),
+    Thread {
+        batch: Vec<(usize, TraceEntry)>,
+        full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
+        empty: std::sync::mpsc::Receiver<Vec<(usize, TraceEntry)>>,
+        worker: std::thread::ScopedJoinHandle<'t, Attributor<'s, 'a>>,
+    },
+}
+
+/// Entries handed to the attribution thread at a time.
+const FEED_BATCH: usize = 4096;
+
+impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
+    fn new(
+        threads: &'t std::thread::Scope<'t, '_>,
+        fills: Attributor<'s, 'a>,
+        threaded: bool,
+    ) -> Self
+    where
+        's: 't,
+    {
+        if !threaded {
+            return Feeding::Inline(Box::new(fills));
+        }
+        // Two batches in flight: one being read here, one attributed there.
+        let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
+        let (back, empty) = std::sync::mpsc::channel();
+        let worker = threads.spawn(move || {
+            let mut fills = fills;
+            for mut batch in batches {
+                for (i, e) in batch.drain(..) {
+                    fills.entry(i, &e);
+                }
+                // This side may have stopped early (an error): nothing to hand back to.
+                let _ = back.send(batch);
+            }
+            fills.settle();
+            fills
+        });
+        Feeding::Thread {
+            batch: Vec::with_capacity(FEED_BATCH),
+            full,
+            empty,
+            worker,
+        }
+    }
+
+    fn entry(&mut self, i: usize, e: &TraceEntry) {
+        match self {
+            Feeding::Inline(a) => a.entry(i, e),
+            Feeding::Thread {
+                batch, full, empty, ..
+            } => {
+                batch.push((i, e.clone()));
+                if batch.len() == FEED_BATCH {
+                    let next = empty
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(FEED_BATCH));
+                    // A send fails only when the worker is gone (it panicked): join says so.
+                    let _ = full.send(std::mem::replace(batch, next));
+                }
+            }
+        }
+    }
+
+    fn finish(self, device: u32) -> Result<Attributor<'s, 'a>, ModelError> {
+        match self {
+            Feeding::Inline(a) => Ok(*a),
+            Feeding::Thread {
+                batch,
+                full,
+                worker,
+                ..
+            } => {
+                if !batch.is_empty() {
+                    let _ = full.send(batch);
+                }
+                drop(full);
+                worker.join().map_err(|_| ModelError {
+                    path: format!("device_traces[{device}]"),
+                    problem: "its attribution failed".to_string(),
+                })
+            }
+        }
+    }
 }
 
 /// Trace entries from which a device's trace is attributed on a second
@@ -309,11 +393,7 @@ fn detail(
     let fills = Attributor::new(snap, device, settings, ask);
     // A long trace is attributed on a second thread, beside this pass.
     let fills = std::thread::scope(|threads| -> Result<Attributor, ModelError> {
-        let mut feeding = if snap.trace_len(device) >= THREADED_TRACE {
-            Feeding::Thread(threads.spawn(|| fills.feed()))
-        } else {
-            Feeding::Inline(fills)
-        };
+        let mut feeding = Feeding::new(threads, fills, snap.trace_len(device) >= THREADED_TRACE);
         for (i, e) in snap.trace(device).enumerate() {
             let e = e?;
             match counts.iter_mut().find(|(a, _)| *a == e.action) {
@@ -331,19 +411,9 @@ fn detail(
             if let Some(scan) = &mut scan {
                 scan.entry(i, &e);
             }
-            if let Feeding::Inline(a) = &mut feeding {
-                a.entry(i, &e);
-            }
+            feeding.entry(i, &e);
         }
-        match feeding {
-            Feeding::Thread(w) => w.join().unwrap_or_else(|_| {
-                Err(ModelError {
-                    path: format!("device_traces[{device}]"),
-                    problem: "its attribution failed".to_string(),
-                })
-            }),
-            Feeding::Inline(a) => Ok(a),
-        }
+        feeding.finish(device)
     })?;
     let (trace, steps) = scan.map(TraceScan::finish_with_steps).unzip();
     let fills = fills.finish(&steps.unwrap_or_default());

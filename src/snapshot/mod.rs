@@ -48,10 +48,21 @@ fn opening(data: &[u8]) -> Opening {
 
 /// Limits for telling a header-less pickle from text: a real one nests a
 /// few levels deep, text read as opcodes opens a MARK per `(`.
-const SNIFF: pickle::Limits = pickle::Limits {
-    max_marks: 256,
-    max_values: 1 << 30,
-};
+fn sniff() -> pickle::Limits {
+    pickle::Limits {
+        max_marks: 256,
+        max_values: memory_values().min(1 << 30),
+    }
+}
+
+/// What the decoder may hold at most, in its 8-byte values: half the memory
+/// this process may use (`limits::memory_available`; the model, the evidence
+/// and the input's pages need the rest), so that a memory cgroup never kills
+/// it for a pickle that decodes to more.
+fn memory_values() -> u64 {
+    static VALUES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *VALUES.get_or_init(|| crate::limits::memory_available().map_or(u64::MAX, |b| b / 16))
+}
 
 /// True when `data` is a pickle: its opening is certain, or it decodes to
 /// its STOP (a pickle that would call code included: loading it then
@@ -61,7 +72,7 @@ pub fn is_pickle(data: &[u8]) -> bool {
     match opening(data) {
         Opening::Certain => true,
         Opening::Possible => matches!(
-            pickle::decode_whole(data, SNIFF),
+            pickle::decode_whole(data, sniff()),
             Ok(()) | Err(pickle::DecodeError::Code { .. })
         ),
         Opening::No => false,
@@ -76,7 +87,7 @@ pub fn is_pickle(data: &[u8]) -> bool {
 pub fn may_be_pickle(head: &[u8]) -> bool {
     match opening(head) {
         Opening::Certain => true,
-        Opening::Possible => match pickle::decode_whole(head, SNIFF) {
+        Opening::Possible => match pickle::decode_whole(head, sniff()) {
             Ok(()) | Err(pickle::DecodeError::Code { .. }) => true,
             Err(pickle::DecodeError::Truncated { offset, .. }) => offset >= head.len() / 2,
             Err(_) => false,
@@ -108,8 +119,9 @@ pub fn load_releasing<'a>(
     limits: &Limits,
     release: Option<pickle::Release<'_>>,
 ) -> Result<Snapshot<'a>, Error> {
+    let memory = memory_values();
     let decode_limits = pickle::Limits {
-        max_values: limits.max_objects,
+        max_values: limits.max_objects.min(memory),
         ..pickle::Limits::default()
     };
     let decoded = match release {
@@ -117,6 +129,16 @@ pub fn load_releasing<'a>(
         None => pickle::decode_with(data, decode_limits),
     };
     let p = decoded.map_err(|e| match e {
+        pickle::DecodeError::Limit { offset, what, .. }
+            if what == pickle::VALUES && memory < limits.max_objects =>
+        {
+            Error::Input(format!(
+                "{input_name}: at byte {offset}: the decoded values would pass {}, half the \
+                 memory this process may use (its memory cgroup's limit or the machine's RAM); \
+                 a snapshot this large needs more memory",
+                crate::units::human(memory.saturating_mul(8))
+            ))
+        }
         pickle::DecodeError::Limit { offset, what, .. } if what == pickle::VALUES => {
             limits.exceeded(input_name, Limit::Objects, &format!("at byte {offset}"))
         }

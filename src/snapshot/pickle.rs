@@ -206,8 +206,12 @@ impl DecodeError {
 pub struct Limits {
     /// Open MARKs at once (the nesting depth of MARK-built containers).
     pub max_marks: usize,
-    /// Values held in total, 8 bytes each: container items, memo entries,
-    /// stack room, two per arena object.
+    /// What the decoder may hold, in values of 8 bytes: what each thing costs
+    /// in bytes, so that the limit bounds resident memory: two per arena
+    /// object, one per container item and memo entry (five out of order),
+    /// stack room, three per string entry and two per byte string or wide
+    /// int, plus the bytes of decoded strings and wide ints and of items
+    /// copied into a vector of their own.
     pub max_values: u64,
 }
 
@@ -1380,6 +1384,8 @@ impl<'a> Decoder<'a> {
                 // Other objects were built since: give it a vector of its own.
                 let mut items = Vec::new();
                 let had = self.p.dict_of(&c).map_or(c.len as usize, |d| 2 * d.len());
+                // The copy of the items it had (theirs in the pool stay) and the vector itself.
+                self.count(had as u64 + 3, at)?;
                 room(&mut items, had + n, at, "container items")?;
                 match self.p.dict_of(&c) {
                     Some(pairs) => items.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
@@ -1461,7 +1467,8 @@ impl<'a> Decoder<'a> {
 
     #[inline(always)]
     fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Res<()> {
-        self.count(1, at)?;
+        // An entry out of order goes to a hash map: key, value and its share of the table.
+        self.count(if idx > self.memo.len { 5 } else { 1 }, at)?;
         self.memo.put(idx, v).map_err(|full| {
             Box::new(match full {
                 MemoFull::Values(limit) => DecodeError::Limit {
@@ -1500,6 +1507,12 @@ impl<'a> Decoder<'a> {
 
     fn text(&mut self, s: std::borrow::Cow<'a, str>, at: usize) -> Res<V> {
         let i = side_index(self.p.texts.len(), at)?;
+        // Its entry (a Cow, 3 values) and the bytes of a decoded copy.
+        let owned = match &s {
+            std::borrow::Cow::Owned(o) => o.len().div_ceil(8) as u64,
+            std::borrow::Cow::Borrowed(_) => 0,
+        };
+        self.count(3 + owned, at)?;
         let v = self.alloc(Slot::Str(i), at)?;
         room(&mut self.p.texts, 1, at, "strings")?;
         self.p.texts.push(s);
@@ -1508,6 +1521,7 @@ impl<'a> Decoder<'a> {
 
     fn bytes(&mut self, b: &'a [u8], at: usize) -> Res<V> {
         let i = side_index(self.p.bytes.len(), at)?;
+        self.count(2, at)?;
         let v = self.alloc(Slot::Bytes(i), at)?;
         room(&mut self.p.bytes, 1, at, "byte strings")?;
         self.p.bytes.push(b);
@@ -1516,6 +1530,7 @@ impl<'a> Decoder<'a> {
 
     fn bigint(&mut self, le: Box<[u8]>, at: usize) -> Res<V> {
         let i = side_index(self.p.bigints.len(), at)?;
+        self.count(2 + le.len().div_ceil(8) as u64, at)?;
         let v = self.alloc(Slot::BigInt(i), at)?;
         room(&mut self.p.bigints, 1, at, "wide ints")?;
         self.p.bigints.push(le);
