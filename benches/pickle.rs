@@ -3,7 +3,7 @@
 //! fixtures and on a ~200 MB torch-shaped snapshot generated at run time into
 //! target/bench/ by scripts/gen_snapshot.py (skipped when python3 is missing).
 //!
-//! `cargo bench --bench pickle`; scripts/pickle_bench.sh compares with Python.
+//! `cargo bench --features bench --bench pickle`; scripts/pickle_bench.sh compares with Python.
 
 use allocdoc::snapshot::{self, pickle};
 use std::path::{Path, PathBuf};

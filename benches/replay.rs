@@ -2,7 +2,7 @@
 //! trace (allocations of mixed sizes over a bounded live set, frees in random
 //! order, an occasional empty_cache) on one core.
 //!
-//! Run: `cargo bench --bench replay`.
+//! Run: `cargo bench --features bench --bench replay`.
 
 use allocdoc::conf::Settings;
 use allocdoc::device::sim::SimDevice;

@@ -1,5 +1,5 @@
 //! The HTML report and the snapshot writer at a million events:
-//! `cargo bench --bench report`.
+//! `cargo bench --features bench --bench report`.
 
 use allocdoc::report::html::{ReportData, Timeline, render};
 use allocdoc::snapshot::writer::{self, Action, Snapshot, TraceEntry};

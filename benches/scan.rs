@@ -1,6 +1,6 @@
 //! Log scanning throughput: a generated training log of at least 1 GiB with
 //! OOM messages and memory_summary() tables sprinkled in, scanned by
-//! `ingest::parse_bytes`. Run: `cargo bench --bench scan`.
+//! `ingest::parse_bytes`. Run: `cargo bench --features bench --bench scan`.
 
 use std::sync::LazyLock;
 

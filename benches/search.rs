@@ -2,7 +2,7 @@
 //! the space with garbage-collection thresholds (280 configs), and the first
 //! 100 of them, replayed in parallel (rayon) on the simulated card.
 //!
-//!     cargo bench --bench search
+//!     cargo bench --features bench --bench search
 //!
 //! One sample each: a single search is seconds long, which is the figure
 //! BENCHMARKS.md ("## Config search") reports.

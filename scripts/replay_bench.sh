@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Allocator replay throughput (`cargo bench --bench replay`), run from a copy
+# Allocator replay throughput (`cargo bench --features bench --bench replay`), run from a copy
 # of the bench binary, as `cargo install` copies a binary into place.
 #
 # Why a copy: on the 2-vCPU AMD EPYC VM of BENCHMARKS.md, the LTO build of this
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${1:-2}
-BIN=$(cargo bench --bench replay --no-run 2>&1 | sed -n 's/.*Executable benches\/replay.rs (\(.*\))/\1/p')
+BIN=$(cargo bench --features bench --bench replay --no-run 2>&1 | sed -n 's/.*Executable benches\/replay.rs (\(.*\))/\1/p')
 [[ -x $BIN ]] || { echo "bench binary not found" >&2; exit 1; }
 COPY=$(mktemp -d)/replay-bench
 trap 'rm -rf "$(dirname "$COPY")"' EXIT

@@ -4,14 +4,16 @@ library (`allocdoc._native`, the GIL released while it works) with
 
 `src` is a path (`str` or `os.PathLike`), the input's content as `bytes`, or
 its text as a `str`. A `str` is read as a path when it is one line naming an
-existing file, and as text otherwise; pass a `pathlib.Path` to make a path
-explicit. Notes the command writes to standard error go to the `allocdoc`
+existing file or looking like a path (a missing one raises `InputError`, as
+the command does), and as text otherwise; pass a `pathlib.Path` to make a path
+explicit, or `bytes` (`text.encode()`) to make text explicit. Notes the command writes to standard error go to the `allocdoc`
 logger (notes at INFO, warnings at WARNING).
 """
 
 import json
 import logging
 import os
+import re
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native
@@ -33,10 +35,28 @@ def _input(src: Source) -> Tuple[str, Optional[bytes]]:
     if isinstance(src, (bytearray, memoryview)):
         return "<bytes>", bytes(src)
     if isinstance(src, str):
-        if "\n" not in src and os.path.isfile(src):
-            return src, None
+        if "\n" not in src and (os.path.isfile(src) or _looks_like_path(src)):
+            return os.path.expanduser(src), None
         return "<string>", src.encode("utf-8")
     raise TypeError(f"expected a path, bytes or str, not {type(src).__name__}")
+
+
+# A file name's extension: a dot, then up to 8 letters or digits at the end.
+_EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,8}$")
+
+
+def _looks_like_path(line: str) -> bool:
+    """Whether one line of text reads as a file's path rather than evidence:
+    it starts like a path (/, ~, ./, ../, C:\\) and has no ": " (a log line
+    that starts with a file name goes on with one), or it has no whitespace
+    and names a directory or ends with an extension. No OOM message, summary
+    or stats dump has that shape."""
+    s = line.strip()
+    if not s:
+        return False
+    if s.startswith(("/", "~", "./", "../", ".\\", "..\\")) or re.match(r"[A-Za-z]:[\\/]", s):
+        return ": " not in s
+    return not any(c.isspace() for c in s) and ("/" in s or "\\" in s or bool(_EXTENSION.search(s)))
 
 
 def _inputs(src: Union[Source, Sequence[Source]]) -> list:
@@ -156,4 +176,4 @@ def diff(
 ) -> Dict[str, Any]:
     """Two snapshots compared at their peak (or at "oom" or "end"), group by
     group and category by category (`allocdoc diff --format json`)."""
-    return _result(_native.diff(_inputs([before, after]), at, by, n, device))
+    return _result(_native.diff(*_inputs([before, after]), at, by, n, device))

@@ -9,6 +9,7 @@ use allocdoc::app::{self, Buffers, Format, Outcome};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
 use std::ffi::OsString;
 
 // The binary's source, so the wheel's command is the same code; its `main` is
@@ -81,21 +82,24 @@ fn source(one: Source) -> (String, Buffers) {
     (names.pop().unwrap_or_default(), buffers)
 }
 
-/// A size as Python gives it: bytes, or text as the command takes it.
-#[derive(FromPyObject)]
-enum Size {
-    Bytes(u64),
-    Text(String),
-}
-
-fn size(s: Option<Size>) -> PyResult<Option<u64>> {
-    match s {
-        None => Ok(None),
-        Some(Size::Bytes(b)) => Ok(Some(b)),
-        Some(Size::Text(t)) => allocdoc::units::parse_size(&t)
-            .map(Some)
-            .map_err(|e| UsageError::new_err(format!("capacity {t:?}: {e}"))),
-    }
+/// A device size as Python gives it (bytes as an int, or text as the command
+/// takes it), refused as `--capacity` refuses it: 0, over 1 PiB, negative,
+/// not a size.
+fn size(s: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(s) = s else { return Ok(None) };
+    let text = if let Ok(t) = s.extract::<String>() {
+        t
+    } else if s.is_instance_of::<PyInt>() && !s.is_instance_of::<PyBool>() {
+        s.str()?.to_string()
+    } else {
+        return Err(UsageError::new_err(format!(
+            "capacity: expected bytes as an int or a size as a str (\"24GiB\"), not {}",
+            s.get_type().name()?
+        )));
+    };
+    allocdoc::units::parse_device_size(&text)
+        .map(Some)
+        .map_err(|e| UsageError::new_err(format!("capacity: {e}")))
 }
 
 /// A platform as `--platform` takes it (`linux`, `windows`, `rocm`).
@@ -147,7 +151,7 @@ fn replay(
     py: Python<'_>,
     trace: Source,
     confs: Vec<String>,
-    capacity: Option<Size>,
+    capacity: Option<Bound<'_, PyAny>>,
     fidelity: bool,
     torch_version: Option<String>,
 ) -> PyResult<Produced> {
@@ -156,7 +160,7 @@ fn replay(
         trace,
         buffers,
         confs,
-        capacity: size(capacity)?,
+        capacity: size(capacity.as_ref())?,
         device: "sim".into(),
         fidelity,
         torch_version,
@@ -171,7 +175,7 @@ fn replay(
 fn recommend(
     py: Python<'_>,
     input: Source,
-    capacity: Option<Size>,
+    capacity: Option<Bound<'_, PyAny>>,
     current: Option<String>,
     torch_version: Option<String>,
     platform: Option<String>,
@@ -180,7 +184,7 @@ fn recommend(
     let opts = app::recommend::RecommendOptions {
         input,
         buffers,
-        capacity: size(capacity)?,
+        capacity: size(capacity.as_ref())?,
         current,
         torch_version,
         platform: self::platform(platform)?,
@@ -198,7 +202,7 @@ fn validate(
     input: Source,
     conf: String,
     current: Option<String>,
-    capacity: Option<Size>,
+    capacity: Option<Bound<'_, PyAny>>,
     device: String,
     torch_version: Option<String>,
     platform: Option<String>,
@@ -211,7 +215,7 @@ fn validate(
         current,
         torch_version,
         platform: self::platform(platform)?,
-        capacity: size(capacity)?,
+        capacity: size(capacity.as_ref())?,
         device,
         format: Format::Json,
         ..Default::default()

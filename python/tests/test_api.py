@@ -163,6 +163,46 @@ class ApiTest(unittest.TestCase):
                 self.assertEqual(f"allocdoc: error: {caught.exception}\n", stderr)
                 self.assertEqual(code, {allocdoc.NoDeviceError: 3}.get(kind, 2))
 
+    def test_capacities_the_command_refuses_are_usage_errors(self):
+        csv = F / "validate" / "interleaved_16mib.csv"
+        for value, reason in [
+            (0, "a device of 0 bytes holds nothing"),
+            ("0", "a device of 0 bytes holds nothing"),
+            ("2PiB", "is over 1 PiB"),
+            (-1, "expected a number with an optional unit"),
+            (1 << 51, "is over 1 PiB"),
+        ]:
+            with self.subTest(capacity=value):
+                code, _, stderr = cli("recommend", csv, f"--capacity={value}", "--format", "json")
+                self.assertEqual(code, 2)
+                self.assertIn(reason, stderr)
+                for call in (
+                    lambda: allocdoc.recommend(csv, capacity=value),
+                    lambda: allocdoc.replay(csv, [""], value),
+                    lambda: allocdoc.validate(csv, "", capacity=value),
+                ):
+                    with self.assertRaises(allocdoc.UsageError) as caught:
+                        call()
+                    self.assertIn(f"invalid size '{value}': ", str(caught.exception))
+                    self.assertIn(reason, str(caught.exception))
+        with self.assertRaises(allocdoc.UsageError):
+            allocdoc.recommend(csv, capacity=80.5)
+        with self.assertRaises(allocdoc.UsageError):
+            allocdoc.recommend(csv, capacity=True)
+
+    def test_a_missing_path_given_as_str_is_an_input_error(self):
+        for path in ["/nonexistent/file.log", "logs/run-7.log", "run-7.pickle", "C:\\logs\\run.log"]:
+            with self.subTest(path=path):
+                code, _, stderr = cli("diagnose", path, "--format", "json")
+                self.assertEqual(code, 2)
+                with self.assertRaises(allocdoc.InputError) as caught:
+                    allocdoc.diagnose(path)
+                self.assertEqual(f"allocdoc: error: {caught.exception}\n", stderr)
+        # One line of evidence is still text, and bytes are always text.
+        line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 5.83 GiB of which 6.56 MiB is free."
+        self.assertEqual(allocdoc.parse(line)["observations"][0]["kind"], "oom")
+        self.assertEqual(allocdoc.parse(b"/nonexistent/file.log")["observations"], [])
+
     def test_notes_go_to_the_logger(self):
         with self.assertLogs("allocdoc", level=logging.INFO) as logs:
             allocdoc.parse(F / "validate" / "interleaved_16mib.csv")
