@@ -206,18 +206,19 @@ fn jsonl_without_each_is_the_document_on_one_line() {
 
 #[test]
 fn completions_for_every_shell() {
-    for (shell, marker) in [
-        ("bash", "complete -F _allocdoc"),
-        ("zsh", "#compdef allocdoc"),
-        ("fish", "complete -c allocdoc"),
-        ("powershell", "Register-ArgumentCompleter"),
+    // Each shell spells a long flag its own way (fish: `-l each`).
+    for (shell, marker, each) in [
+        ("bash", "complete -F _allocdoc", "--each"),
+        ("zsh", "#compdef allocdoc", "--each"),
+        ("fish", "complete -c allocdoc", "-l each"),
+        ("powershell", "Register-ArgumentCompleter", "--each"),
     ] {
         let out = allocdoc(&["completions", shell], None);
         assert_eq!(out.status.code(), Some(0), "{shell}");
         let script = String::from_utf8_lossy(&out.stdout);
         assert!(script.contains(marker), "{shell}");
         assert!(
-            script.contains("diagnose") && script.contains("--each"),
+            script.contains("diagnose") && script.contains(each),
             "{shell}"
         );
     }
