@@ -17,7 +17,8 @@
 //!    so that equal incidents still give one answer in any order.
 
 use crate::evidence::{Evidence, Kind, Observation};
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeSet;
 
 /// One OOM event and the observations that report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,7 +240,7 @@ impl Grouping {
 pub fn incidents(evidence: &Evidence) -> Vec<Incident> {
     let obs = &evidence.observations;
     let mut grouping = Grouping::default();
-    let mut process_lines: HashMap<Vec<(Option<u64>, u64)>, u64> = HashMap::new();
+    let mut process_lines: HashMap<Vec<(Option<u64>, u64)>, u64> = HashMap::default();
     for (i, o) in obs.iter().enumerate() {
         if !is_oom(o) {
             continue;

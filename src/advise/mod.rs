@@ -131,6 +131,32 @@ pub struct CauseCount {
 /// large job can hold one per rank and step.
 pub const MAX_INCIDENTS: usize = 20;
 
+/// From this many incidents on, they are judged in parallel.
+const PARALLEL_INCIDENTS: usize = 64;
+
+/// What ranks an incident: its report, how many reports it has, the weight
+/// and cause of its deciding finding.
+struct Judged {
+    observation: usize,
+    reports: usize,
+    weight: incident::Weight,
+    cause: Cause,
+}
+
+impl Judged {
+    fn of(outcome: &Outcome, observation: usize, reports: usize) -> Judged {
+        Judged {
+            observation,
+            reports,
+            weight: outcome.weight(),
+            cause: outcome
+                .deciding()
+                .and_then(|f| f.cause)
+                .unwrap_or(Cause::Unknown),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Diagnosis {
     pub evidence: Evidence,
@@ -180,6 +206,8 @@ struct Outcome<'r> {
     not_evaluated: Vec<NotEvaluated>,
     failed: Vec<(String, String)>,
     withheld: Vec<Withheld>,
+    /// A rule asked for a replay check and no checker was given.
+    wanted_check: bool,
 }
 
 impl Outcome<'_> {
@@ -209,6 +237,7 @@ fn evaluate<'r>(rules: &'r RuleSet, facts: Facts, mut check: Option<&mut Checker
         not_evaluated: Vec::new(),
         failed: Vec::new(),
         withheld: Vec::new(),
+        wanted_check: false,
     };
     for rule in &rules.rules {
         match rule.evaluate(&out.facts) {
@@ -217,6 +246,7 @@ fn evaluate<'r>(rules: &'r RuleSet, facts: Facts, mut check: Option<&mut Checker
                     match checked(rule, &f.settings, &out.facts, check.as_deref_mut()) {
                         Checked::Shown(c) => c,
                         Checked::Withheld(replay_check, unchecked) => {
+                            out.wanted_check |= replay_check.is_none() && check.is_none();
                             out.withheld.push(Withheld {
                                 rule: rule.id.clone(),
                                 message: f.message,
@@ -306,10 +336,10 @@ pub fn diagnose(evidence: Evidence, ctx: &Context, rules: &RuleSet) -> Diagnosis
 }
 
 /// [`diagnose`], with trace rules' settings checked by `check`.
-pub fn diagnose_checked(
+pub fn diagnose_checked<'r>(
     evidence: Evidence,
     ctx: &Context,
-    rules: &RuleSet,
+    rules: &'r RuleSet,
     mut check: Option<&mut Checker>,
 ) -> Diagnosis {
     let setup = Setup::resolve(&evidence, ctx);
@@ -318,45 +348,72 @@ pub fn diagnose_checked(
     // Every incident is evaluated, but only the top MAX_INCIDENTS (by
     // incident::headline_key) keep a verdict and only the headline keeps its
     // outcome; the rest are counted by cause, so memory does not grow with them.
-    let mut top: Vec<(usize, usize, incident::Weight, Cause, String)> = Vec::new();
-    let mut best: Option<Outcome> = None;
+    let mut top: Vec<(Judged, Option<Outcome>)> = Vec::new();
     let mut by_cause: Vec<CauseCount> = Vec::new();
     let all = incident::incidents(&evidence);
     let incident_count = all.len();
-    for inc in all {
-        let i = inc.report();
-        let Some(o) = evidence.observations.get(i) else {
-            continue;
-        };
-        let outcome = evaluate(rules, facts_of(Some(o)), check.as_deref_mut());
-        let weight = outcome.weight();
-        let cause = outcome
-            .deciding()
-            .and_then(|f| f.cause)
-            .unwrap_or(Cause::Unknown);
-        match by_cause.iter_mut().find(|c| c.cause == cause) {
+    let mut offer = |j: Judged, outcome: Option<Outcome<'r>>| {
+        match by_cause.iter_mut().find(|c| c.cause == j.cause) {
             Some(c) => c.count += 1,
-            None => by_cause.push(CauseCount { cause, count: 1 }),
+            None => by_cause.push(CauseCount {
+                cause: j.cause,
+                count: 1,
+            }),
         }
-        let key = incident::headline_key(o, weight);
-        let rank = top.partition_point(|(j, _, w, _, _)| {
-            evidence
-                .observations
-                .get(*j)
-                .is_some_and(|p| incident::headline_key(p, *w) >= key)
+        let key = incident::headline_key(&evidence.observations[j.observation], j.weight);
+        let rank = top.partition_point(|(k, _)| {
+            incident::headline_key(&evidence.observations[k.observation], k.weight) >= key
         });
-        if rank >= MAX_INCIDENTS {
-            continue;
+        if rank < MAX_INCIDENTS {
+            top.insert(rank, (j, outcome));
+            top.truncate(MAX_INCIDENTS);
         }
-        let (_, verdict) = verdict_of(&outcome, &evidence);
-        top.insert(rank, (i, inc.observations.len(), weight, cause, verdict));
-        top.truncate(MAX_INCIDENTS);
-        if rank == 0 {
-            best = Some(outcome);
+    };
+    let report = |inc: &incident::Incident| {
+        let i = inc.report();
+        Some((i, inc.observations.len(), evidence.observations.get(i)?))
+    };
+    // Incidents are judged on every core without the replay checker; one
+    // whose rules asked for a replay is evaluated again, in order, with it.
+    // Only the few that make the top are evaluated again for their verdicts.
+    let judge = |(i, n, o)| {
+        let outcome = evaluate(rules, facts_of(Some(o)), None);
+        (Judged::of(&outcome, i, n), outcome.wanted_check)
+    };
+    let judged: Vec<(Judged, bool)> = if all.len() < PARALLEL_INCIDENTS {
+        all.iter().filter_map(report).map(judge).collect()
+    } else {
+        use rayon::prelude::*;
+        all.par_iter().filter_map(report).map(judge).collect()
+    };
+    for (j, wanted_check) in judged {
+        match check.as_deref_mut() {
+            Some(check) if wanted_check => {
+                let o = &evidence.observations[j.observation];
+                let outcome = evaluate(rules, facts_of(Some(o)), Some(check));
+                offer(
+                    Judged::of(&outcome, j.observation, j.reports),
+                    Some(outcome),
+                );
+            }
+            _ => offer(j, None),
         }
     }
-    for (_, _, _, cause, _) in &top {
-        if let Some(c) = by_cause.iter_mut().find(|c| c.cause == *cause) {
+    let top: Vec<(Judged, Outcome)> = top
+        .into_iter()
+        .map(|(j, o)| {
+            let o = o.unwrap_or_else(|| {
+                evaluate(
+                    rules,
+                    facts_of(evidence.observations.get(j.observation)),
+                    None,
+                )
+            });
+            (j, o)
+        })
+        .collect();
+    for (j, _) in &top {
+        if let Some(c) = by_cause.iter_mut().find(|c| c.cause == j.cause) {
             c.count -= 1;
         }
     }
@@ -364,16 +421,16 @@ pub fn diagnose_checked(
     by_cause.sort_by_key(|c| std::cmp::Reverse(c.count));
     let incident_causes: Vec<IncidentCause> = top
         .iter()
-        .map(|(i, n, _, cause, verdict)| IncidentCause {
-            observation: *i,
-            reports: *n,
-            cause: *cause,
-            verdict: verdict.clone(),
+        .map(|(j, o)| IncidentCause {
+            observation: j.observation,
+            reports: j.reports,
+            cause: j.cause,
+            verdict: verdict_of(o, &evidence).1,
         })
         .collect();
-    let (primary, outcome) = match (top.first(), best) {
-        (Some((i, ..)), Some(o)) => (Some(*i), o),
-        _ => {
+    let (primary, outcome) = match top.into_iter().next() {
+        Some((j, o)) => (Some(j.observation), o),
+        None => {
             let p = facts::fallback(&evidence);
             let i = p.and_then(|p| {
                 evidence

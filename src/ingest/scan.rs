@@ -223,6 +223,16 @@ impl<'c> Scanner<'c> {
     /// from offset `base` on, and at least [`REACH`] bytes past `limit`
     /// unless the input ends first.
     fn span(&mut self, buf: &[u8], base: usize, limit: usize) {
+        let input = self.input;
+        rayon::in_place_scope(|scope| {
+            let mut ahead = Ahead::new(scope, buf, base, limit, input);
+            self.walk(buf, base, limit, &mut ahead);
+        });
+        self.next = self.next.max(limit);
+    }
+
+    /// [`Self::span`]'s walk from hit to hit.
+    fn walk(&mut self, buf: &[u8], base: usize, limit: usize, ahead: &mut Ahead) {
         let (ac, kinds) = &*ANCHORS;
         while self.next < limit && self.over.is_none() {
             let Some(m) = ac.find(Input::new(buf).span(self.next - base..buf.len())) else {
@@ -250,14 +260,17 @@ impl<'c> Scanner<'c> {
                 _ if at < self.pos => continue,
                 _ => m.start(),
             };
-            let Some(f) = self.parse(buf, base, hit, m.len(), anchor) else {
+            let found = match anchor {
+                Anchor::OutOfMemory => ahead.take(hit),
+                _ => self.parse(buf, base, hit, m.len(), anchor),
+            };
+            let Some(f) = found else {
                 self.pos = hit + base + 1;
                 continue;
             };
             self.pos = f.end.max(hit + base + 1);
             self.push(buf, base, f);
         }
-        self.next = self.next.max(limit);
     }
 
     /// Runs the parser of `anchor` on the window around its hit at `hit` (in
@@ -270,23 +283,8 @@ impl<'c> Scanner<'c> {
         len: usize,
         anchor: Anchor,
     ) -> Option<Found> {
-        let lo = hit.saturating_sub(REACH);
-        let w = &buf[lo..buf.len().min(hit + REACH)];
-        let (h, input) = (hit - lo, self.input);
-        let floor = (self.pos.max(base) - base).saturating_sub(lo);
-        let mut f = match anchor {
-            Anchor::OutOfMemory => oom::out_of_memory(w, h, input),
-            Anchor::TriedToAllocate => oom::tried_to_allocate(w, h, input),
-            Anchor::MallocAsync => oom::malloc_async(w, h, input),
-            Anchor::Library(lib) => oom::library(w, h, len, lib, input),
-            Anchor::DeviceError => oom::device_error(w, h, input),
-            Anchor::Summary => summary::summary(w, h, floor, input),
-            Anchor::Stats => stats::stats(w, h, input),
-            Anchor::Clue(_) => None,
-        }?;
-        f.start += lo + base;
-        f.end += lo + base;
-        Some(f)
+        let floor = self.pos.max(base) - base;
+        parse_window(buf, base, (hit, len), anchor, floor, self.input)
     }
 
     fn push(&mut self, buf: &[u8], base: usize, mut f: Found) {
@@ -326,6 +324,149 @@ impl<'c> Scanner<'c> {
                 Limit::Observations,
                 &format!("one more starts at line {line}"),
             )),
+        }
+    }
+}
+
+/// The parser of `anchor` on the window of [`REACH`] bytes around its hit
+/// `(offset in buf, length)`; `floor` (in `buf`) is where the scan stands.
+/// It reads nothing else, so its result is the same whenever it runs.
+fn parse_window(
+    buf: &[u8],
+    base: usize,
+    (hit, len): (usize, usize),
+    anchor: Anchor,
+    floor: usize,
+    input: &str,
+) -> Option<Found> {
+    let lo = hit.saturating_sub(REACH);
+    let w = &buf[lo..buf.len().min(hit + REACH)];
+    let h = hit - lo;
+    let floor = floor.saturating_sub(lo);
+    let mut f = match anchor {
+        Anchor::OutOfMemory => oom::out_of_memory(w, h, input),
+        Anchor::TriedToAllocate => oom::tried_to_allocate(w, h, input),
+        Anchor::MallocAsync => oom::malloc_async(w, h, input),
+        Anchor::Library(lib) => oom::library(w, h, len, lib, input),
+        Anchor::DeviceError => oom::device_error(w, h, input),
+        Anchor::Summary => summary::summary(w, h, floor, input),
+        Anchor::Stats => stats::stats(w, h, input),
+        Anchor::Clue(_) => None,
+    }?;
+    f.start += lo + base;
+    f.end += lo + base;
+    Some(f)
+}
+
+/// Input read ahead per batch of "out of memory" messages parsed in parallel.
+const AHEAD: usize = 4 << 20;
+/// Fewer hits than this in a batch are parsed on this thread, and the next
+/// batch is not parsed ahead.
+const AHEAD_PARALLEL: usize = 32;
+
+/// A batch's hits with their parses, in input order.
+type Parsed = std::collections::VecDeque<(usize, Option<Found>)>;
+
+/// "out of memory" hits parsed ahead, on every core: a log aggregated from a
+/// large job holds one message per rank and step, and their parsing is most
+/// of its scan. While the scan walks one batch, the next is parsed. The scan
+/// takes each result when it reaches the hit; a hit it skips (inside a
+/// message already read) costs a parse for nothing.
+struct Ahead<'s, 'b> {
+    scope: &'s rayon::Scope<'b>,
+    buf: &'b [u8],
+    base: usize,
+    /// The span's end, in `buf`.
+    limit: usize,
+    input: &'b str,
+    /// Every hit below this offset (in `buf`) is in `found`.
+    to: usize,
+    found: Parsed,
+    /// The next batch: its start, its end, and where its parses arrive.
+    coming: Option<(usize, usize, std::sync::mpsc::Receiver<Parsed>)>,
+}
+
+impl<'s, 'b> Ahead<'s, 'b> {
+    const ANCHOR: &'static [u8] = b"out of memory";
+
+    fn new(
+        scope: &'s rayon::Scope<'b>,
+        buf: &'b [u8],
+        base: usize,
+        limit: usize,
+        input: &'b str,
+    ) -> Self {
+        Ahead {
+            scope,
+            buf,
+            base,
+            limit: limit - base,
+            input,
+            to: 0,
+            found: Parsed::new(),
+            coming: None,
+        }
+    }
+
+    /// The end of the batch from `from`, and its hits.
+    fn batch(&self, from: usize) -> (usize, Vec<usize>) {
+        let end = self.limit.min(from.saturating_add(AHEAD)).max(from + 1);
+        let stop = self.buf.len().min(end + Self::ANCHOR.len() - 1);
+        let hits = memchr::memmem::find_iter(&self.buf[from..stop], Self::ANCHOR)
+            .map(|i| from + i)
+            .collect();
+        (end, hits)
+    }
+
+    fn parse(buf: &[u8], base: usize, input: &str, at: usize) -> (usize, Option<Found>) {
+        let hit = (at, Self::ANCHOR.len());
+        (
+            at,
+            parse_window(buf, base, hit, Anchor::OutOfMemory, 0, input),
+        )
+    }
+
+    fn parse_all(buf: &[u8], base: usize, input: &str, hits: Vec<usize>) -> Parsed {
+        use rayon::prelude::*;
+        let parse = |at| Self::parse(buf, base, input, at);
+        if hits.len() < AHEAD_PARALLEL {
+            hits.into_iter().map(parse).collect()
+        } else {
+            hits.into_par_iter().map(parse).collect::<Vec<_>>().into()
+        }
+    }
+
+    /// The parse of the "out of memory" hit at `hit` (in `buf`).
+    fn take(&mut self, hit: usize) -> Option<Found> {
+        if hit >= self.to {
+            let (buf, base, input) = (self.buf, self.base, self.input);
+            self.found = match self.coming.take() {
+                Some((from, end, parsed)) if from <= hit && hit < end => {
+                    self.to = end;
+                    // The job sends before it ends; a panic there shows here.
+                    parsed.recv().expect("a batch of OOM messages parsed")
+                }
+                _ => {
+                    let (end, hits) = self.batch(hit);
+                    self.to = end;
+                    Self::parse_all(buf, base, input, hits)
+                }
+            };
+            if self.found.len() >= AHEAD_PARALLEL && self.to < self.limit {
+                let (end, hits) = self.batch(self.to);
+                let (send, parsed) = std::sync::mpsc::sync_channel(1);
+                self.scope.spawn(move |_| {
+                    let _ = send.send(Self::parse_all(buf, base, input, hits));
+                });
+                self.coming = Some((self.to, end, parsed));
+            }
+        }
+        while self.found.front().is_some_and(|&(at, _)| at < hit) {
+            self.found.pop_front();
+        }
+        match self.found.front() {
+            Some(&(at, _)) if at == hit => self.found.pop_front().and_then(|(_, f)| f),
+            _ => Self::parse(self.buf, self.base, self.input, hit).1,
         }
     }
 }
@@ -376,14 +517,8 @@ fn is_chained_repeat(
     prev_end: usize,
     next: &Found,
 ) -> bool {
-    let same = Observation {
-        line: prev.line,
-        exception: prev.exception.clone(),
-        message: prev.message.clone(),
-        ..next.obs.clone()
-    } == *prev;
     // A chained traceback is a few dozen lines; a hard wrap may split the phrase.
-    if !same || next.start < prev_end || next.start - prev_end > 64 * 1024 {
+    if next.start < prev_end || next.start - prev_end > 64 * 1024 {
         return false;
     }
     let gap: Vec<u8> = buf
@@ -393,8 +528,16 @@ fn is_chained_repeat(
         .copied()
         .filter(|&b| b != b'\n' && b != b'\r')
         .collect();
-    memchr::memmem::find(&gap, b"During handling of the above exception").is_some()
-        || memchr::memmem::find(&gap, b"The above exception was the direct cause").is_some()
+    let chained = memchr::memmem::find(&gap, b"During handling of the above exception").is_some()
+        || memchr::memmem::find(&gap, b"The above exception was the direct cause").is_some();
+    // Checked last: the copy it compares costs more than the rest.
+    chained
+        && Observation {
+            line: prev.line,
+            exception: prev.exception.clone(),
+            message: prev.message.clone(),
+            ..next.obs.clone()
+        } == *prev
 }
 
 #[cfg(test)]
