@@ -1482,6 +1482,103 @@ fn size_class(bytes: u64) -> usize {
     }
 }
 
+/// Where a trace's attribution is fed: on this thread, entry by entry, or
+/// on a thread of its own, in batches of the entries this pass has read
+/// (each entry is decoded once; the batches' buffers go back and forth).
+pub(crate) enum Feeding<'t, 's, 'a> {
+    Inline(Box<Attributor<'s, 'a>>),
+    Thread {
+        batch: Vec<(usize, TraceEntry)>,
+        full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
+        empty: std::sync::mpsc::Receiver<Vec<(usize, TraceEntry)>>,
+        worker: std::thread::ScopedJoinHandle<'t, Attributor<'s, 'a>>,
+    },
+}
+
+/// Entries handed to the attribution thread at a time.
+const FEED_BATCH: usize = 4096;
+
+impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
+    pub(crate) fn new(
+        threads: &'t std::thread::Scope<'t, '_>,
+        fills: Attributor<'s, 'a>,
+        threaded: bool,
+    ) -> Self
+    where
+        's: 't,
+    {
+        if !threaded {
+            return Feeding::Inline(Box::new(fills));
+        }
+        // Two batches in flight: one being read here, one attributed there.
+        let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
+        let (back, empty) = std::sync::mpsc::channel();
+        let worker = threads.spawn(move || {
+            let mut fills = fills;
+            for mut batch in batches {
+                for (i, e) in batch.drain(..) {
+                    fills.entry(i, &e);
+                }
+                // This side may have stopped early (an error): nothing to hand back to.
+                let _ = back.send(batch);
+            }
+            fills.settle();
+            fills
+        });
+        Feeding::Thread {
+            batch: Vec::with_capacity(FEED_BATCH),
+            full,
+            empty,
+            worker,
+        }
+    }
+
+    pub(crate) fn entry(&mut self, i: usize, e: &TraceEntry) {
+        match self {
+            Feeding::Inline(a) => a.entry(i, e),
+            Feeding::Thread {
+                batch, full, empty, ..
+            } => {
+                batch.push((i, e.clone()));
+                if batch.len() == FEED_BATCH {
+                    let next = empty
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(FEED_BATCH));
+                    // A send fails only when the worker is gone (it panicked): join says so.
+                    let _ = full.send(std::mem::replace(batch, next));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn finish(
+        self,
+        device: u32,
+    ) -> Result<Attributor<'s, 'a>, super::model::ModelError> {
+        match self {
+            Feeding::Inline(a) => Ok(*a),
+            Feeding::Thread {
+                batch,
+                full,
+                worker,
+                ..
+            } => {
+                if !batch.is_empty() {
+                    let _ = full.send(batch);
+                }
+                drop(full);
+                worker.join().map_err(|_| super::model::ModelError {
+                    path: format!("device_traces[{device}]"),
+                    problem: "its attribution failed".to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// Trace entries from which a device's trace is attributed on a second
+/// thread (below, the thread would cost more than it saves).
+pub(crate) const THREADED_TRACE: usize = 100_000;
 /// Attributes each device of a snapshot (`devices`, or every device that
 /// has segments or trace entries), reading each trace once; the steps are
 /// the ones `trace_metrics` finds, from the same pass.
@@ -1497,12 +1594,17 @@ pub fn attribute(
             continue;
         }
         let mut scan = super::trace_metrics::TraceScan::new(snap, device, settings.clone());
-        let mut a = Attributor::new(snap, device, settings.clone(), ask);
-        for (i, e) in snap.trace(device).enumerate() {
-            let e = e?;
-            scan.entry(i, &e);
-            a.entry(i, &e);
-        }
+        let a = Attributor::new(snap, device, settings.clone(), ask);
+        // A long trace is attributed on a second thread, beside the step scan.
+        let a = std::thread::scope(|threads| {
+            let mut feeding = Feeding::new(threads, a, snap.trace_len(device) >= THREADED_TRACE);
+            for (i, e) in snap.trace(device).enumerate() {
+                let e = e?;
+                scan.entry(i, &e);
+                feeding.entry(i, &e);
+            }
+            feeding.finish(device)
+        })?;
         out.push(a.finish(&scan.finish_with_steps().1));
     }
     Ok(out)

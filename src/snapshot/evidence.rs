@@ -3,9 +3,9 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in its typed `detail` ([`SnapshotDetail`]).
 
-use super::attribute::{Ask, Attributor};
+use super::attribute::{Ask, Attributor, Feeding, THREADED_TRACE};
 use super::model::{
-    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot, TraceEntry,
+    Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
 use super::trace_metrics::TraceScan;
 use crate::conf::{Settings, TorchVersion};
@@ -17,100 +17,6 @@ use serde_json::Value as J;
 use std::collections::{BTreeMap, HashMap};
 
 const MIB: u64 = 1 << 20;
-/// Where a trace's attribution is fed: on this thread, entry by entry, or
-/// on a thread of its own, in batches of the entries this pass has read
-/// (each entry is decoded once; the batches' buffers go back and forth).
-enum Feeding<'t, 's, 'a> {
-    Inline(Box<Attributor<'s, 'a>>),
-    Thread {
-        batch: Vec<(usize, TraceEntry)>,
-        full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
-        empty: std::sync::mpsc::Receiver<Vec<(usize, TraceEntry)>>,
-        worker: std::thread::ScopedJoinHandle<'t, Attributor<'s, 'a>>,
-    },
-}
-
-/// Entries handed to the attribution thread at a time.
-const FEED_BATCH: usize = 4096;
-
-impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
-    fn new(
-        threads: &'t std::thread::Scope<'t, '_>,
-        fills: Attributor<'s, 'a>,
-        threaded: bool,
-    ) -> Self
-    where
-        's: 't,
-    {
-        if !threaded {
-            return Feeding::Inline(Box::new(fills));
-        }
-        // Two batches in flight: one being read here, one attributed there.
-        let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
-        let (back, empty) = std::sync::mpsc::channel();
-        let worker = threads.spawn(move || {
-            let mut fills = fills;
-            for mut batch in batches {
-                for (i, e) in batch.drain(..) {
-                    fills.entry(i, &e);
-                }
-                // This side may have stopped early (an error): nothing to hand back to.
-                let _ = back.send(batch);
-            }
-            fills.settle();
-            fills
-        });
-        Feeding::Thread {
-            batch: Vec::with_capacity(FEED_BATCH),
-            full,
-            empty,
-            worker,
-        }
-    }
-
-    fn entry(&mut self, i: usize, e: &TraceEntry) {
-        match self {
-            Feeding::Inline(a) => a.entry(i, e),
-            Feeding::Thread {
-                batch, full, empty, ..
-            } => {
-                batch.push((i, e.clone()));
-                if batch.len() == FEED_BATCH {
-                    let next = empty
-                        .try_recv()
-                        .unwrap_or_else(|_| Vec::with_capacity(FEED_BATCH));
-                    // A send fails only when the worker is gone (it panicked): join says so.
-                    let _ = full.send(std::mem::replace(batch, next));
-                }
-            }
-        }
-    }
-
-    fn finish(self, device: u32) -> Result<Attributor<'s, 'a>, ModelError> {
-        match self {
-            Feeding::Inline(a) => Ok(*a),
-            Feeding::Thread {
-                batch,
-                full,
-                worker,
-                ..
-            } => {
-                if !batch.is_empty() {
-                    let _ = full.send(batch);
-                }
-                drop(full);
-                worker.join().map_err(|_| ModelError {
-                    path: format!("device_traces[{device}]"),
-                    problem: "its attribution failed".to_string(),
-                })
-            }
-        }
-    }
-}
-
-/// Trace entries from which a device's trace is attributed on a second
-/// thread (below, the thread would cost more than it saves).
-const THREADED_TRACE: usize = 100_000;
 /// How many allocation sites [`SnapshotDetail::top_sites`] lists.
 const TOP_SITES: usize = 10;
 /// Frames kept per listed site (innermost first; C++ stacks run to 60+).
