@@ -14,7 +14,7 @@
 //! against the remaining input before slicing, and never sizes an allocation
 //! from a length read from the input.
 
-use super::grow::{Prefault, advise_huge, reserved};
+use super::grow::{Prefault, reserved};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -294,11 +294,6 @@ fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<'_> {
     // not memory, while an underestimate costs a copy of the whole pool; if
     // the address space is refused, start from a smaller guess and grow.
     let n = data.len();
-    let (mut slots, mut pool) = (reserved(n / 16), reserved(n / 3));
-    // 2 MiB pages behind the arena: the prefaulting then zeroes and maps
-    // whole huge pages instead of 512 small ones each.
-    advise_huge(&mut slots);
-    advise_huge(&mut pool);
     Decoder {
         data,
         pos: 0,
@@ -308,11 +303,11 @@ fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<'_> {
         pool_ahead: Prefault::default(),
         slots_ahead: Prefault::default(),
         p: Pickle {
-            slots,
+            slots: reserved(n / 16),
             texts: Vec::new(),
             bytes: Vec::new(),
             bigints: Vec::new(),
-            pool,
+            pool: reserved(n / 3),
             owned: Vec::new(),
             shapes: Vec::new(),
             root: V::NONE,
