@@ -476,22 +476,20 @@ impl<'s, 'a> Attributor<'s, 'a> {
         let mut notes = std::mem::take(&mut self.end_notes);
         let stacks = self.stacks_recorded();
         let last = i64::try_from(self.entries).unwrap_or(i64::MAX) - 1;
-        let mut moments = Vec::new();
+        // The moments asked for, in the order they are listed.
+        let mut asked: Vec<(MomentKind, i64, Option<usize>)> = Vec::new();
         let peak = self.peak.filter(|_| traced);
         let only = self.ask.headline_only;
         let oom_too = self.oom.is_some();
         if let Some(p) = peak.filter(|_| !(only && oom_too)) {
-            moments.push(self.moment(MomentKind::Peak, p as i64, Some(p)));
+            asked.push((MomentKind::Peak, p as i64, Some(p)));
         }
-        if let Some((k, request, free)) = self.oom {
-            let mut m = self.moment(MomentKind::Oom, k as i64 - 1, Some(k));
-            m.request_bytes = Some(request);
-            m.device_free_bytes = Some(free);
-            moments.push(m);
+        if let Some((k, ..)) = self.oom {
+            asked.push((MomentKind::Oom, k as i64 - 1, Some(k)));
         }
         let end_index = (traced && self.entries > 0).then(|| self.entries - 1);
-        if !only || moments.is_empty() {
-            moments.push(self.moment(MomentKind::End, last, end_index));
+        if !only || asked.is_empty() {
+            asked.push((MomentKind::End, last, end_index));
         }
         match self.ask.at {
             Some(At::Event(n)) => {
@@ -499,20 +497,37 @@ impl<'s, 'a> Attributor<'s, 'a> {
                     .unwrap_or(usize::MAX)
                     .min(self.entries.saturating_sub(1));
                 if self.entries > 0 {
-                    moments.push(self.moment(MomentKind::Event, i as i64, Some(i)));
+                    asked.push((MomentKind::Event, i as i64, Some(i)));
                 }
             }
             Some(At::Time(_)) => {
                 let s = self.at_time.map_or(-1, |i| i as i64);
-                moments.push(self.moment(MomentKind::Time, s, self.at_time));
+                asked.push((MomentKind::Time, s, self.at_time));
             }
             None => {}
         }
         let steps = u64::try_from(step_starts.len())
             .unwrap_or(u64::MAX)
             .saturating_add(1);
-        let growth = self.growth(step_starts);
-        let timeline = self.timeline();
+        // Each moment, the growth and the timeline read the lives apart:
+        // on a long trace, on every core.
+        let this = &self;
+        let (mut moments, (growth, timeline)) = rayon::join(
+            || {
+                use rayon::prelude::*;
+                asked
+                    .par_iter()
+                    .map(|&(kind, s, i)| this.moment(kind, s, i))
+                    .collect::<Vec<_>>()
+            },
+            || rayon::join(|| this.growth(step_starts), || this.timeline()),
+        );
+        if let Some((_, request, free)) = self.oom
+            && let Some(m) = moments.iter_mut().find(|m| m.moment == MomentKind::Oom)
+        {
+            m.request_bytes = Some(request);
+            m.device_free_bytes = Some(free);
+        }
         self.notes(traced, stacks, &mut notes);
         Attribution {
             device_index: self.device,
