@@ -203,7 +203,7 @@ fn ensemble_table(found: &EnsembleSearch) -> Table {
         ),
         headers: vec![
             "config".into(),
-            "avoids the OOM on".into(),
+            "runs without OOM on".into(),
             "with 3 % to spare".into(),
             "and under every placement".into(),
             "fails on".into(),
