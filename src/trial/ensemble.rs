@@ -832,7 +832,10 @@ impl EnsembleSearch {
             // puts placement and margin before the peak, so the lowest mean
             // peak is claimed only where it holds.
             let mean_peak = |c: &RankedConfig| {
-                c.runs.iter().map(|r| r.peak_reserved_bytes as f64).sum::<f64>()
+                c.runs
+                    .iter()
+                    .map(|r| r.peak_reserved_bytes as f64)
+                    .sum::<f64>()
                     / c.runs.len().max(1) as f64
             };
             let lowest = self.ranked.iter().all(|c| mean_peak(best) <= mean_peak(c));
