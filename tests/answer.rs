@@ -246,6 +246,18 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
             let v = v.map(|v| v.json);
             let answer = &r["answer"];
             agrees("recommend", path, &d, answer);
+            // Only a replayed trace drops the rules' line (issue 12's strengths).
+            for (what, doc) in [("recommend", Some(&r)), ("validate", v.as_ref())] {
+                if let Some(doc) = doc
+                    && d.1.is_some()
+                    && doc["answer"]["recommendation"].is_null()
+                {
+                    assert_eq!(
+                        doc["strength"], "proven",
+                        "{what} {path} drops the rules' line"
+                    );
+                }
+            }
             assert_true(
                 path,
                 &[

@@ -270,7 +270,7 @@ fn no_setting_can_help_from_text() {
     assert!(v["recommendation"].is_null());
     let verdict = v["verdict"].as_str().expect("verdict");
     assert!(
-        verdict.starts_with("No allocator setting can help"),
+        verdict.starts_with("No allocator setting avoids this OOM in replay"),
         "{verdict}"
     );
     let plausible = v["ensemble"]["plausible"].as_u64().expect("plausible");

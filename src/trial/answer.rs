@@ -165,17 +165,27 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
                     shown(&b.conf)
                 ));
             }
+            // Every config fails: only a replayed trace drops the rules' line
+            // (synthetic workloads may fail where the user's run would not).
             None => {
-                answer.recommendation = None;
-                answer.overrides = Some(format!(
-                    "the rules suggest {}; {how}, it still runs out of memory{}",
-                    x.value,
-                    if ranked.len() > 1 {
-                        ", like every other config tried"
-                    } else {
-                        ""
-                    }
-                ));
+                let every = if ranked.len() > 1 {
+                    ", like every other config tried"
+                } else {
+                    ""
+                };
+                answer.overrides = Some(if r.strength == Strength::Proven {
+                    answer.recommendation = None;
+                    format!(
+                        "the rules suggest {}; {how}, it still runs out of memory{every}",
+                        x.value
+                    )
+                } else {
+                    format!(
+                        "the rules suggest {}; {how}, it still runs out of memory{every}, but \
+                         that evidence is not strong enough to drop the rules' line",
+                        x.value
+                    )
+                });
             }
         },
         // The rules' line runs; a trace may still show a better one.
@@ -403,6 +413,28 @@ mod tests {
                 .overrides
                 .unwrap()
                 .contains("replaying your trace, expandable_segments:True avoids the OOM")
+        );
+    }
+
+    #[test]
+    fn a_probe_failing_everywhere_keeps_the_rules_line() {
+        let (setup, d) = fragmentation_with_the_rules_line();
+        let current = run("", true, 10);
+        let ranked = [
+            run("expandable_segments:True", true, 9),
+            run("max_split_size_mb:64", true, 9),
+        ];
+        let a = replayed(&d, &setup, Strength::Likely, (&current, &ranked));
+        assert_eq!(
+            a.recommendation.map(|r| r.value).as_deref(),
+            Some("expandable_segments:True")
+        );
+        assert!(
+            a.overrides
+                .as_deref()
+                .is_some_and(|s| s.ends_with("like every other config tried, but that evidence is not strong enough to drop the rules' line")),
+            "{:?}",
+            a.overrides
         );
     }
 

@@ -812,7 +812,7 @@ impl EnsembleSearch {
                 basis,
                 strength: ensemble_strength(n, n),
                 finding: format!(
-                    "No allocator setting can help: every one of the {n} workloads {consistent} \
+                    "No allocator setting avoids this OOM in replay: every one of the {n} workloads {consistent} \
                      runs out of memory under every one of the {} configs at {}{need}",
                     self.ranked.len(),
                     human(self.capacity)

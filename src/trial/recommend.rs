@@ -246,7 +246,7 @@ fn search_with(
         }),
     );
     let mut verdict = found.verdict;
-    settle(&mut verdict, &answer);
+    settle(&mut verdict, &answer, &candidates);
     // The contract's smallest capacity is the recommended config's: bisect
     // again when the answer kept a line other than the search's best (from a
     // run that finished: a bounded one stopped short of its peak).
@@ -305,8 +305,9 @@ fn search_with(
 /// output says: a verdict that would pass (exit 0) while the answer sets no
 /// line (the rules rule settings out and the replay evidence is not proven)
 /// is uncertain; one that finds every config failing while the answer keeps
-/// a line it did not replay is uncertain too.
-fn settle(verdict: &mut Verdict, answer: &Answer) {
+/// the rules' line (not replayed, or replayed on evidence too weak to drop
+/// it) is uncertain too.
+fn settle(verdict: &mut Verdict, answer: &Answer, replayed: &[Run]) {
     if verdict.exit_code == EXIT_UNCERTAIN {
         // What the line below the verdict is, when the replays do not give it.
         let said = match (&answer.recommendation, &answer.rules_line) {
@@ -322,6 +323,11 @@ fn settle(verdict: &mut Verdict, answer: &Answer) {
     }
     let why = match (verdict.exit_code, &answer.recommendation) {
         (EXIT_OK, None) => "but the answer sets no line: the rules and the replays disagree",
+        (EXIT_STILL_OOM, Some(r))
+            if replayed.iter().any(|run| same_config(&run.conf, &r.value)) =>
+        {
+            "but the answer keeps the rules' line: these replays are not evidence enough to drop it"
+        }
         (EXIT_STILL_OOM, Some(_)) => {
             "but the answer keeps the rules' line, which was not replayed here"
         }
