@@ -152,10 +152,8 @@ fn index(re: &Regex, text: &str) -> Option<u32> {
             .parse()
             .ok();
     }
-    let b = m.as_str().as_bytes();
-    let start = b.iter().position(u8::is_ascii_digit)?;
-    let len = b[start..].iter().take_while(|c| c.is_ascii_digit()).count();
-    m.as_str()[start..start + len].parse().ok()
+    // In a match the digits are followed by a space or `;`, never by `.5`.
+    leading_number(m.as_str())?.0.parse().ok()
 }
 
 /// One message gathered from its first line and the lines wrapped below it.

@@ -443,8 +443,10 @@ impl<'s, 'b> Ahead<'s, 'b> {
             self.found = match self.coming.take() {
                 Some((from, end, parsed)) if from <= hit && hit < end => {
                     self.to = end;
-                    // The job sends before it ends; a panic there shows here.
-                    parsed.recv().expect("a batch of OOM messages parsed")
+                    // The job sends before it ends; had it failed, the batch is parsed here.
+                    parsed
+                        .recv()
+                        .unwrap_or_else(|_| Self::parse_all(buf, base, input, self.batch(from).1))
                 }
                 _ => {
                     let (end, hits) = self.batch(hit);

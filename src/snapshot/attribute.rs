@@ -1514,15 +1514,13 @@ pub(crate) enum Feeding<'t, 's, 'a> {
 const FEED_BATCH: usize = 4096;
 
 impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
-    pub(crate) fn new(
-        threads: &'t std::thread::Scope<'t, '_>,
-        fills: Attributor<'s, 'a>,
-        threaded: bool,
-    ) -> Self
+    /// Inline for a short trace; a trace of [`THREADED_TRACE`] entries or
+    /// more is attributed on a thread of `threads`.
+    pub(crate) fn new(threads: &'t std::thread::Scope<'t, '_>, fills: Attributor<'s, 'a>) -> Self
     where
         's: 't,
     {
-        if !threaded {
+        if fills.snap.trace_len(fills.device) < THREADED_TRACE {
             return Feeding::Inline(Box::new(fills));
         }
         // Two batches in flight: one being read here, one attributed there.
@@ -1593,7 +1591,8 @@ impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
 
 /// Trace entries from which a device's trace is attributed on a second
 /// thread (below, the thread would cost more than it saves).
-pub(crate) const THREADED_TRACE: usize = 100_000;
+const THREADED_TRACE: usize = 100_000;
+
 /// Attributes each device of a snapshot (`devices`, or every device that
 /// has segments or trace entries), reading each trace once; the steps are
 /// the ones `trace_metrics` finds, from the same pass.
@@ -1612,7 +1611,7 @@ pub fn attribute(
         let a = Attributor::new(snap, device, settings.clone(), ask);
         // A long trace is attributed on a second thread, beside the step scan.
         let a = std::thread::scope(|threads| {
-            let mut feeding = Feeding::new(threads, a, snap.trace_len(device) >= THREADED_TRACE);
+            let mut feeding = Feeding::new(threads, a);
             for (i, e) in snap.trace(device).enumerate() {
                 let e = e?;
                 scan.entry(i, &e);

@@ -3,7 +3,7 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in its typed `detail` ([`SnapshotDetail`]).
 
-use super::attribute::{Ask, Attributor, Feeding, THREADED_TRACE};
+use super::attribute::{Ask, Attributor, Feeding};
 use super::model::{
     Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
@@ -299,7 +299,7 @@ fn detail(
     let fills = Attributor::new(snap, device, settings, ask);
     // A long trace is attributed on a second thread, beside this pass.
     let fills = std::thread::scope(|threads| -> Result<Attributor, ModelError> {
-        let mut feeding = Feeding::new(threads, fills, snap.trace_len(device) >= THREADED_TRACE);
+        let mut feeding = Feeding::new(threads, fills);
         for (i, e) in snap.trace(device).enumerate() {
             let e = e?;
             match counts.iter_mut().find(|(a, _)| *a == e.action) {
