@@ -24,6 +24,7 @@
 
 use super::model::{Action, BlockState, Frames, Segment, Snapshot, TraceEntry};
 use super::pickle::V;
+use super::trace_metrics::{Feed, StepScan};
 use crate::allocator::sizes::round_size;
 use crate::conf::Settings;
 pub use crate::evidence::fills::{
@@ -200,6 +201,9 @@ pub struct Attributor<'s, 'a> {
     ooms: u64,
     /// Segment entries: index, action, addr, size.
     segment_events: Vec<(u32, Action, u64, u64)>,
+    /// Indices into `lives` in the order they died: entries come in order,
+    /// so this is `lives` sorted by `died` without a sort.
+    deaths: Vec<u32>,
     entries: usize,
     at_time: Option<usize>,
     first_time: Option<i64>,
@@ -274,6 +278,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             last_time: i64::MIN,
             out_of_order: 0,
             replaced: 0,
+            deaths: Vec::new(),
             refused: false,
             traced: false,
             settled: false,
@@ -304,6 +309,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
                     // An alloc over a live one: the entries between are missing.
                     if let Some(l) = self.lives.get_mut(old as usize) {
                         l.died = index32(i);
+                        self.refused |= !push(&mut self.deaths, old);
                     }
                     self.running -= i128::from(bytes);
                     self.replaced += 1;
@@ -327,6 +333,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 Some((k, bytes)) => {
                     if let Some(l) = self.lives.get_mut(k as usize) {
                         l.died = index32(i);
+                        self.refused |= !push(&mut self.deaths, k);
                     }
                     self.running -= i128::from(bytes);
                 }
@@ -1039,64 +1046,91 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 .get(l.stack as usize)
                 .map_or(SITE_NO_STACK, |s| s.site)
         };
-        let mut deaths: Vec<(u32, usize)> = self
-            .lives
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.died != NEVER)
-            .map(|(k, l)| (l.died, k))
-            .collect();
-        deaths.sort_unstable();
+        // Each site's live bytes, and its longest rise read state by state:
+        // only the sites whose bytes changed since the last state are looked
+        // at (a site left alone repeats its value, which ends a rise).
         let mut live = vec![0i128; self.sites.len()];
-        let mut series: FxHashMap<u32, Vec<u64>> = FxHashMap::default();
+        let mut rises = vec![Rise::NEW; self.sites.len()];
+        let mut touched: Vec<u32> = Vec::new();
+        let mut is_touched = vec![false; self.sites.len()];
+        let touch = |sid: u32, touched: &mut Vec<u32>, is_touched: &mut [bool]| {
+            if let Some(t) = is_touched.get_mut(sid as usize)
+                && !*t
+            {
+                *t = true;
+                touched.push(sid);
+            }
+        };
         let (mut born, mut died) = (0usize, 0usize);
         for (j, &s) in states.iter().enumerate() {
             while let Some(l) = self.lives.get(born).filter(|l| i64::from(l.born) <= s) {
-                if let Some(v) = live.get_mut(site(l) as usize) {
+                let sid = site(l);
+                if let Some(v) = live.get_mut(sid as usize) {
                     *v += i128::from(l.bytes);
+                    touch(sid, &mut touched, &mut is_touched);
                 }
                 born += 1;
             }
-            while let Some(&(_, k)) = deaths.get(died).filter(|(d, _)| i64::from(*d) <= s) {
-                if let Some(l) = self.lives.get(k)
-                    && let Some(v) = live.get_mut(site(l) as usize)
+            while let Some(l) = self
+                .deaths
+                .get(died)
+                .and_then(|&k| self.lives.get(k as usize))
+                .filter(|l| i64::from(l.died) <= s)
+            {
                 {
-                    *v -= i128::from(l.bytes);
+                    let sid = site(l);
+                    if let Some(v) = live.get_mut(sid as usize) {
+                        *v -= i128::from(l.bytes);
+                        touch(sid, &mut touched, &mut is_touched);
+                    }
                 }
                 died += 1;
             }
-            for (sid, &v) in live.iter().enumerate() {
-                if v > 0 || series.contains_key(&(sid as u32)) {
-                    let e = series.entry(sid as u32).or_insert_with(|| vec![0; j]);
-                    e.push(u64::try_from(v).unwrap_or(0));
+            for sid in touched.drain(..) {
+                let at = sid as usize;
+                if let (Some(r), Some(&v)) = (rises.get_mut(at), live.get(at)) {
+                    r.observe(j, u64::try_from(v).unwrap_or(0));
+                }
+                if let Some(t) = is_touched.get_mut(at) {
+                    *t = false;
                 }
             }
         }
         let step = |j: usize| (j * every) as u64;
-        let mut out: Vec<Growth> = series
+        let mut out: Vec<(u32, Growth)> = rises
             .into_iter()
-            .filter(|(sid, _)| *sid >= SPECIAL_SITES)
-            .filter_map(|(sid, values)| {
-                let (from, to) = longest_rise(&values)?;
-                let (a, b) = (*values.get(from)?, *values.get(to)?);
+            .enumerate()
+            .skip(SPECIAL_SITES as usize)
+            .filter_map(|(sid, r)| {
+                let (from, to, a, b) = r.finish()?;
                 let spanned = step(to) - step(from);
-                Some(Growth {
-                    site: self.site_text(sid),
-                    category: self.site_category(sid),
-                    first_step: step(from),
-                    last_step: step(to),
-                    first_bytes: a,
-                    last_bytes: b,
-                    bytes_per_step: (b - a) / spanned.max(1),
-                })
+                let sid = index32(sid);
+                Some((
+                    sid,
+                    Growth {
+                        site: self.site_text(sid),
+                        category: Category::Unknown,
+                        first_step: step(from),
+                        last_step: step(to),
+                        first_bytes: a,
+                        last_bytes: b,
+                        bytes_per_step: (b - a) / spanned.max(1),
+                    },
+                ))
             })
             .collect();
-        out.sort_by(|a, b| {
+        out.sort_by(|(_, a), (_, b)| {
             let total = |g: &Growth| g.last_bytes - g.first_bytes;
             total(b).cmp(&total(a)).then_with(|| a.site.cmp(&b.site))
         });
         out.truncate(10);
-        out
+        // Each listed site's category reads every life: only for those listed.
+        out.into_iter()
+            .map(|(sid, g)| Growth {
+                category: self.site_category(sid),
+                ..g
+            })
+            .collect()
     }
 
     /// The category most of a site's allocations have.
@@ -1119,12 +1153,23 @@ impl<'s, 'a> Attributor<'s, 'a> {
         if points == 0 || self.entries == 0 {
             return Timeline::default();
         }
-        let mut deaths: Vec<(u32, Category, u64)> = self
-            .all_lives()
-            .filter(|l| l.died != NEVER)
-            .map(|l| (l.died, l.category, l.bytes))
-            .collect();
-        deaths.sort_unstable_by_key(|d| d.0);
+        // Deaths in order: the trace's lives and the pre-trace ones that it
+        // frees each died in entry order, so a merge orders them.
+        let mut traced = self
+            .deaths
+            .iter()
+            .filter_map(|&k| self.lives.get(k as usize))
+            .peekable();
+        let mut pre = self.pre.iter().filter(|l| l.died != NEVER).peekable();
+        let deaths: Vec<(u32, Category, u64)> = std::iter::from_fn(|| {
+            let take_pre = match (traced.peek(), pre.peek()) {
+                (Some(t), Some(p)) => p.died < t.died,
+                (t, _) => t.is_none(),
+            };
+            if take_pre { pre.next() } else { traced.next() }
+        })
+        .map(|l| (l.died, l.category, l.bytes))
+        .collect();
         let mut cur = [0u64; 7];
         for l in self.pre.iter() {
             if let Some(c) = cur.get_mut(l.category.index()) {
@@ -1304,21 +1349,58 @@ fn cut(ranges: &mut BTreeMap<u64, u64>, addr: u64, size: u64) {
     }
 }
 
-/// The longest run of strictly rising values, as (first, last) positions,
-/// when it has at least three values.
-fn longest_rise(values: &[u64]) -> Option<(usize, usize)> {
-    let mut best: Option<(usize, usize)> = None;
-    let mut start = 0;
-    for j in 1..=values.len() {
-        let rising = j < values.len() && values.get(j) > values.get(j - 1);
-        if !rising {
-            if j > start + 2 && best.is_none_or(|(a, b)| j - 1 - start > b - a) {
-                best = Some((start, j - 1));
-            }
-            start = j;
+/// The longest run of strictly rising values of one series, read value by
+/// value; a position not observed repeats the value before it. Kept as
+/// (first, last, first value, last value) when it has at least three values.
+#[derive(Debug, Clone, Copy)]
+struct Rise {
+    /// The position observed last and its value (position 0 is 0 until observed).
+    last: usize,
+    value: u64,
+    /// The open run's first position and value.
+    start: usize,
+    start_value: u64,
+    best: Option<(usize, usize, u64, u64)>,
+}
+
+impl Rise {
+    const NEW: Rise = Rise {
+        last: 0,
+        value: 0,
+        start: 0,
+        start_value: 0,
+        best: None,
+    };
+
+    /// Ends the open run at `end`; the first longest run is kept.
+    fn close(&mut self, end: usize, end_value: u64) {
+        if end >= self.start + 2 && self.best.is_none_or(|(a, b, ..)| end - self.start > b - a) {
+            self.best = Some((self.start, end, self.start_value, end_value));
         }
     }
-    best
+
+    /// The value at position `j` (after every position observed so far).
+    fn observe(&mut self, j: usize, v: u64) {
+        if j == 0 {
+            (self.value, self.start_value) = (v, v);
+            return;
+        }
+        if j > self.last + 1 {
+            // Positions last+1 .. j-1 repeated the value: the run ended at `last`.
+            self.close(self.last, self.value);
+            (self.start, self.start_value) = (j - 1, self.value);
+        }
+        if v <= self.value {
+            self.close(j - 1, self.value);
+            (self.start, self.start_value) = (j, v);
+        }
+        (self.last, self.value) = (j, v);
+    }
+
+    fn finish(mut self) -> Option<(usize, usize, u64, u64)> {
+        self.close(self.last, self.value);
+        self.best
+    }
 }
 
 /// The category of a rule class; `outlives`: the allocation outlives its phase.
@@ -1497,46 +1579,65 @@ fn size_class(bytes: u64) -> usize {
     }
 }
 
-/// Where a trace's attribution is fed: on this thread, entry by entry, or
-/// on a thread of its own, in batches of the entries this pass has read
+/// What one read of a trace feeds: a scan (the trace metrics, or the steps
+/// alone; when there is one) and the attribution.
+pub(crate) struct Passes<'s, 'a, S> {
+    pub scan: Option<S>,
+    pub fills: Attributor<'s, 'a>,
+}
+
+impl<S: Feed> Passes<'_, '_, S> {
+    fn entry(&mut self, i: usize, e: &TraceEntry) {
+        if let Some(scan) = &mut self.scan {
+            scan.entry(i, e);
+        }
+        self.fills.entry(i, e);
+    }
+}
+
+/// Where a trace's passes are fed: on this thread, entry by entry, or on a
+/// thread of their own, in batches of the entries this thread has read
 /// (each entry is decoded once; the batches' buffers go back and forth).
-pub(crate) enum Feeding<'t, 's, 'a> {
-    Inline(Box<Attributor<'s, 'a>>),
+/// Reading an entry out of the decoded pickle costs about what the passes
+/// cost, so this thread only reads.
+pub(crate) enum Feeding<'t, 's, 'a, S> {
+    Inline(Box<Passes<'s, 'a, S>>),
     Thread {
         batch: Vec<(usize, TraceEntry)>,
         full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
         empty: std::sync::mpsc::Receiver<Vec<(usize, TraceEntry)>>,
-        worker: std::thread::ScopedJoinHandle<'t, Attributor<'s, 'a>>,
+        worker: std::thread::ScopedJoinHandle<'t, Passes<'s, 'a, S>>,
     },
 }
 
-/// Entries handed to the attribution thread at a time.
+/// Entries handed to the passes' thread at a time.
 const FEED_BATCH: usize = 4096;
 
-impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
+impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
     /// Inline for a short trace; a trace of [`THREADED_TRACE`] entries or
-    /// more is attributed on a thread of `threads`.
-    pub(crate) fn new(threads: &'t std::thread::Scope<'t, '_>, fills: Attributor<'s, 'a>) -> Self
+    /// more is fed on a thread of `threads`.
+    pub(crate) fn new(threads: &'t std::thread::Scope<'t, '_>, passes: Passes<'s, 'a, S>) -> Self
     where
         's: 't,
     {
+        let fills = &passes.fills;
         if fills.snap.trace_len(fills.device) < THREADED_TRACE {
-            return Feeding::Inline(Box::new(fills));
+            return Feeding::Inline(Box::new(passes));
         }
-        // Two batches in flight: one being read here, one attributed there.
+        // Two batches in flight: one being read here, one fed there.
         let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
         let (back, empty) = std::sync::mpsc::channel();
         let worker = threads.spawn(move || {
-            let mut fills = fills;
+            let mut passes = passes;
             for mut batch in batches {
                 for (i, e) in batch.drain(..) {
-                    fills.entry(i, &e);
+                    passes.entry(i, &e);
                 }
                 // This side may have stopped early (an error): nothing to hand back to.
                 let _ = back.send(batch);
             }
-            fills.settle();
-            fills
+            passes.fills.settle();
+            passes
         });
         Feeding::Thread {
             batch: Vec::with_capacity(FEED_BATCH),
@@ -1564,12 +1665,9 @@ impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
         }
     }
 
-    pub(crate) fn finish(
-        self,
-        device: u32,
-    ) -> Result<Attributor<'s, 'a>, super::model::ModelError> {
+    pub(crate) fn finish(self, device: u32) -> Result<Passes<'s, 'a, S>, super::model::ModelError> {
         match self {
-            Feeding::Inline(a) => Ok(*a),
+            Feeding::Inline(p) => Ok(*p),
             Feeding::Thread {
                 batch,
                 full,
@@ -1582,7 +1680,7 @@ impl<'t, 's, 'a> Feeding<'t, 's, 'a> {
                 drop(full);
                 worker.join().map_err(|_| super::model::ModelError {
                     path: format!("device_traces[{device}]"),
-                    problem: "its attribution failed".to_string(),
+                    problem: "its attribution or step scan failed".to_string(),
                 })
             }
         }
@@ -1607,19 +1705,21 @@ pub fn attribute(
         if devices.is_some_and(|d| !d.contains(&device)) {
             continue;
         }
-        let mut scan = super::trace_metrics::TraceScan::new(snap, device, settings.clone());
-        let a = Attributor::new(snap, device, settings.clone(), ask);
-        // A long trace is attributed on a second thread, beside the step scan.
-        let a = std::thread::scope(|threads| {
-            let mut feeding = Feeding::new(threads, a);
+        let passes = Passes {
+            scan: Some(StepScan::new(snap, device)),
+            fills: Attributor::new(snap, device, settings.clone(), ask),
+        };
+        // A long trace is scanned and attributed on a second thread, while
+        // this one reads its entries.
+        let passes = std::thread::scope(|threads| {
+            let mut feeding = Feeding::new(threads, passes);
             for (i, e) in snap.trace(device).enumerate() {
-                let e = e?;
-                scan.entry(i, &e);
-                feeding.entry(i, &e);
+                feeding.entry(i, &e?);
             }
             feeding.finish(device)
         })?;
-        out.push(a.finish(&scan.finish_with_steps().1));
+        let steps = passes.scan.map(StepScan::finish);
+        out.push(passes.fills.finish(&steps.unwrap_or_default()));
     }
     Ok(out)
 }
@@ -1936,6 +2036,15 @@ mod tests {
         assert_eq!(rank_in_name("ranks/snap.pickle"), None);
     }
 
+    /// The longest rise of a whole series, read every value.
+    fn longest_rise(values: &[u64]) -> Option<(usize, usize)> {
+        let mut r = Rise::NEW;
+        for (j, &v) in values.iter().enumerate() {
+            r.observe(j, v);
+        }
+        r.finish().map(|(a, b, ..)| (a, b))
+    }
+
     #[test]
     fn a_rise_needs_three_values() {
         assert_eq!(longest_rise(&[0, 1]), None);
@@ -1943,6 +2052,35 @@ mod tests {
         assert_eq!(longest_rise(&[5, 1, 2, 3, 3, 4, 5, 6, 7]), Some((4, 8)));
         assert_eq!(longest_rise(&[3, 3, 3, 3]), None);
         assert_eq!(longest_rise(&[]), None);
+        assert_eq!(longest_rise(&[0, 0, 1, 2, 2, 3, 4, 5]), Some((4, 7)));
+        assert_eq!(longest_rise(&[1, 2, 3, 1, 2, 3]), Some((0, 2)));
+    }
+
+    /// Observing only the positions whose value changed gives the rise that
+    /// reading every value gives (the growth sweep looks only at sites
+    /// touched since the last state).
+    #[test]
+    fn a_rise_read_at_changes_only_is_the_rise_of_the_whole_series() {
+        // A small linear congruential generator: many short series of few values.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |m: u64| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (x >> 33) % m
+        };
+        for _ in 0..5000 {
+            let n = next(12) as usize;
+            let values: Vec<u64> = (0..n).map(|_| next(4)).collect();
+            let mut dense = Rise::NEW;
+            let mut sparse = Rise::NEW;
+            for (j, &v) in values.iter().enumerate() {
+                dense.observe(j, v);
+                let before = if j == 0 { 0 } else { values[j - 1] };
+                if v != before || next(2) == 0 {
+                    sparse.observe(j, v);
+                }
+            }
+            assert_eq!(sparse.finish(), dense.finish(), "{values:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! classes, top allocation sites, `oom` trace entries and the allocator
 //! settings in its typed `detail` ([`SnapshotDetail`]).
 
-use super::attribute::{Ask, Attributor, Feeding};
+use super::attribute::{Ask, Attributor, Feeding, Passes};
 use super::model::{
     Action, Block, BlockState, Frame, Frames, ModelError, PoolKind, Segment, Snapshot,
 };
@@ -290,16 +290,17 @@ fn detail(
     let mut counts: Vec<(Action, u64)> = Vec::new();
     let mut ooms = Vec::new();
     let settings = recorded_settings(snap);
-    let mut scan =
-        (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone()));
     let ask = Ask {
         headline_only: true,
         ..Ask::default()
     };
-    let fills = Attributor::new(snap, device, settings, ask);
-    // A long trace is attributed on a second thread, beside this pass.
-    let fills = std::thread::scope(|threads| -> Result<Attributor, ModelError> {
-        let mut feeding = Feeding::new(threads, fills);
+    let passes = Passes {
+        scan: (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone())),
+        fills: Attributor::new(snap, device, settings, ask),
+    };
+    // A long trace is scanned and attributed on a second thread, beside this pass.
+    let passes = std::thread::scope(|threads| -> Result<Passes<TraceScan>, ModelError> {
+        let mut feeding = Feeding::new(threads, passes);
         for (i, e) in snap.trace(device).enumerate() {
             let e = e?;
             match counts.iter_mut().find(|(a, _)| *a == e.action) {
@@ -314,15 +315,12 @@ fn detail(
                     stream: e.stream,
                 });
             }
-            if let Some(scan) = &mut scan {
-                scan.entry(i, &e);
-            }
             feeding.entry(i, &e);
         }
         feeding.finish(device)
     })?;
-    let (trace, steps) = scan.map(TraceScan::finish_with_steps).unzip();
-    let fills = fills.finish(&steps.unwrap_or_default());
+    let (trace, steps) = passes.scan.map(TraceScan::finish_with_steps).unzip();
+    let fills = passes.fills.finish(&steps.unwrap_or_default());
     let trace = trace.map(|mut t| {
         // The allocated peak's entry (the stranding figures are the reserved peak's).
         t.peak.event_index = fills.peak_event_index.unwrap_or(0);

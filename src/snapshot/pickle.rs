@@ -356,14 +356,17 @@ const MAX_MEMO_RUNS: usize = 1024;
 /// as their first index and first id and read by arithmetic: no memory per
 /// entry and no cache miss per BINGET. An entry that breaks the pattern (an
 /// overwrite, a memoized int, too many runs) turns the memo dense.
+#[derive(Default)]
 struct Memo {
     /// Entries `0..len` are stored (in `runs` or `dense`).
     len: u64,
     /// `(first index, first arena id)`, ascending; used while `dense` is empty.
     runs: Vec<(u64, u32)>,
-    /// The first [`EARLY`] entries while in runs (BINGET's one-byte indices
-    /// all land here: dict keys, memoized first), read without a run search.
-    early: Box<[V; EARLY]>,
+    /// The first [`EARLY`] entries while in runs, read without a run search:
+    /// the dict keys, memoized first, and the frames that the first steps
+    /// share with later ones (grown as entries come, so a small pickle
+    /// pays nothing).
+    early: Vec<V>,
     /// One entry per index: an arena id, or an index into `values` with
     /// [`MEMO_VALUE`] set.
     dense: Vec<u32>,
@@ -382,21 +385,11 @@ enum MemoFull {
     Memory(usize),
 }
 
-/// Memo entries kept in [`Memo::early`].
-const EARLY: usize = 256;
+/// Memo entries kept in [`Memo::early`] (512 KiB at most). A run search
+/// is a chain of dependent loads; on a trace of 1 M entries, the search
+/// took a sixth of the decoder's time (BENCHMARKS.md, "top against Mosaic").
+const EARLY: usize = 1 << 16;
 
-impl Default for Memo {
-    fn default() -> Self {
-        Memo {
-            len: 0,
-            runs: Vec::new(),
-            early: Box::new([V::NONE; EARLY]),
-            dense: Vec::new(),
-            values: Vec::new(),
-            sparse: HashMap::new(),
-        }
-    }
-}
 
 impl Memo {
     #[inline(always)]
@@ -421,8 +414,9 @@ impl Memo {
                 }
                 self.runs.push((idx, id));
             }
-            if let Some(e) = self.early.get_mut(idx as usize) {
-                *e = v;
+            if self.early.len() < EARLY {
+                // `early` holds entries `0..len` while it is not full.
+                self.early.push(v);
             }
             self.len += 1;
             return Ok(());

@@ -74,6 +74,8 @@ struct Seg {
 
 /// No entry index (in [`Seg`]).
 const NONE: u32 = u32::MAX;
+/// Slots of [`TraceScan::seg_cache`].
+const SEG_CACHE: usize = 1024;
 
 /// An entry index as stored in a [`Seg`] (a trace of 4 G entries cannot be held).
 fn index32(i: usize) -> u32 {
@@ -154,12 +156,11 @@ pub struct TraceScan<'s, 'a> {
     m: TraceMetrics,
     /// The previous entry (action, addr, size).
     prev: Option<(Action, u64, u64)>,
-    /// Allocated (requested) bytes relative to the trace start.
-    live: i64,
+    /// The steps, and the allocated bytes they are found from.
+    steps: StepScan,
     live_max: i64,
-    /// Per `alloc`: its size, and `live` before it.
+    /// Per `alloc`: its size.
     sizes: Vec<u64>,
-    lives: Vec<i64>,
     /// Alloc indices of misses and of empty_cache calls.
     miss_at: Vec<u32>,
     bursts: Vec<Burst>,
@@ -178,10 +179,6 @@ pub struct TraceScan<'s, 'a> {
     /// Current deferred bytes per stream (index as in `m.deferred`).
     waiting_bytes: Vec<u64>,
     last_time: i64,
-    /// Step START times (annotations), ascending, and the next one due.
-    step_times: Vec<i64>,
-    next_step: usize,
-    step_marks: Vec<u32>,
     segs: Vec<Seg>,
     /// The final snapshot's segments of this device, by address.
     initial: Vec<Initial>,
@@ -190,6 +187,10 @@ pub struct TraceScan<'s, 'a> {
     /// Address range the segments have ever covered (a cheap miss test).
     span: (u64, u64),
     last_seg: Option<usize>,
+    /// The segment found last for each 2 MiB stretch of addresses (by the
+    /// stretch's low bits), tried before the map: a trace moves between a
+    /// few segments. Entries are checked before use, never cleared.
+    seg_cache: Vec<u32>,
     reserved: i64,
     reserved_max: i64,
     /// Entry index whose state is the peak's (the state before it).
@@ -225,12 +226,11 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             device,
             m: TraceMetrics::default(),
             prev: None,
-            live: 0,
+            steps: StepScan::new(snap, device),
             live_max: 0,
             // Up to half the entries are allocs (the rest at least their
             // frees); untouched capacity costs no memory.
             sizes: Vec::with_capacity(n / 2),
-            lives: Vec::with_capacity(n / 2),
             miss_at: Vec::new(),
             bursts: Vec::new(),
             in_burst: false,
@@ -242,14 +242,12 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             deferred_sites: HashMap::new(),
             waiting_bytes: Vec::new(),
             last_time: 0,
-            step_times: step_annotations(snap, device),
-            next_step: 0,
-            step_marks: Vec::new(),
             segs: Vec::new(),
             initial,
             born: BTreeMap::new(),
             span,
             last_seg: None,
+            seg_cache: vec![NONE; SEG_CACHE],
             reserved: 0,
             reserved_max: 0,
             epoch: 0,
@@ -261,17 +259,10 @@ impl<'s, 'a> TraceScan<'s, 'a> {
     /// Entry `i` of the trace (entries come in order).
     pub fn entry(&mut self, i: usize, e: &TraceEntry) {
         self.m.entries += 1;
+        self.steps.entry(e);
         if e.time_us != 0 {
             self.m.timed = true;
             self.last_time = e.time_us;
-            while self
-                .step_times
-                .get(self.next_step)
-                .is_some_and(|&t| t <= e.time_us)
-            {
-                self.next_step += 1;
-                self.step_marks.push(self.alloc_index());
-            }
         }
         if let Some(r) = self.request.take()
             && !(e.action == Action::FreeCompleted && e.addr == r.addr)
@@ -296,7 +287,6 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         match e.action {
             Action::Alloc => self.alloc(i, e),
             Action::FreeRequested => {
-                self.live = self.live.saturating_sub(signed(e.size));
                 self.request = Some(Request {
                     addr: e.addr,
                     size: e.size,
@@ -404,9 +394,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             self.miss_at.push(self.alloc_index());
         }
         self.sizes.push(e.size);
-        self.lives.push(self.live);
-        self.live = self.live.saturating_add(signed(e.size));
-        self.live_max = self.live_max.max(self.live);
+        self.live_max = self.live_max.max(self.steps.live);
         self.seg_live(i, e.addr, e.size, 1);
     }
 
@@ -485,6 +473,15 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         if let Some(k) = self.last_seg.filter(|&k| self.holds(k, addr)) {
             return Some(k);
         }
+        // Live segments of a device never overlap, so a live one that holds
+        // `addr` is the one the map would find (as for `last_seg`).
+        let slot = (addr >> 21) as usize % SEG_CACHE;
+        if let Some(&k) = self.seg_cache.get(slot)
+            && self.holds(k as usize, addr)
+        {
+            self.last_seg = Some(k as usize);
+            return Some(k as usize);
+        }
         let made = self.born.range(..=addr).next_back().map(|(_, &k)| k);
         let k = match made.filter(|&k| self.holds(k, addr)) {
             Some(k) => k,
@@ -497,6 +494,9 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             }
         };
         self.last_seg = Some(k);
+        if let Some(c) = self.seg_cache.get_mut(slot) {
+            *c = index32(k);
+        }
         Some(k)
     }
 
@@ -638,33 +638,9 @@ impl<'s, 'a> TraceScan<'s, 'a> {
     /// Steps, and what is counted per step (`calls`: alloc indices of `empty_cache()` calls).
     fn steps(&mut self, calls: &[u32]) {
         let n = self.sizes.len();
-        // What comes before the first step annotation joins the first step.
-        let marks = self.step_marks.get(1..).unwrap_or_default();
-        let bounds = if marks.iter().any(|&b| b > 0 && (b as usize) < n) {
-            self.m.step_source = StepSource::Annotations;
-            let mut b = marks.to_vec();
-            b.dedup();
-            b
-        } else {
-            let b = step_starts(&self.lives, self.live);
-            if !b.is_empty() {
-                self.m.step_source = StepSource::AllocatedCycles;
-            }
-            b
-        };
-        // Chunks [0, b1), [b1, b2), …, [bk, n); empty ones are not steps.
-        let mut cuts: Vec<usize> = std::iter::once(0)
-            .chain(bounds.iter().map(|&b| b as usize))
-            .chain(std::iter::once(n))
-            .filter(|&c| c <= n)
-            .collect();
-        cuts.dedup();
-        self.step_bounds = cuts
-            .get(1..cuts.len().saturating_sub(1))
-            .unwrap_or_default()
-            .iter()
-            .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
-            .collect();
+        let (cuts, source) = self.steps.cuts();
+        self.m.step_source = source;
+        self.step_bounds = starts(&cuts);
         let chunks: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
         self.m.steps = (chunks.len() as u64).max(1);
         // A call belongs to the step of the last alloc before it.
@@ -710,7 +686,7 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         let peak = &mut self.m.peak;
         peak.reserved_event_index = p as u64;
         peak.reserved_bytes = at(final_reserved, self.reserved, self.reserved_max);
-        peak.allocated_bytes = at(final_allocated, self.live, self.live_max);
+        peak.allocated_bytes = at(final_allocated, self.steps.live, self.live_max);
         let mut stranding: Vec<(u64, u64)> = Vec::new();
         let p32 = index32(p);
         let mut add = |size: u64, live: i64, small: bool| {
@@ -750,6 +726,116 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         }
         peak.stranding_segment_bytes = weighted_median(&mut stranding);
     }
+}
+
+/// What a pass over a trace feeds, entry by entry and in order.
+pub trait Feed {
+    fn entry(&mut self, i: usize, e: &TraceEntry);
+}
+
+impl Feed for TraceScan<'_, '_> {
+    fn entry(&mut self, i: usize, e: &TraceEntry) {
+        TraceScan::entry(self, i, e);
+    }
+}
+
+/// Finds a trace's steps, alone or inside a [`TraceScan`]: from the step
+/// annotations' start times or, without them, from the cycles of the
+/// allocated bytes before each alloc.
+pub struct StepScan {
+    /// Step START times (annotations), ascending, and the next one due.
+    step_times: Vec<i64>,
+    next_step: usize,
+    /// The alloc index at each annotated step's start.
+    step_marks: Vec<u32>,
+    /// Allocated (requested) bytes relative to the trace start.
+    live: i64,
+    /// `live` before each alloc.
+    lives: Vec<i64>,
+}
+
+impl StepScan {
+    pub fn new(snap: &Snapshot, device: u32) -> Self {
+        StepScan {
+            step_times: step_annotations(snap, device),
+            next_step: 0,
+            step_marks: Vec::new(),
+            live: 0,
+            // Up to half the entries are allocs; untouched capacity costs no memory.
+            lives: Vec::with_capacity(snap.trace_len(device) / 2),
+        }
+    }
+
+    fn entry(&mut self, e: &TraceEntry) {
+        if e.time_us != 0 {
+            while self
+                .step_times
+                .get(self.next_step)
+                .is_some_and(|&t| t <= e.time_us)
+            {
+                self.next_step += 1;
+                self.step_marks
+                    .push(u32::try_from(self.lives.len()).unwrap_or(u32::MAX));
+            }
+        }
+        match e.action {
+            Action::Alloc => {
+                self.lives.push(self.live);
+                self.live = self.live.saturating_add(signed(e.size));
+            }
+            Action::FreeRequested => self.live = self.live.saturating_sub(signed(e.size)),
+            _ => {}
+        }
+    }
+
+    /// The alloc indices that cut the trace into steps, `0` and the number
+    /// of allocs included ([0, b1), [b1, b2), …, [bk, n); no empty step),
+    /// and where the cuts came from.
+    fn cuts(&self) -> (Vec<usize>, StepSource) {
+        let n = self.lives.len();
+        // What comes before the first step annotation joins the first step.
+        let marks = self.step_marks.get(1..).unwrap_or_default();
+        let (bounds, source) = if marks.iter().any(|&b| b > 0 && (b as usize) < n) {
+            let mut b = marks.to_vec();
+            b.dedup();
+            (b, StepSource::Annotations)
+        } else {
+            let b = step_starts(&self.lives, self.live);
+            let source = if b.is_empty() {
+                StepSource::WholeTrace
+            } else {
+                StepSource::AllocatedCycles
+            };
+            (b, source)
+        };
+        let mut cuts: Vec<usize> = std::iter::once(0)
+            .chain(bounds.iter().map(|&b| b as usize))
+            .chain(std::iter::once(n))
+            .filter(|&c| c <= n)
+            .collect();
+        cuts.dedup();
+        (cuts, source)
+    }
+
+    /// The alloc indices where the steps after the first start.
+    pub fn finish(self) -> Vec<u32> {
+        starts(&self.cuts().0)
+    }
+}
+
+impl Feed for StepScan {
+    fn entry(&mut self, _: usize, e: &TraceEntry) {
+        StepScan::entry(self, e);
+    }
+}
+
+/// The cuts between steps (without the trace's ends), as alloc indices.
+fn starts(cuts: &[usize]) -> Vec<u32> {
+    cuts.get(1..cuts.len().saturating_sub(1))
+        .unwrap_or_default()
+        .iter()
+        .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
+        .collect()
 }
 
 /// A byte count as a signed delta (a file's sizes can exceed `i64`).
