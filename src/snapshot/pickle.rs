@@ -390,7 +390,6 @@ enum MemoFull {
 /// took a sixth of the decoder's time (BENCHMARKS.md, "top against Mosaic").
 const EARLY: usize = 1 << 16;
 
-
 impl Memo {
     #[inline(always)]
     fn put(&mut self, idx: u64, v: V) -> Result<(), MemoFull> {
@@ -998,14 +997,26 @@ impl<'a> Decoder<'a> {
     fn hot(&mut self) {
         let data = self.data;
         let mut pos = self.pos;
-        let mut room = self.stack.capacity() - self.stack.len();
-        while room > 0 {
+        let memo = &self.memo;
+        // While the memo is in runs, `early` holds its first entries: a
+        // memo get there is one bounds check.
+        let early: &[V] = if memo.dense.is_empty() {
+            &memo.early
+        } else {
+            &[]
+        };
+        let get = |idx: usize| early.get(idx).copied().or_else(|| memo.get(idx as u64));
+        // Values are written into the stack's spare room in place, its
+        // length set once at the end.
+        let spare = self.stack.spare_capacity_mut();
+        let mut n = 0;
+        for slot in spare.iter_mut() {
             let Some(w) = data.get(pos..).and_then(<[u8]>::first_chunk::<10>) else {
                 break;
             };
             let v = match w[0] {
                 b'h' => {
-                    let Some(v) = self.memo.get(w[1].into()) else {
+                    let Some(v) = get(w[1].into()) else {
                         break;
                     };
                     pos += 2;
@@ -1013,7 +1024,7 @@ impl<'a> Decoder<'a> {
                 }
                 b'j' => {
                     let idx = u32::from_le_bytes([w[1], w[2], w[3], w[4]]);
-                    let Some(v) = self.memo.get(idx.into()) else {
+                    let Some(v) = get(idx as usize) else {
                         break;
                     };
                     pos += 5;
@@ -1048,9 +1059,11 @@ impl<'a> Decoder<'a> {
                 }
                 _ => break,
             };
-            self.stack.push(v);
-            room -= 1;
+            slot.write(v);
+            n += 1;
         }
+        // SAFETY: the first `n` slots of the spare room were written above.
+        unsafe { self.stack.set_len(self.stack.len() + n) };
         self.pos = pos;
     }
 
@@ -1422,8 +1435,8 @@ impl<'a> Decoder<'a> {
             shape.len() * 2 == items.len()
                 && shape
                     .iter()
-                    .zip(items.iter().step_by(2))
-                    .all(|(s, k)| s == k)
+                    .zip(items.chunks_exact(2))
+                    .all(|(s, kv)| *s == kv[0])
         };
         // Runs of dicts share a shape: try the last one, then (torch writes a
         // handful) all of them, and hash only past that.
