@@ -476,7 +476,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
     }
 
     /// The attribution, once every entry was fed. `step_starts` are the alloc
-    /// indices where steps after the first begin (`TraceScan`'s steps).
+    /// indices where steps after the first begin (`StepScan::finish`).
     pub fn finish(mut self, step_starts: &[u32]) -> Attribution {
         self.settle();
         let traced = self.traced;
