@@ -457,6 +457,16 @@ impl Memo {
         Ok(())
     }
 
+    /// The entries a memo get may read from `early` (none once dense).
+    #[inline(always)]
+    fn early_table(&self) -> &[V] {
+        if self.dense.is_empty() {
+            &self.early
+        } else {
+            &[]
+        }
+    }
+
     #[inline(always)]
     fn get(&self, idx: u64) -> Option<V> {
         if idx >= self.len {
@@ -637,8 +647,10 @@ impl<'a> Decoder<'a> {
                 }
                 b'(' => self.mark(at)?,
                 b'}' => {
-                    self.new_container(Kind::Dict, at)?;
-                    self.then_memoize_and_mark()?;
+                    if !self.shaped_dict(at)? {
+                        self.new_container(Kind::Dict, at)?;
+                        self.then_memoize_and_mark()?;
+                    }
                 }
                 b']' => {
                     self.new_container(Kind::List, at)?;
@@ -997,74 +1009,86 @@ impl<'a> Decoder<'a> {
     fn hot(&mut self) {
         let data = self.data;
         let mut pos = self.pos;
-        let memo = &self.memo;
-        // While the memo is in runs, `early` holds its first entries: a
-        // memo get there is one bounds check.
-        let early: &[V] = if memo.dense.is_empty() {
-            &memo.early
-        } else {
-            &[]
-        };
-        let get = |idx: usize| early.get(idx).copied().or_else(|| memo.get(idx as u64));
+        let (early, memo) = (self.memo.early_table(), &self.memo);
         // Values are written into the stack's spare room in place, its
         // length set once at the end.
         let spare = self.stack.spare_capacity_mut();
         let mut n = 0;
         for slot in spare.iter_mut() {
-            let Some(w) = data.get(pos..).and_then(<[u8]>::first_chunk::<10>) else {
+            let Some((v, len)) = simple_at(data, pos, early, memo) else {
                 break;
             };
-            let v = match w[0] {
-                b'h' => {
-                    let Some(v) = get(w[1].into()) else {
-                        break;
-                    };
-                    pos += 2;
-                    v
-                }
-                b'j' => {
-                    let idx = u32::from_le_bytes([w[1], w[2], w[3], w[4]]);
-                    let Some(v) = get(idx as usize) else {
-                        break;
-                    };
-                    pos += 5;
-                    v
-                }
-                b'J' => {
-                    let Some(v) = V::int(i32::from_le_bytes([w[1], w[2], w[3], w[4]]).into())
-                    else {
-                        break;
-                    };
-                    pos += 5;
-                    v
-                }
-                b'K' => {
-                    pos += 2;
-                    V::small(w[1].into())
-                }
-                0x8a => {
-                    // LONG1 of 1 to 8 bytes: the word after the length, masked
-                    // to them and sign-extended.
-                    let n = u32::from(w[1]);
-                    if !(1..=8).contains(&n) {
-                        break;
-                    }
-                    let word = u64::from_le_bytes([w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]]);
-                    let shift = 64 - 8 * n;
-                    let Some(v) = V::int(((word << shift) as i64) >> shift) else {
-                        break;
-                    };
-                    pos += 2 + n as usize;
-                    v
-                }
-                _ => break,
-            };
+            pos += len;
             slot.write(v);
             n += 1;
         }
         // SAFETY: the first `n` slots of the spare room were written above.
         unsafe { self.stack.set_len(self.stack.len() + n) };
         self.pos = pos;
+    }
+
+    /// After EMPTY_DICT: MEMOIZE, MARK, each key of the shape matched last
+    /// with a [`simple_at`] value, SETITEMS. The dict of a run of dicts of one
+    /// shape (a trace's entries) is built in one go, with the effects those
+    /// opcodes have one by one (the same slot, memo entry, pool values,
+    /// counts and stack); its values go straight into the pool. Anything
+    /// else (another shape, a value that makes an object, too little room or
+    /// budget) changes nothing and gives `false`: the opcodes then run one by
+    /// one and report what they find.
+    #[inline(always)]
+    fn shaped_dict(&mut self, at: usize) -> Res<bool> {
+        let data = self.data;
+        let shape = self.last_shape;
+        let Some(keys) = self.p.shapes.get(shape as usize) else {
+            return Ok(false);
+        };
+        let (n, items) = (keys.len(), 2 * keys.len());
+        if data.get(self.pos..self.pos + 2) != Some(&[0x94, b'('][..])
+            || self.stack.capacity() - self.stack.len() <= items
+            || self.p.pool.capacity() - self.p.pool.len() < items
+            || self.marks.len() >= self.limits.max_marks
+            || self.p.slots.len() >= MAX_OBJECTS
+            || self.values.saturating_add(3 + items as u64) > self.limits.max_values
+        {
+            return Ok(false);
+        }
+        let mut pos = self.pos + 2;
+        let (early, memo) = (self.memo.early_table(), &self.memo);
+        let spare = self.p.pool.spare_capacity_mut();
+        for (&key, slot) in keys.iter().zip(spare.iter_mut()) {
+            match simple_at(data, pos, early, memo) {
+                Some((k, len)) if k == key => pos += len,
+                _ => return Ok(false),
+            }
+            let Some((v, len)) = simple_at(data, pos, early, memo) else {
+                return Ok(false);
+            };
+            slot.write(v);
+            pos += len;
+        }
+        if data.get(pos) != Some(&b'u') {
+            return Ok(false);
+        }
+        let start = self.p.pool.len();
+        // SAFETY: the spare room holds at least `items` >= `n` slots, and the
+        // first `n` were written above.
+        unsafe { self.p.pool.set_len(start + n) };
+        // EMPTY_DICT (its slot as SETITEMS leaves it), MEMOIZE, then SETITEMS.
+        let v = self.alloc(
+            Slot::Container(Container {
+                kind: Kind::Dict,
+                layout: Layout::Shaped,
+                len: shape,
+                start: start as u64,
+            }),
+            at,
+        )?;
+        self.memo_put(self.memo.len, v, at + 1)?;
+        self.count(items as u64, pos)?;
+        self.pool_ahead.ahead(&mut self.p.pool, items);
+        self.stack.push(v);
+        self.pos = pos + 1;
+        Ok(true)
     }
 
     fn remaining(&self) -> usize {
@@ -1602,6 +1626,47 @@ impl<'a> Decoder<'a> {
             Value::None => "None".into(),
             other => format!("{other:?}"),
         }
+    }
+}
+
+/// The value of a memo get or an inline int at `data[pos..]`, and the
+/// opcode's length; `None` for any other opcode, a memo miss or an int that
+/// needs boxing (which the checked dispatch decodes or reports). `early` is
+/// [`Memo::early_table`]: a get there is one bounds check.
+#[inline(always)]
+fn simple_at(data: &[u8], pos: usize, early: &[V], memo: &Memo) -> Option<(V, usize)> {
+    let w = data.get(pos..)?.first_chunk::<10>()?;
+    #[inline(always)]
+    fn get(early: &[V], memo: &Memo, idx: usize) -> Option<V> {
+        match early.get(idx) {
+            Some(&v) => Some(v),
+            None => memo.get(idx as u64),
+        }
+    }
+    let get = |idx: usize| get(early, memo, idx);
+    match w[0] {
+        b'h' => Some((get(w[1].into())?, 2)),
+        b'j' => Some((
+            get(u32::from_le_bytes([w[1], w[2], w[3], w[4]]) as usize)?,
+            5,
+        )),
+        b'J' => Some((
+            V::int(i32::from_le_bytes([w[1], w[2], w[3], w[4]]).into())?,
+            5,
+        )),
+        b'K' => Some((V::small(w[1].into()), 2)),
+        0x8a => {
+            // LONG1 of 1 to 8 bytes: the word after the length, masked to
+            // them and sign-extended.
+            let n = u32::from(w[1]);
+            if !(1..=8).contains(&n) {
+                return None;
+            }
+            let word = u64::from_le_bytes([w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]]);
+            let shift = 64 - 8 * n;
+            Some((V::int(((word << shift) as i64) >> shift)?, 2 + n as usize))
+        }
+        _ => None,
     }
 }
 
@@ -2148,6 +2213,81 @@ impl<'p> Pairs<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A list of `n` trace-like dicts as torch pickles them (EMPTY_DICT,
+    /// MEMOIZE, MARK, keys memoized by the first, SETITEMS); `frame` puts an
+    /// empty-length FRAME before each SETITEMS, which the one-step build of
+    /// [`Decoder::shaped_dict`] does not take, so every dict is built opcode
+    /// by opcode.
+    fn trace_like(n: u32, frame: bool) -> Vec<u8> {
+        let mut d = b"\x80\x04]\x94(".to_vec();
+        for i in 0..n {
+            d.extend_from_slice(b"}\x94(");
+            let keys: [&[u8]; 4] = [b"action", b"addr", b"size", b"frames"];
+            for (k, key) in keys.iter().enumerate() {
+                if i == 0 {
+                    d.push(0x8c);
+                    d.push(key.len() as u8);
+                    d.extend_from_slice(key);
+                    d.push(0x94);
+                } else {
+                    // The keys are memo entries 2, 4, 5 and 6 (entry 3 is "alloc").
+                    d.extend_from_slice(&[b'h', [2, 4, 5, 6][k]]);
+                }
+                match k {
+                    0 if i == 0 => d.extend_from_slice(b"\x8c\x05alloc\x94"),
+                    0 => d.extend_from_slice(b"h\x03"),
+                    1 => {
+                        d.extend_from_slice(&[0x8a, 5]);
+                        d.extend_from_slice(
+                            &(0x70_0000_0000u64 + u64::from(i) * 512).to_le_bytes()[..5],
+                        );
+                    }
+                    2 => {
+                        d.push(b'J');
+                        d.extend_from_slice(&(i as i32 * 1000 - 7).to_le_bytes());
+                    }
+                    _ => d.extend_from_slice(if i % 3 == 0 { b"N" } else { b"K\x07" }),
+                }
+            }
+            if frame {
+                d.push(0x95);
+                d.extend_from_slice(&0u64.to_le_bytes());
+            }
+            d.push(b'u');
+        }
+        d.extend_from_slice(b"e.");
+        d
+    }
+
+    #[test]
+    fn dicts_built_in_one_step_are_the_dicts_built_opcode_by_opcode() {
+        let (fast, slow) = (trace_like(300, false), trace_like(300, true));
+        let (a, b) = (decode(&fast).unwrap(), decode(&slow).unwrap());
+        assert_eq!(a.to_json(a.root, 8), b.to_json(b.root, 8));
+        assert_eq!((a.slots.len(), a.pool.len()), (b.slots.len(), b.pool.len()));
+        assert_eq!(a.shapes.len(), 1);
+        let d = a.items(a.root).unwrap()[299];
+        assert_eq!(a.get(d, "size").and_then(|v| a.i64(v)), Some(298_993));
+        // The values budget runs out at the same opcode either way.
+        for max_values in [50, 400, 1234, 2000] {
+            let limits = Limits {
+                max_values,
+                ..Limits::default()
+            };
+            let at = |d: &[u8]| decode_with(d, limits).err().map(|e| e.offset());
+            let (fa, sa) = (at(&fast), at(&slow));
+            assert!(fa.is_some(), "{max_values}");
+            // The slow input has 9 more bytes per dict before each SETITEMS.
+            let dicts_before =
+                |d: &[u8], off: usize| d[..off].windows(3).filter(|w| w == b"}\x94(").count();
+            assert_eq!(
+                dicts_before(&fast, fa.unwrap()),
+                dicts_before(&slow, sa.unwrap()),
+                "{max_values}"
+            );
+        }
+    }
 
     #[test]
     fn dicts_share_shapes_and_stay_dicts_when_they_grow() {
