@@ -362,10 +362,10 @@ struct Memo {
     len: u64,
     /// `(first index, first arena id)`, ascending; used while `dense` is empty.
     runs: Vec<(u64, u32)>,
-    /// The first [`EARLY`] entries while in runs, read without a run search:
-    /// the dict keys, memoized first, and the frames that the first steps
-    /// share with later ones (grown as entries come, so a small pickle
-    /// pays nothing).
+    /// The first [`EARLY`] entries while in runs (emptied when the memo
+    /// turns dense), read without a run search: the dict keys, memoized
+    /// first, and the frames the first steps share with later ones (grown as
+    /// entries come, so a small pickle pays nothing).
     early: Vec<V>,
     /// One entry per index: an arena id, or an index into `values` with
     /// [`MEMO_VALUE`] set.
@@ -386,8 +386,9 @@ enum MemoFull {
 }
 
 /// Memo entries kept in [`Memo::early`] (512 KiB at most). A run search
-/// is a chain of dependent loads; on a trace of 1 M entries, the search
-/// took a sixth of the decoder's time (BENCHMARKS.md, "top against Mosaic").
+/// is a chain of dependent loads; on a trace of 1 M entries, the load that
+/// ends it drew 18 % of `run_releasing`'s samples (BENCHMARKS.md, "top
+/// against Mosaic").
 const EARLY: usize = 1 << 16;
 
 impl Memo {
@@ -427,6 +428,7 @@ impl Memo {
     fn densify_then_put(&mut self, idx: u64, v: V) -> Result<(), MemoFull> {
         let refused = |more: usize| MemoFull::Memory(more * size_of::<u32>());
         if self.dense.is_empty() {
+            self.early = Vec::new();
             let all = self.len as usize + 1;
             self.dense.try_reserve(all).map_err(|_| refused(all))?;
             for (i, &(first, id)) in self.runs.iter().enumerate() {
@@ -457,25 +459,16 @@ impl Memo {
         Ok(())
     }
 
-    /// The entries a memo get may read from `early` (none once dense).
-    #[inline(always)]
-    fn early_table(&self) -> &[V] {
-        if self.dense.is_empty() {
-            &self.early
-        } else {
-            &[]
-        }
-    }
-
     #[inline(always)]
     fn get(&self, idx: u64) -> Option<V> {
+        // `early` holds entries below `len` only, and is emptied when the memo turns dense.
+        if let Some(&v) = self.early.get(idx as usize) {
+            return Some(v);
+        }
         if idx >= self.len {
             return self.sparse.get(&idx).copied();
         }
         if self.dense.is_empty() {
-            if let Some(&v) = self.early.get(idx as usize) {
-                return Some(v);
-            }
             let k = self.runs.partition_point(|r| r.0 <= idx).checked_sub(1)?;
             let (first, id) = self.runs[k];
             return Some(V::object(id + (idx - first) as u32));
@@ -1009,13 +1002,13 @@ impl<'a> Decoder<'a> {
     fn hot(&mut self) {
         let data = self.data;
         let mut pos = self.pos;
-        let (early, memo) = (self.memo.early_table(), &self.memo);
+        let memo = &self.memo;
         // Values are written into the stack's spare room in place, its
         // length set once at the end.
         let spare = self.stack.spare_capacity_mut();
         let mut n = 0;
         for slot in spare.iter_mut() {
-            let Some((v, len)) = simple_at(data, pos, early, memo) else {
+            let Some((v, len)) = simple_at(data, pos, memo) else {
                 break;
             };
             pos += len;
@@ -1034,7 +1027,10 @@ impl<'a> Decoder<'a> {
     /// counts and stack); its values go straight into the pool. Anything
     /// else (another shape, a value that makes an object, too little room or
     /// budget) changes nothing and gives `false`: the opcodes then run one by
-    /// one and report what they find.
+    /// one and report what they find. (The object and values limits need no
+    /// check here: `alloc`, `memo_put` and `count` meet them at the offsets
+    /// of EMPTY_DICT, MEMOIZE and SETITEMS, as the opcodes would. MARK
+    /// pushes nothing here, so its nesting limit is checked.)
     #[inline(always)]
     fn shaped_dict(&mut self, at: usize) -> Res<bool> {
         let data = self.data;
@@ -1047,20 +1043,18 @@ impl<'a> Decoder<'a> {
             || self.stack.capacity() - self.stack.len() <= items
             || self.p.pool.capacity() - self.p.pool.len() < items
             || self.marks.len() >= self.limits.max_marks
-            || self.p.slots.len() >= MAX_OBJECTS
-            || self.values.saturating_add(3 + items as u64) > self.limits.max_values
         {
             return Ok(false);
         }
         let mut pos = self.pos + 2;
-        let (early, memo) = (self.memo.early_table(), &self.memo);
+        let memo = &self.memo;
         let spare = self.p.pool.spare_capacity_mut();
         for (&key, slot) in keys.iter().zip(spare.iter_mut()) {
-            match simple_at(data, pos, early, memo) {
+            match simple_at(data, pos, memo) {
                 Some((k, len)) if k == key => pos += len,
                 _ => return Ok(false),
             }
-            let Some((v, len)) = simple_at(data, pos, early, memo) else {
+            let Some((v, len)) = simple_at(data, pos, memo) else {
                 return Ok(false);
             };
             slot.write(v);
@@ -1631,19 +1625,11 @@ impl<'a> Decoder<'a> {
 
 /// The value of a memo get or an inline int at `data[pos..]`, and the
 /// opcode's length; `None` for any other opcode, a memo miss or an int that
-/// needs boxing (which the checked dispatch decodes or reports). `early` is
-/// [`Memo::early_table`]: a get there is one bounds check.
+/// needs boxing (which the checked dispatch decodes or reports).
 #[inline(always)]
-fn simple_at(data: &[u8], pos: usize, early: &[V], memo: &Memo) -> Option<(V, usize)> {
+fn simple_at(data: &[u8], pos: usize, memo: &Memo) -> Option<(V, usize)> {
     let w = data.get(pos..)?.first_chunk::<10>()?;
-    #[inline(always)]
-    fn get(early: &[V], memo: &Memo, idx: usize) -> Option<V> {
-        match early.get(idx) {
-            Some(&v) => Some(v),
-            None => memo.get(idx as u64),
-        }
-    }
-    let get = |idx: usize| get(early, memo, idx);
+    let get = |idx: usize| memo.get(idx as u64);
     match w[0] {
         b'h' => Some((get(w[1].into())?, 2)),
         b'j' => Some((

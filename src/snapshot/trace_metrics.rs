@@ -186,7 +186,6 @@ pub struct TraceScan<'s, 'a> {
     born: BTreeMap<u64, usize>,
     /// Address range the segments have ever covered (a cheap miss test).
     span: (u64, u64),
-    last_seg: Option<usize>,
     /// The segment found last for each 2 MiB stretch of addresses (by the
     /// stretch's low bits), tried before the map: a trace moves between a
     /// few segments. Entries are checked before use, never cleared.
@@ -246,7 +245,6 @@ impl<'s, 'a> TraceScan<'s, 'a> {
             initial,
             born: BTreeMap::new(),
             span,
-            last_seg: None,
             seg_cache: vec![NONE; SEG_CACHE],
             reserved: 0,
             reserved_max: 0,
@@ -470,16 +468,12 @@ impl<'s, 'a> TraceScan<'s, 'a> {
         if addr < self.span.0 || addr >= self.span.1 {
             return None;
         }
-        if let Some(k) = self.last_seg.filter(|&k| self.holds(k, addr)) {
-            return Some(k);
-        }
         // Live segments of a device never overlap, so a live one that holds
-        // `addr` is the one the map would find (as for `last_seg`).
+        // `addr` is the one the map would find.
         let slot = (addr >> 21) as usize % SEG_CACHE;
         if let Some(&k) = self.seg_cache.get(slot)
             && self.holds(k as usize, addr)
         {
-            self.last_seg = Some(k as usize);
             return Some(k as usize);
         }
         let made = self.born.range(..=addr).next_back().map(|(_, &k)| k);
@@ -493,7 +487,6 @@ impl<'s, 'a> TraceScan<'s, 'a> {
                 self.touch(i).filter(|&k| self.holds(k, addr))?
             }
         };
-        self.last_seg = Some(k);
         if let Some(c) = self.seg_cache.get_mut(slot) {
             *c = index32(k);
         }
@@ -589,7 +582,6 @@ impl<'s, 'a> TraceScan<'s, 'a> {
     /// The segment at `addr` is released at entry `i`; whether it was of the
     /// small pool, when known.
     fn segment_free(&mut self, i: usize, addr: u64) -> Option<bool> {
-        self.last_seg = None;
         match self.born.remove(&addr).or_else(|| self.initial_at(addr)) {
             Some(k) => self.segs.get_mut(k).map(|s| {
                 s.died = index32(i);
