@@ -46,6 +46,12 @@ enum Command {
         after_help = "Examples:\n  allocdoc diff baseline.pickle checkpointed.pickle\n  allocdoc diff before.pickle after.pickle --by category\n  allocdoc diff a.pickle b.pickle --at end --format json"
     )]
     Diff(app::diff::DiffOptions),
+    /// How large a batch (or sequence) fits: predict the peak at any size from snapshots at two or more sizes.
+    #[command(
+        long_about = "How large a batch (or sequence, or image) fits: from torch memory snapshots of one workload recorded at two or more values of one knob, pair the allocations across the recordings by call site and order, read a size law for each (constant, a power of the knob, affine), and predict the trace at any size. Each predicted trace is replayed through the bundled allocator as a fresh process (the memory live before the trace allocated first, then the trace) under PyTorch's defaults and each --conf: the peak of allocated and reserved memory, whether it runs out of memory on --capacity and on which request, and the largest size that fits the card under each config, by bisection over replays. No GPU and no OOM spent.\n\nRecord each size with torch.cuda.memory._record_memory_history() around one step (after a warm-up step), then _dump_snapshot(); allocdoc.capture.record_sizes in the Python package does it for you.",
+        after_help = "Examples:\n  allocdoc fit b8.pickle b16.pickle --sizes 8,16 --capacity 79.11GiB --knob batch\n  allocdoc fit s512.pickle s1024.pickle --sizes 512,1024 --at 2048,4096 --conf expandable_segments:True\n  allocdoc fit a.pickle b.pickle c.pickle --sizes 1,2,4 --capacity 24GiB --step 2 --format json\n  allocdoc fit b8.pickle b16.pickle --sizes 8,16 --at 32 --report fit.html"
+    )]
+    Fit(app::fit::FitOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
     #[command(
         after_help = "Examples:\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc conf check \"$PYTORCH_CUDA_ALLOC_CONF\" --format json"
@@ -160,6 +166,7 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
         Command::Parse(opts) => app::parse::run(&opts),
         Command::Top(opts) => app::top::run(&opts),
         Command::Diff(opts) => app::diff::run(&opts),
+        Command::Fit(opts) => app::fit::run(&opts),
         Command::Conf {
             action: ConfAction::Check(opts),
         } => app::conf_check::run(&opts),
@@ -195,6 +202,7 @@ impl Command {
             Command::Replay(o) => o.trace == "-",
             Command::Top(o) => o.inputs.iter().any(|i| i == "-"),
             Command::Diff(o) => o.before == "-" || o.after == "-",
+            Command::Fit(o) => o.inputs.iter().any(|i| i == "-"),
             Command::Recommend(o) => o.input == "-",
             Command::Validate(o) => o.input == "-",
             Command::Conf { .. } | Command::Rules(_) | Command::Completions { .. } => false,

@@ -8,6 +8,7 @@ pub mod conf_check;
 pub mod diagnose;
 pub mod diff;
 pub mod each;
+pub mod fit;
 pub mod input;
 pub mod parse;
 pub mod recommend;

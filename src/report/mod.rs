@@ -5,6 +5,7 @@
 pub mod common;
 pub mod conf;
 pub mod diagnose;
+pub mod fit;
 pub mod html;
 pub mod markdown;
 pub mod parse;

@@ -695,3 +695,80 @@ mod tests {
         assert_eq!(count_label(1_500_000.0), "1.5M");
     }
 }
+
+/// One line of [`size_chart`]: bytes at each size.
+pub struct SizeLine {
+    pub name: String,
+    pub points: Vec<(u64, u64)>,
+    /// Allocated bytes (dashed), not reserved (solid).
+    pub allocated: bool,
+    /// Its colour's index in the palette (a config's allocated and reserved
+    /// lines share it).
+    pub colour: usize,
+}
+
+/// Predicted memory against the knob (`fit`): a line per config and
+/// quantity, the recorded sizes and the largest fitting sizes marked as
+/// vertical lines, the card's capacity as a line.
+pub fn size_chart(
+    lines: &[SizeLine],
+    marks: &[(u64, String)],
+    capacity: Option<u64>,
+    x_label: &str,
+) -> String {
+    let max_x = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.0))
+        .chain(marks.iter().map(|m| m.0))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let data_peak = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .max()
+        .unwrap_or(0);
+    let (axes, on_axis) = Axes::new(max_x, data_peak, capacity);
+    let (sx, sy) = (|x| axes.sx(x), |y| axes.sy(y));
+    let mut s = axes.open("predicted peak memory by size", x_label);
+    capacity_mark(&mut s, capacity, on_axis, sy);
+    for (i, (x, label)) in marks.iter().enumerate() {
+        let px = sx(*x as f64);
+        let _ = write!(
+            s,
+            r##"<line class="oom" stroke="#868e96" x1="{px:.1}" y1="{PAD_T}" x2="{px:.1}" y2="{:.1}"/><text class="oom-label" style="fill:#495057" x="{:.1}" y="{:.1}">{}</text>"##,
+            PAD_T + axes.plot_h,
+            px - 4.0,
+            PAD_T + 14.0 + 16.0 * i as f64,
+            escape(label)
+        );
+    }
+    for l in lines {
+        let colour = PALETTE[l.colour % PALETTE.len()];
+        let class = if l.allocated { "allocated" } else { "reserved" };
+        let _ = write!(s, r#"<polyline class="{class}" stroke="{colour}" points=""#);
+        for (k, &(x, y)) in l.points.iter().enumerate() {
+            if k > 0 {
+                s.push(' ');
+            }
+            let _ = write!(s, "{:.1},{:.1}", sx(x as f64), sy(y as f64));
+        }
+        let _ = write!(s, r#""><title>{}</title></polyline>"#, escape(&l.name));
+        for &(x, y) in &l.points {
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{colour}"><title>{}: {} at {x}</title></circle>"#,
+                sx(x as f64),
+                sy(y as f64),
+                escape(&l.name),
+                escape(&human(y))
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        r#"<rect class="frame" x="{PAD_L}" y="{PAD_T}" width="{:.1}" height="{:.1}"/></svg>"#,
+        axes.plot_w, axes.plot_h
+    );
+    s
+}

@@ -105,7 +105,7 @@ enum Class {
 }
 
 // What one frame shows, as bits.
-const PY: u16 = 1;
+pub(crate) const PY: u16 = 1;
 const TORCH: u16 = 1 << 1;
 const STDLIB: u16 = 1 << 2;
 const PACKAGE: u16 = 1 << 3;
@@ -1431,7 +1431,7 @@ fn class_of(flags: u16) -> Class {
 }
 
 /// The verdict on one frame: where its file lives and which category rules it meets.
-fn frame_flags(filename: &str, name: &str) -> u16 {
+pub(crate) fn frame_flags(filename: &str, name: &str) -> u16 {
     let normalised;
     let path = if filename.contains('\\') {
         normalised = filename.replace('\\', "/");

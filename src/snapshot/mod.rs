@@ -4,6 +4,7 @@
 
 pub mod attribute;
 pub mod evidence;
+pub mod fit;
 pub(crate) mod grow;
 pub mod model;
 pub mod pickle;

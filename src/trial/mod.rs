@@ -22,6 +22,7 @@ pub mod answer;
 pub mod compare;
 pub mod ensemble;
 pub mod fills;
+pub mod fit;
 pub mod placement;
 pub mod recommend;
 pub mod replay;

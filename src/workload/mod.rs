@@ -1,6 +1,7 @@
 //! Workloads the allocator replays: trace CSV, RMM logs, snapshot traces, probes.
 
 pub(crate) mod csv;
+pub mod predicted;
 pub mod probe;
 pub mod replay;
 pub mod rmm;

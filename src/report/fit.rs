@@ -1,0 +1,406 @@
+//! `fit`'s output: the inputs and how they paired, the table of sizes ×
+//! configs, the largest size that fits each config, the laws of the largest
+//! call sites, what appears at one size only; as text, Markdown, JSON and
+//! the HTML report's chart.
+
+use super::common::{Grid, json, size};
+use super::html::{self, Figure, ReportData, Tone, Verdict};
+use super::svg::{SizeLine, size_chart};
+use crate::trial::answer::Strength;
+use crate::trial::fit::{Fit, Largest};
+use crate::trial::run::conf_name;
+use crate::units::human;
+
+/// The knob's name in sentences ("batch", "context_length"; "size" by default).
+pub struct Knob<'a>(pub &'a str);
+
+pub fn json_doc(fit: &Fit, knob: &Knob) -> String {
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        knob: &'a str,
+        #[serde(flatten)]
+        fit: &'a Fit,
+        headline: String,
+    }
+    json(&Doc {
+        knob: knob.0,
+        fit,
+        headline: headline(fit, knob),
+    })
+}
+
+/// The one sentence that answers the question: which config fits the
+/// largest size on the card, or what each size asked for needs.
+pub fn headline(fit: &Fit, knob: &Knob) -> String {
+    let k = knob.0;
+    let card = |c: u64| format!("the {} card", human(c));
+    if let Some(cap) = fit.capacity_bytes
+        && !fit.largest.is_empty()
+    {
+        let mut ranked: Vec<&Largest> = fit.largest.iter().collect();
+        ranked.sort_by_key(|l| std::cmp::Reverse(l.size.map_or(0, |s| s + 1)));
+        let best = ranked[0];
+        let Some(best_size) = best.size else {
+            return format!(
+                "No config fits even {k} {} on {}: it needs {} under the defaults",
+                fit.largest[0].next_size.unwrap_or(1),
+                card(cap),
+                fit.largest[0]
+                    .next_peak_reserved_bytes
+                    .map_or("more".into(), human)
+            );
+        };
+        let name = |l: &Largest| {
+            if l.conf.is_empty() {
+                "the defaults".to_string()
+            } else {
+                l.conf.clone()
+            }
+        };
+        let fits = |l: &Largest| match l.size {
+            Some(s) if l.unbounded => {
+                format!("{k} {s} and beyond (nothing grows enough to fill it)")
+            }
+            Some(s) => format!("{k} {s}"),
+            None => format!("no {k}"),
+        };
+        let first = format!("{} fits {} on {}", name(best), fits(best), card(cap));
+        let others: Vec<String> = ranked[1..]
+            .iter()
+            .map(|l| {
+                if l.size == Some(best_size) {
+                    format!("{} fits the same", name(l))
+                } else {
+                    format!(
+                        "{} fit{} {}",
+                        name(l),
+                        if l.conf.is_empty() { "" } else { "s" },
+                        fits(l)
+                    )
+                }
+            })
+            .collect();
+        return if others.is_empty() {
+            first
+        } else {
+            format!("{first}; {}", others.join("; "))
+        };
+    }
+    match fit.predictions.as_slice() {
+        [] => "No size asked for: give --at SIZES or --capacity".to_string(),
+        ps => ps
+            .iter()
+            .map(|p| {
+                let defaults = p.configs.first().map_or(0, |c| c.peak_reserved_bytes);
+                format!(
+                    "{k} {} needs {} allocated, {} reserved under the defaults",
+                    p.size,
+                    human(p.peak_allocated_bytes),
+                    human(defaults)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
+    let k = knob.0;
+    let mut out = Vec::new();
+    let mut inputs = Grid::new(
+        "Recordings",
+        &[
+            k,
+            "input",
+            "device",
+            "trace entries",
+            "allocations",
+            "live before the trace",
+            "peak allocated",
+        ],
+    )
+    .numeric(&[0, 3, 4, 5, 6]);
+    for i in &fit.inputs {
+        inputs.row(vec![
+            i.size.to_string(),
+            i.input.clone(),
+            format!("cuda:{}", i.device),
+            i.trace_entries.to_string(),
+            i.allocations.to_string(),
+            size(Some(i.pre_trace_bytes)),
+            size(Some(i.peak_allocated_bytes)),
+        ]);
+    }
+    out.push(inputs);
+    if !fit.predictions.is_empty() {
+        let fits_col = fit.capacity_bytes.map(|c| format!("fits {}?", human(c)));
+        let mut header = vec![k, "strength", "config", "peak allocated", "peak reserved"];
+        if let Some(f) = &fits_col {
+            header.push(f);
+        }
+        let mut g = Grid::new(
+            "Predicted peaks of a fresh process (the memory live before the trace allocated first)",
+            &header,
+        )
+        .numeric(&[0, 3, 4]);
+        for p in &fit.predictions {
+            for c in &p.configs {
+                let mut row = vec![
+                    p.size.to_string(),
+                    p.strength.name().to_string(),
+                    conf_name(&c.conf).to_string(),
+                    size(Some(p.peak_allocated_bytes)),
+                    size(Some(c.peak_reserved_bytes)),
+                ];
+                if fits_col.is_some() {
+                    row.push(match &c.oom {
+                        None => "yes".into(),
+                        Some(o) => format!(
+                            "no: {} at {} (event {})",
+                            size(Some(o.requested_bytes)),
+                            o.site,
+                            o.event_index
+                        ),
+                    });
+                }
+                g.row(row);
+            }
+        }
+        out.push(g);
+    }
+    if let Some(cap) = fit.capacity_bytes
+        && !fit.largest.is_empty()
+    {
+        let mut g = Grid::new(
+            format!("The largest {k} that fits {} (by replay)", human(cap)),
+            &[
+                "config",
+                k,
+                "strength",
+                "peak reserved",
+                "left",
+                "the next step",
+                "replays",
+            ],
+        )
+        .numeric(&[1, 3, 4, 6]);
+        for l in &fit.largest {
+            g.row(vec![
+                conf_name(&l.conf).to_string(),
+                match (l.size, l.unbounded) {
+                    (Some(s), true) => format!("{s}+"),
+                    (Some(s), false) => s.to_string(),
+                    (None, _) => "none".into(),
+                },
+                l.strength.name().to_string(),
+                size(l.peak_reserved_bytes),
+                size(l.margin_bytes),
+                match (l.next_size, l.next_peak_reserved_bytes) {
+                    (Some(n), Some(b)) => format!(
+                        "{k} {n} needs {} ({} more than the card)",
+                        size(Some(b)),
+                        size(Some(b.saturating_sub(cap)))
+                    ),
+                    _ => super::common::ABSENT.to_string(),
+                },
+                l.replays.to_string(),
+            ]);
+        }
+        out.push(g);
+    }
+    if !fit.sites.is_empty() {
+        let mut header: Vec<String> = vec!["call site".into(), "law".into()];
+        header.extend(fit.inputs.iter().map(|i| format!("at {}", i.size)));
+        header.push("allocations".into());
+        let header: Vec<&str> = header.iter().map(String::as_str).collect();
+        let n = fit.inputs.len();
+        let mut g = Grid::new(
+            "Size laws of the largest call sites (each one's largest allocation)",
+            &header,
+        )
+        .numeric(&(2..3 + n).collect::<Vec<_>>());
+        for s in &fit.sites {
+            let mut row = vec![s.site.clone(), s.law.clone()];
+            row.extend(s.sizes.iter().map(|b| size(*b)));
+            row.push(s.allocations.to_string());
+            g.row(row);
+        }
+        out.push(g);
+    }
+    if !fit.unpaired.is_empty() {
+        let mut g = Grid::new(
+            "Recorded at one size only",
+            &["input", "call site", "allocations", "largest", "bytes"],
+        )
+        .numeric(&[2, 3, 4]);
+        for u in &fit.unpaired {
+            g.row(vec![
+                u.input.clone(),
+                u.site.clone(),
+                u.count.to_string(),
+                size(Some(u.largest_bytes)),
+                size(Some(u.bytes)),
+            ]);
+        }
+        out.push(g);
+    }
+    if !fit.checks.is_empty() {
+        let mut g = Grid::new(
+            "Each recording predicted from the others",
+            &[k, "input", "recorded peak", "predicted", "error"],
+        )
+        .numeric(&[0, 2, 3, 4]);
+        for c in &fit.checks {
+            g.row(vec![
+                c.size.to_string(),
+                c.input.clone(),
+                size(Some(c.recorded_peak_allocated_bytes)),
+                size(Some(c.predicted_peak_allocated_bytes)),
+                format!("{:+.2} %", 100.0 * c.error),
+            ]);
+        }
+        out.push(g);
+    }
+    out
+}
+
+/// Lines under the tables: pairing, strength reasons, warnings.
+fn notes(fit: &Fit) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in &fit.pairing {
+        out.push(format!(
+            "Pairing: {} of {} allocations of {} pair with {} ({} of the bytes; {})",
+            p.paired,
+            p.allocations,
+            p.input,
+            p.with,
+            if p.bytes == 0 {
+                "all".to_string()
+            } else {
+                format!("{:.1} %", 100.0 * p.paired_bytes as f64 / p.bytes as f64)
+            },
+            match p.method {
+                "identical" => "the same call sites in the same order",
+                "aligned" => "aligned by call site and order",
+                _ => "too far apart to align: by call site and occurrence",
+            }
+        ));
+    }
+    for p in &fit.predictions {
+        for r in &p.reasons {
+            out.push(format!("{} {} is uncertain: {r}", "size", p.size));
+        }
+    }
+    for w in &fit.warnings {
+        out.push(format!("warning: {w}"));
+    }
+    out
+}
+
+pub fn text(fit: &Fit, knob: &Knob) -> String {
+    let mut s = format!("{}\n\n", headline(fit, knob));
+    for g in grids(fit, knob) {
+        s.push_str(&g.to_text());
+        s.push('\n');
+    }
+    for n in notes(fit) {
+        s.push_str(&n);
+        s.push('\n');
+    }
+    s
+}
+
+pub fn markdown(fit: &Fit, knob: &Knob) -> String {
+    let mut s = format!("## allocdoc fit\n\n**{}**\n\n", headline(fit, knob));
+    for g in grids(fit, knob) {
+        s.push_str(&g.to_markdown());
+        s.push('\n');
+    }
+    for n in notes(fit) {
+        s.push_str(&format!("- {}\n", super::common::markdown_escape(&n)));
+    }
+    s
+}
+
+/// The HTML report: predicted allocated and reserved peaks against the size,
+/// one line per config, the recorded and the largest fitting sizes marked.
+pub fn html(fit: &Fit, knob: &Knob) -> String {
+    let mut lines = Vec::new();
+    let confs: Vec<&str> = fit
+        .predictions
+        .first()
+        .map(|p| p.configs.iter().map(|c| c.conf.as_str()).collect())
+        .unwrap_or_default();
+    for (ci, conf) in confs.iter().enumerate() {
+        lines.push(SizeLine {
+            name: format!("{}: peak reserved", conf_name(conf)),
+            points: fit
+                .predictions
+                .iter()
+                .filter_map(|p| {
+                    p.configs
+                        .iter()
+                        .find(|c| c.conf == *conf)
+                        .map(|c| (p.size, c.peak_reserved_bytes))
+                })
+                .collect(),
+            allocated: false,
+            colour: ci,
+        });
+    }
+    lines.push(SizeLine {
+        name: "peak allocated".into(),
+        points: fit
+            .predictions
+            .iter()
+            .map(|p| (p.size, p.peak_allocated_bytes))
+            .collect(),
+        allocated: true,
+        colour: confs.len(),
+    });
+    let mut marks: Vec<(u64, String)> = fit
+        .inputs
+        .iter()
+        .map(|i| (i.size, format!("recorded {}", i.size)))
+        .collect();
+    for l in &fit.largest {
+        if let Some(s) = l.size {
+            marks.push((s, format!("largest fitting: {} {s}", conf_name(&l.conf))));
+        }
+    }
+    let chart = size_chart(&lines, &marks, fit.capacity_bytes, knob.0);
+    let mut data = ReportData {
+        title: format!("allocdoc fit: memory by {}", knob.0),
+        subtitle: Some(
+            fit.inputs
+                .iter()
+                .map(|i| format!("{} at {}", i.input, i.size))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        verdict: Verdict {
+            headline: headline(fit, knob),
+            tone: match fit.strength {
+                Strength::Uncertain => Tone::Neutral,
+                _ => Tone::Good,
+            },
+        },
+        charts: vec![("Predicted peaks by size".into(), chart)],
+        ..ReportData::default()
+    };
+    if let Some(c) = fit.capacity_bytes {
+        data.figures.push(Figure {
+            label: "card".into(),
+            value: human(c),
+        });
+    }
+    data.figures.push(Figure {
+        label: "strength".into(),
+        value: fit.strength.name().into(),
+    });
+    for g in grids(fit, knob) {
+        data.tables.push(html::Table::of_grid(&g, &[]));
+    }
+    data.next_steps = notes(fit);
+    html::render(&data)
+}

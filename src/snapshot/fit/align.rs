@@ -1,0 +1,308 @@
+//! Pairs the allocations of two recordings of one workload. Two recordings
+//! are rarely identical call for call: a workspace appears above some size,
+//! a benchmark loop records another number of iterations, another shape
+//! takes another kernel. So the two key sequences are aligned (the longest
+//! common subsequence, Myers' O((N+M)·D) greedy diff, which is linear when
+//! the recordings agree), and a run of unpaired allocations that has a run
+//! of the same length facing it on the other side is paired in order: the
+//! same calls, keyed differently.
+
+/// No partner.
+pub const UNPAIRED: u32 = u32::MAX;
+
+/// Past this many insertions and deletions the diff stops (its trace-back
+/// would hold about D² entries) and allocations are paired by call site and
+/// occurrence instead: the n-th allocation of a key with the n-th of the same
+/// key on the other side.
+const MAX_EDITS: usize = 2048;
+/// Past this many key comparisons the diff stops too: its worst case is
+/// (N+M)·D, seconds on two long traces that differ throughout.
+const MAX_COMPARISONS: u64 = 200_000_000;
+
+/// How two sequences were paired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// The same keys in the same order.
+    Identical,
+    /// The longest common subsequence, and runs facing each other in order.
+    Aligned,
+    /// Too far apart to align: by key and occurrence.
+    ByOccurrence,
+}
+
+/// For each index of `a`, the index of `b` it pairs with ([`UNPAIRED`] for
+/// none); pairs never cross (except [`Method::ByOccurrence`]).
+pub fn align(a: &[u64], b: &[u64]) -> (Vec<u32>, Method) {
+    if a == b {
+        return ((0..a.len()).map(index).collect(), Method::Identical);
+    }
+    let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let suffix = a[prefix..]
+        .iter()
+        .rev()
+        .zip(b[prefix..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (ma, mb) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
+    let Some(snakes) = myers(ma, mb) else {
+        return (by_occurrence(a, b), Method::ByOccurrence);
+    };
+    let mut pairs = vec![UNPAIRED; a.len()];
+    for i in 0..prefix {
+        pairs[i] = index(i);
+    }
+    for t in 0..suffix {
+        pairs[a.len() - 1 - t] = index(b.len() - 1 - t);
+    }
+    // Matched runs of the middle, then the gaps between them in order.
+    let (mut ia, mut ib) = (0usize, 0usize);
+    let fill_gap = |pairs: &mut [u32], (ia, ib): (usize, usize), (ja, jb): (usize, usize)| {
+        if ja - ia == jb - ib {
+            for t in 0..ja - ia {
+                pairs[prefix + ia + t] = index(prefix + ib + t);
+            }
+        }
+    };
+    for (sa, sb, len) in snakes {
+        fill_gap(&mut pairs, (ia, ib), (sa, sb));
+        for t in 0..len {
+            pairs[prefix + sa + t] = index(prefix + sb + t);
+        }
+        (ia, ib) = (sa + len, sb + len);
+    }
+    fill_gap(&mut pairs, (ia, ib), (ma.len(), mb.len()));
+    (pairs, Method::Aligned)
+}
+
+fn index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(UNPAIRED)
+}
+
+/// The matching runs `(start in a, start in b, length)` of a shortest edit
+/// script from `a` to `b`, in order; `None` past [`MAX_EDITS`] edits.
+fn myers(a: &[u64], b: &[u64]) -> Option<Vec<(usize, usize, usize)>> {
+    let (n, m) = (a.len() as isize, b.len() as isize);
+    let max = (a.len() + b.len()).min(MAX_EDITS) as isize;
+    let off = max + 1;
+    let mut v = vec![0isize; 2 * off as usize + 1];
+    // v after each round d, for the trace-back: the diagonals -d..=d.
+    let mut history: Vec<Vec<isize>> = Vec::new();
+    let mut work = 0u64;
+    let snake = |mut x: isize, k: isize, work: &mut u64| {
+        let start = x;
+        let mut y = x - k;
+        while x < n && y < m && a[x as usize] == b[y as usize] {
+            x += 1;
+            y += 1;
+        }
+        *work += 1 + (x - start) as u64;
+        x
+    };
+    for d in 0..=max {
+        let mut k = -d;
+        while k <= d {
+            let x = if k == -d || (k != d && v[(off + k - 1) as usize] < v[(off + k + 1) as usize])
+            {
+                v[(off + k + 1) as usize]
+            } else {
+                v[(off + k - 1) as usize] + 1
+            };
+            let x = snake(x, k, &mut work);
+            v[(off + k) as usize] = x;
+            if x >= n && x - k >= m {
+                history.push(v[(off - d) as usize..=(off + d) as usize].to_vec());
+                return Some(trace_back(&history, n, m));
+            }
+            k += 2;
+        }
+        if work > MAX_COMPARISONS {
+            return None;
+        }
+        history.push(v[(off - d) as usize..=(off + d) as usize].to_vec());
+    }
+    None
+}
+
+/// Walks the rounds back from (n, m), collecting the diagonal runs.
+fn trace_back(history: &[Vec<isize>], n: isize, m: isize) -> Vec<(usize, usize, usize)> {
+    let at = |d: usize, k: isize| history[d][(k + d as isize) as usize];
+    let (mut x, mut y) = (n, m);
+    let mut runs = Vec::new();
+    for d in (0..history.len()).rev() {
+        let k = x - y;
+        let di = d as isize;
+        let (start_x, prev_k) = if d == 0 {
+            (0, 0)
+        } else {
+            let prev_k = if k == -di || (k != di && at(d - 1, k - 1) < at(d - 1, k + 1)) {
+                k + 1
+            } else {
+                k - 1
+            };
+            let prev_x = at(d - 1, prev_k);
+            // The edit of round d lands at (sx, sx - k), then the run follows.
+            let sx = if prev_k == k + 1 { prev_x } else { prev_x + 1 };
+            (sx, prev_k)
+        };
+        let start_y = start_x - k;
+        if x > start_x {
+            runs.push((start_x as usize, start_y as usize, (x - start_x) as usize));
+        }
+        if d == 0 {
+            break;
+        }
+        x = at(d - 1, prev_k);
+        y = x - prev_k;
+    }
+    runs.reverse();
+    runs
+}
+
+/// The n-th allocation of a key in `a` with the n-th of that key in `b`.
+fn by_occurrence(a: &[u64], b: &[u64]) -> Vec<u32> {
+    let mut seen: rustc_hash::FxHashMap<u64, Vec<u32>> = rustc_hash::FxHashMap::default();
+    for (j, &k) in b.iter().enumerate().rev() {
+        seen.entry(k).or_default().push(index(j));
+    }
+    a.iter()
+        .map(|k| {
+            seen.get_mut(k)
+                .and_then(|stack| stack.pop())
+                .unwrap_or(UNPAIRED)
+        })
+        .collect()
+}
+
+/// Pairs two multisets of sizes (the memory live before each trace began,
+/// which records no order that survives another size): equal sizes first,
+/// in order, then what is left of each side by rank of size.
+pub fn by_size(a: &[u64], b: &[u64]) -> Vec<u32> {
+    let mut pairs = vec![UNPAIRED; a.len()];
+    let mut free: rustc_hash::FxHashMap<u64, Vec<u32>> = rustc_hash::FxHashMap::default();
+    for (j, &s) in b.iter().enumerate().rev() {
+        free.entry(s).or_default().push(index(j));
+    }
+    let mut left_a = Vec::new();
+    for (i, &s) in a.iter().enumerate() {
+        match free.get_mut(&s).and_then(|stack| stack.pop()) {
+            Some(j) => pairs[i] = j,
+            None => left_a.push(i),
+        }
+    }
+    let mut left_b: Vec<u32> = free.into_values().flatten().collect();
+    left_b.sort_by_key(|&j| (b[j as usize], j));
+    left_a.sort_by_key(|&i| (a[i], i));
+    for (&i, &j) in left_a.iter().zip(&left_b) {
+        pairs[i] = j;
+    }
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs_of(a: &[u64], b: &[u64]) -> Vec<u32> {
+        align(a, b).0
+    }
+
+    #[test]
+    fn identical_sequences_pair_in_order() {
+        assert_eq!(pairs_of(&[1, 2, 3], &[1, 2, 3]), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn an_allocation_at_one_size_only_is_left_unpaired() {
+        // A workspace (9) appears in the second recording only.
+        let a = [1, 2, 3, 4, 5];
+        let b = [1, 2, 9, 3, 4, 5];
+        assert_eq!(pairs_of(&a, &b), vec![0, 1, 3, 4, 5]);
+        assert_eq!(pairs_of(&b, &a), vec![0, 1, UNPAIRED, 2, 3, 4]);
+    }
+
+    #[test]
+    fn runs_facing_each_other_pair_in_order() {
+        // The middle two were keyed differently (another kernel path).
+        let a = [1, 2, 7, 8, 3];
+        let b = [1, 2, 5, 6, 3];
+        assert_eq!(pairs_of(&a, &b), vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn repeated_iterations_align_on_the_common_ones() {
+        let step = [10u64, 11, 12, 13];
+        let a: Vec<u64> = step.iter().cycle().take(4 * 5).copied().collect();
+        let b: Vec<u64> = step.iter().cycle().take(4 * 3).copied().collect();
+        let p = pairs_of(&a, &b);
+        let paired = p.iter().filter(|&&j| j != UNPAIRED).count();
+        assert_eq!(paired, 12);
+        // Every pair joins equal keys and pairs never cross.
+        let mut last = None;
+        for (i, &j) in p.iter().enumerate() {
+            if j != UNPAIRED {
+                assert_eq!(a[i], b[j as usize]);
+                assert!(last.is_none_or(|l| l < j));
+                last = Some(j);
+            }
+        }
+    }
+
+    #[test]
+    fn the_diff_matches_a_quadratic_lcs_on_random_sequences() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rng = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..200 {
+            let la = (rng() % 40) as usize;
+            let lb = (rng() % 40) as usize;
+            let a: Vec<u64> = (0..la).map(|_| rng() % 4).collect();
+            let b: Vec<u64> = (0..lb).map(|_| rng() % 4).collect();
+            let runs = myers(&a, &b).expect("small inputs stay under the edit bound");
+            let matched: usize = runs.iter().map(|r| r.2).sum();
+            assert_eq!(matched, lcs(&a, &b), "{a:?} {b:?}");
+            for (sa, sb, len) in runs {
+                assert_eq!(a[sa..sa + len], b[sb..sb + len]);
+            }
+        }
+    }
+
+    fn lcs(a: &[u64], b: &[u64]) -> usize {
+        let mut t = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+        for i in 0..a.len() {
+            for j in 0..b.len() {
+                t[i + 1][j + 1] = if a[i] == b[j] {
+                    t[i][j] + 1
+                } else {
+                    t[i][j + 1].max(t[i + 1][j])
+                };
+            }
+        }
+        t[a.len()][b.len()]
+    }
+
+    #[test]
+    fn far_apart_sequences_pair_by_occurrence() {
+        let a: Vec<u64> = (0..5000).map(|i| i % 3).collect();
+        let b: Vec<u64> = (0..5000).map(|i| (i * 7 + 1) % 5).collect();
+        let (p, method) = align(&a, &b);
+        assert_eq!(method, Method::ByOccurrence);
+        for (i, &j) in p.iter().enumerate() {
+            if j != UNPAIRED {
+                assert_eq!(a[i], b[j as usize]);
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_pair_equal_first_then_by_rank() {
+        // Weights (equal) and activations left over from a warm-up step
+        // (scaled), in another address order.
+        let a = [100, 4096, 100, 40960];
+        let b = [16384, 100, 163840, 100];
+        assert_eq!(by_size(&a, &b), vec![1, 0, 3, 2]);
+    }
+}

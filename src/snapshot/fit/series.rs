@@ -1,0 +1,354 @@
+//! Several recordings of one workload, paired, and the model of any size:
+//! the recording nearest to it (the larger when extrapolating above), each
+//! allocation at its law's size.
+
+use super::Recording;
+use super::align::{self, Method, UNPAIRED};
+use super::law::{self, Powers, SizeLaw};
+
+/// Inputs that do not make one series.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SeriesError {
+    #[error("{0} and {1} were both recorded at size {2}: each input needs its own size")]
+    EqualSizes(String, String, u64),
+    #[error(
+        "{a} and {b} are not one workload: {paired} of {smaller} allocations pair by call site and order, and {shared:.0} % of the call sites of {a} appear in {b} (fit needs one workload recorded at several sizes)"
+    )]
+    NotOneWorkload {
+        a: String,
+        b: String,
+        paired: usize,
+        smaller: usize,
+        shared: f64,
+    },
+}
+
+/// The least share of allocations that pair, or of call sites that two
+/// recordings share, for them to be one workload: two recordings of one
+/// workload share nearly every call site; two models share at most the
+/// training loop's.
+const ONE_WORKLOAD_PAIRED: f64 = 0.3;
+const ONE_WORKLOAD_SHARED: f64 = 0.5;
+
+/// Recordings of one workload, by ascending size, and how each pairs with
+/// each other.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub recordings: Vec<Recording>,
+    /// `pairs[r][o]`: for each allocation of `r`, its partner in `o`.
+    pairs: Vec<Vec<Vec<u32>>>,
+    /// `pre_pairs[r][o]`: the same for the memory live before the trace.
+    pre_pairs: Vec<Vec<Vec<u32>>>,
+    /// `methods[r][o]`: how `r` and `o` were paired.
+    methods: Vec<Vec<Method>>,
+}
+
+/// Allocations of one call site that appear in one recording only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unpaired {
+    /// The recording, an index into [`Series::recordings`].
+    pub recording: usize,
+    pub site: String,
+    pub count: usize,
+    /// The largest of them.
+    pub largest_bytes: u64,
+    pub bytes: u64,
+}
+
+/// The law of a call site's largest allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteLaw {
+    pub site: String,
+    pub law: SizeLaw,
+    /// Its size in each recording (`None` where it did not pair).
+    pub sizes: Vec<Option<u64>>,
+    /// Allocations of the site and how many follow a clean law.
+    pub count: usize,
+    pub clean: usize,
+}
+
+impl Series {
+    /// Pairs the recordings; refuses two at one size and two that are not
+    /// one workload.
+    pub fn new(mut recordings: Vec<Recording>) -> Result<Series, SeriesError> {
+        recordings.sort_by_key(|r| r.size);
+        for w in recordings.windows(2) {
+            if w[0].size == w[1].size {
+                return Err(SeriesError::EqualSizes(
+                    w[0].input.clone(),
+                    w[1].input.clone(),
+                    w[0].size,
+                ));
+            }
+        }
+        let n = recordings.len();
+        let keys: Vec<Vec<u64>> = recordings.iter().map(Recording::keys).collect();
+        let pre_sizes: Vec<Vec<u64>> = recordings
+            .iter()
+            .map(|r| r.pre.iter().map(|p| p.size).collect())
+            .collect();
+        let mut pairs = vec![vec![Vec::new(); n]; n];
+        let mut pre_pairs = vec![vec![Vec::new(); n]; n];
+        let mut methods = vec![vec![Method::Identical; n]; n];
+        for r in 0..n {
+            for o in r + 1..n {
+                let (p, method) = align::align(&keys[r], &keys[o]);
+                check_one_workload(&recordings[r], &recordings[o], &p, &keys[r], &keys[o])?;
+                pairs[o][r] = invert(&p, keys[o].len());
+                pairs[r][o] = p;
+                methods[r][o] = method;
+                methods[o][r] = method;
+                let pp = align::by_size(&pre_sizes[r], &pre_sizes[o]);
+                pre_pairs[o][r] = invert(&pp, pre_sizes[o].len());
+                pre_pairs[r][o] = pp;
+            }
+        }
+        Ok(Series {
+            recordings,
+            pairs,
+            pre_pairs,
+            methods,
+        })
+    }
+
+    /// How recordings `r` and `o` were paired.
+    pub fn method(&self, r: usize, o: usize) -> Method {
+        self.methods[r][o]
+    }
+
+    /// The recording whose timeline a prediction at `size` follows: the
+    /// nearest by ratio, the larger of two when above both.
+    pub fn reference_for(&self, size: u64) -> usize {
+        let n = self.recordings.len();
+        let last = n - 1;
+        if size >= self.recordings[last].size {
+            return last;
+        }
+        let ln = |v: u64| (v.max(1) as f64).ln();
+        (0..n)
+            .min_by(|&a, &b| {
+                let da = (ln(self.recordings[a].size) - ln(size)).abs();
+                let db = (ln(self.recordings[b].size) - ln(size)).abs();
+                da.total_cmp(&db).then(b.cmp(&a))
+            })
+            .unwrap_or(last)
+    }
+
+    /// The laws of every allocation of recording `reference`, fitted on
+    /// the recordings in `using` (all of them when `None`; the recording
+    /// itself is always used).
+    pub fn model(&self, reference: usize, using: Option<&[usize]>) -> Model<'_> {
+        let r = &self.recordings[reference];
+        let others: Vec<usize> = (0..self.recordings.len())
+            .filter(|&o| o != reference && using.is_none_or(|u| u.contains(&o)))
+            .collect();
+        let mut points = Vec::with_capacity(others.len() + 1);
+        let mut fit_one = |own: u64, partner: &dyn Fn(usize) -> Option<u64>| {
+            points.clear();
+            points.push((r.size as f64, own));
+            for &o in &others {
+                if let Some(s) = partner(o) {
+                    points.push((self.recordings[o].size as f64, s));
+                }
+            }
+            (law::fit(&points, own), points.len() > 1)
+        };
+        let (mut laws, mut paired) = (Vec::with_capacity(r.allocs.len()), Vec::new());
+        for (i, a) in r.allocs.iter().enumerate() {
+            let (law, p) = fit_one(a.size, &|o| {
+                let j = self.pairs[reference][o][i];
+                (j != UNPAIRED).then(|| self.recordings[o].allocs[j as usize].size)
+            });
+            laws.push(law);
+            paired.push(p);
+        }
+        let (mut pre_laws, mut pre_paired) = (Vec::with_capacity(r.pre.len()), Vec::new());
+        for (i, p) in r.pre.iter().enumerate() {
+            let (law, ok) = fit_one(p.size, &|o| {
+                let j = self.pre_pairs[reference][o][i];
+                (j != UNPAIRED).then(|| self.recordings[o].pre[j as usize].size)
+            });
+            pre_laws.push(law);
+            pre_paired.push(ok);
+        }
+        Model {
+            series: self,
+            reference,
+            laws,
+            paired,
+            pre_laws,
+            pre_paired,
+        }
+    }
+
+    /// Allocations of each recording that pair with no other recording,
+    /// grouped by call site, the most bytes first.
+    pub fn unpaired(&self) -> Vec<Unpaired> {
+        let mut out = Vec::new();
+        for (r, rec) in self.recordings.iter().enumerate() {
+            let mut by_site: rustc_hash::FxHashMap<u32, Unpaired> = Default::default();
+            for (i, a) in rec.allocs.iter().enumerate() {
+                let lonely = (0..self.recordings.len())
+                    .filter(|&o| o != r)
+                    .all(|o| self.pairs[r][o][i] == UNPAIRED);
+                if lonely {
+                    let u = by_site.entry(a.site).or_insert_with(|| Unpaired {
+                        recording: r,
+                        site: rec.sites[a.site as usize].clone(),
+                        count: 0,
+                        largest_bytes: 0,
+                        bytes: 0,
+                    });
+                    u.count += 1;
+                    u.bytes += a.size;
+                    u.largest_bytes = u.largest_bytes.max(a.size);
+                }
+            }
+            out.extend(by_site.into_values());
+        }
+        out.sort_by(|a, b| {
+            b.largest_bytes
+                .cmp(&a.largest_bytes)
+                .then(a.recording.cmp(&b.recording))
+                .then(a.site.cmp(&b.site))
+        });
+        out
+    }
+}
+
+/// Refuses two recordings that share too little to be one workload.
+fn check_one_workload(
+    a: &Recording,
+    b: &Recording,
+    pairs: &[u32],
+    ka: &[u64],
+    kb: &[u64],
+) -> Result<(), SeriesError> {
+    let smaller = ka.len().min(kb.len());
+    if smaller == 0 {
+        return Ok(());
+    }
+    let paired = pairs.iter().filter(|&&j| j != UNPAIRED).count();
+    let in_b: rustc_hash::FxHashSet<u64> = kb.iter().copied().collect();
+    let mut sites_a: Vec<u64> = ka.to_vec();
+    sites_a.sort_unstable();
+    sites_a.dedup();
+    let shared =
+        sites_a.iter().filter(|k| in_b.contains(k)).count() as f64 / sites_a.len().max(1) as f64;
+    if (paired as f64) < ONE_WORKLOAD_PAIRED * smaller as f64 && shared < ONE_WORKLOAD_SHARED {
+        return Err(SeriesError::NotOneWorkload {
+            a: a.input.clone(),
+            b: b.input.clone(),
+            paired,
+            smaller,
+            shared: shared * 100.0,
+        });
+    }
+    Ok(())
+}
+
+fn invert(pairs: &[u32], len: usize) -> Vec<u32> {
+    let mut back = vec![UNPAIRED; len];
+    for (i, &j) in pairs.iter().enumerate() {
+        if let Some(slot) = back.get_mut(j as usize) {
+            *slot = u32::try_from(i).unwrap_or(UNPAIRED);
+        }
+    }
+    back
+}
+
+/// Every allocation of one recording with its law: the predicted trace's
+/// sizes at any knob value.
+#[derive(Debug, Clone)]
+pub struct Model<'s> {
+    pub series: &'s Series,
+    /// The recording whose timeline is followed.
+    pub reference: usize,
+    /// Per allocation of the reference.
+    pub laws: Vec<SizeLaw>,
+    /// Per allocation: paired with at least one other recording.
+    pub paired: Vec<bool>,
+    /// Per pre-trace allocation of the reference.
+    pub pre_laws: Vec<SizeLaw>,
+    pub pre_paired: Vec<bool>,
+}
+
+impl Model<'_> {
+    pub fn recording(&self) -> &Recording {
+        &self.series.recordings[self.reference]
+    }
+
+    /// The sizes of every allocation and every pre-trace allocation at
+    /// `size`: as recorded at the reference's own size, else by the laws.
+    pub fn sizes_at(&self, size: u64, allocs: &mut Vec<u64>, pre: &mut Vec<u64>) {
+        let r = self.recording();
+        allocs.clear();
+        pre.clear();
+        if size == r.size {
+            allocs.extend(r.allocs.iter().map(|a| a.size));
+            pre.extend(r.pre.iter().map(|p| p.size));
+            return;
+        }
+        let p = Powers::of(size as f64);
+        allocs.extend(self.laws.iter().map(|l| l.at(&p)));
+        pre.extend(self.pre_laws.iter().map(|l| l.at(&p)));
+    }
+
+    /// The peak of allocated bytes at `size`.
+    pub fn peak_allocated_at(&self, size: u64) -> u64 {
+        let (mut a, mut p) = (Vec::new(), Vec::new());
+        self.sizes_at(size, &mut a, &mut p);
+        self.recording().peak_with(&a, &p)
+    }
+
+    /// The call sites of the reference with the law of each one's largest
+    /// allocation, the largest first (`top` of them).
+    pub fn site_laws(&self, top: usize) -> Vec<SiteLaw> {
+        let r = self.recording();
+        let n = self.series.recordings.len();
+        let mut best: rustc_hash::FxHashMap<u32, (usize, usize, usize)> = Default::default();
+        for (i, a) in r.allocs.iter().enumerate() {
+            let e = best.entry(a.site).or_insert((i, 0, 0));
+            if a.size > r.allocs[e.0].size {
+                e.0 = i;
+            }
+            e.1 += 1;
+            e.2 += usize::from(self.laws[i].is_clean() && self.paired[i]);
+        }
+        let mut rows: Vec<SiteLaw> = best
+            .into_iter()
+            .map(|(site, (i, count, clean))| SiteLaw {
+                site: r.sites[site as usize].clone(),
+                law: self.laws[i],
+                sizes: (0..n)
+                    .map(|o| {
+                        if o == self.reference {
+                            return Some(r.allocs[i].size);
+                        }
+                        let j = self.series.pairs[self.reference][o][i];
+                        (j != UNPAIRED).then(|| self.series.recordings[o].allocs[j as usize].size)
+                    })
+                    .collect(),
+                count,
+                clean,
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            let big = |s: &SiteLaw| s.sizes.iter().flatten().max().copied().unwrap_or(0);
+            big(b).cmp(&big(a)).then(a.site.cmp(&b.site))
+        });
+        rows.truncate(top);
+        rows
+    }
+
+    /// Bytes of the pre-trace memory whose size differs between the
+    /// recordings (leftovers of a step at that size), at the reference.
+    pub fn pre_trace_varying(&self) -> (usize, u64) {
+        let r = self.recording();
+        self.pre_laws
+            .iter()
+            .zip(&r.pre)
+            .filter(|(l, _)| l.kind != law::Kind::Constant)
+            .fold((0, 0), |(n, b), (_, p)| (n + 1, b + p.size))
+    }
+}

@@ -1,0 +1,703 @@
+//! `fit`'s decisions: the predicted trace at each size asked for, replayed
+//! under each config as a fresh process (the peak of reserved memory, and
+//! the OOM on a card of `--capacity`); the largest size that fits the card
+//! under each config, by bisection over replays; and how far each
+//! prediction can be trusted.
+
+use super::answer::Strength;
+use super::run::{self, Run};
+use crate::conf::Settings;
+use crate::device::NO_LIMIT;
+use crate::snapshot::fit::law::Kind;
+use crate::snapshot::fit::{Model, Recording, Series, Step};
+use crate::workload::predicted::{self, Origin};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// What `fit` is asked.
+#[derive(Debug, Clone)]
+pub struct FitAsk {
+    /// Sizes to predict.
+    pub at: Vec<u64>,
+    /// Configs, as given and parsed; the defaults first.
+    pub confs: Vec<(String, Settings)>,
+    pub capacity: Option<u64>,
+    /// The largest size is a multiple of this.
+    pub step: u64,
+}
+
+/// Extrapolating further than this many times the recorded span (as a
+/// ratio: 128 and 512 span 4×, so up to 16× past 512) is uncertain.
+const EXTRAPOLATION_SPANS: f64 = 2.0;
+/// Memory live at the predicted peak in allocations without a clean law or
+/// a partner, past this share of the peak, makes a prediction uncertain.
+const UNSURE_SHARE: f64 = 0.02;
+/// With three recordings or more, one predicted from the others off by more
+/// than this makes every prediction uncertain.
+const CHECK_TOLERANCE: f64 = 0.05;
+/// The largest size searched, in steps.
+const MAX_STEPS: u64 = 1 << 32;
+
+/// The whole answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fit {
+    pub inputs: Vec<FitInput>,
+    pub pairing: Vec<Pairing>,
+    /// The laws of the largest call sites.
+    pub sites: Vec<SiteRow>,
+    /// What appears at one size only.
+    pub unpaired: Vec<UnpairedRow>,
+    /// With three recordings or more: each predicted from the others.
+    pub checks: Vec<Check>,
+    pub warnings: Vec<String>,
+    pub capacity_bytes: Option<u64>,
+    pub predictions: Vec<Prediction>,
+    pub largest: Vec<Largest>,
+    /// The weakest of the predictions' and the largest sizes' strengths.
+    pub strength: Strength,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitInput {
+    pub input: String,
+    pub size: u64,
+    pub device: u32,
+    pub trace_entries: usize,
+    pub allocations: usize,
+    pub pre_trace_bytes: u64,
+    pub peak_allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pairing {
+    pub input: String,
+    pub with: String,
+    pub paired: usize,
+    pub allocations: usize,
+    pub paired_bytes: u64,
+    pub bytes: u64,
+    /// `identical`, `aligned` or `by_occurrence`.
+    pub method: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SiteRow {
+    pub site: String,
+    pub law: String,
+    pub clean: bool,
+    pub exponent: Option<f64>,
+    /// The largest allocation's bytes in each input (`null` where it did not pair).
+    pub sizes: Vec<Option<u64>>,
+    pub allocations: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnpairedRow {
+    pub input: String,
+    pub site: String,
+    pub count: usize,
+    pub largest_bytes: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    pub input: String,
+    pub size: u64,
+    pub recorded_peak_allocated_bytes: u64,
+    pub predicted_peak_allocated_bytes: u64,
+    pub error: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    pub size: u64,
+    /// The input whose timeline the predicted trace follows.
+    pub reference: String,
+    pub strength: Strength,
+    pub reasons: Vec<String>,
+    pub peak_allocated_bytes: u64,
+    pub configs: Vec<ConfPrediction>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfPrediction {
+    pub conf: String,
+    /// On a card without limit.
+    pub peak_reserved_bytes: u64,
+    /// On the card of `--capacity`: the request that runs out of memory
+    /// (`None` when it fits, or no capacity was given).
+    pub oom: Option<FitOom>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitOom {
+    pub event_index: u64,
+    pub requested_bytes: u64,
+    /// The call site of the failing request.
+    pub site: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Largest {
+    pub conf: String,
+    pub capacity_bytes: u64,
+    /// `None` when even the smallest size does not fit.
+    pub size: Option<u64>,
+    pub strength: Strength,
+    pub peak_reserved_bytes: Option<u64>,
+    pub margin_bytes: Option<u64>,
+    /// The next size up and what it would reserve on a card without limit.
+    pub next_size: Option<u64>,
+    pub next_peak_reserved_bytes: Option<u64>,
+    /// Nothing grows enough to run out of memory below [`MAX_STEPS`] steps.
+    pub unbounded: bool,
+    pub replays: u32,
+}
+
+/// Predicts every size asked for and the largest that fits.
+pub fn fit(series: &Series, ask: &FitAsk) -> Fit {
+    let recs = &series.recordings;
+    let inputs = recs
+        .iter()
+        .map(|r| FitInput {
+            input: r.input.clone(),
+            size: r.size,
+            device: r.device,
+            trace_entries: r.entries,
+            allocations: r.allocs.len(),
+            pre_trace_bytes: r.pre_trace_bytes(),
+            peak_allocated_bytes: r.peak_allocated(),
+        })
+        .collect();
+    let models: Vec<Model> = (0..recs.len())
+        .into_par_iter()
+        .map(|r| series.model(r, None))
+        .collect();
+    let largest_model = &models[recs.len() - 1];
+    let checks = checks(series);
+    let warnings = warnings(series, largest_model);
+    let mut predictions: Vec<Prediction> = ask
+        .at
+        .par_iter()
+        .map(|&size| predict(series, &models, size, ask, &checks))
+        .collect();
+    predictions.sort_by_key(|p| p.size);
+    let largest: Vec<Largest> = match ask.capacity {
+        Some(cap) => ask
+            .confs
+            .par_iter()
+            .map(|(conf, settings)| {
+                largest_fitting(series, &models, (conf, settings), cap, ask.step, &checks)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let strength = predictions
+        .iter()
+        .map(|p| p.strength)
+        .chain(largest.iter().map(|l| l.strength))
+        .min()
+        .unwrap_or(Strength::Likely);
+    Fit {
+        inputs,
+        pairing: pairing(series),
+        sites: largest_model
+            .site_laws(10)
+            .into_iter()
+            .map(|s| SiteRow {
+                site: s.site,
+                law: s.law.name(),
+                clean: s.law.is_clean(),
+                exponent: (s.law.kind != Kind::Constant && s.law.exponent.is_finite())
+                    .then_some(s.law.exponent),
+                sizes: s.sizes,
+                allocations: s.count,
+            })
+            .collect(),
+        unpaired: series
+            .unpaired()
+            .into_iter()
+            .take(10)
+            .map(|u| UnpairedRow {
+                input: recs[u.recording].input.clone(),
+                site: u.site,
+                count: u.count,
+                largest_bytes: u.largest_bytes,
+                bytes: u.bytes,
+            })
+            .collect(),
+        checks,
+        warnings,
+        capacity_bytes: ask.capacity,
+        predictions,
+        largest,
+        strength,
+    }
+}
+
+/// How each recording pairs with the largest.
+fn pairing(series: &Series) -> Vec<Pairing> {
+    let recs = &series.recordings;
+    let last = recs.len() - 1;
+    (0..last)
+        .map(|o| {
+            let m = series.model(last, Some(&[o]));
+            let r = m.recording();
+            let (mut paired, mut paired_bytes) = (0, 0);
+            for (a, &p) in r.allocs.iter().zip(&m.paired) {
+                if p {
+                    paired += 1;
+                    paired_bytes += a.size;
+                }
+            }
+            Pairing {
+                input: r.input.clone(),
+                with: recs[o].input.clone(),
+                paired,
+                allocations: r.allocs.len(),
+                paired_bytes,
+                bytes: r.allocs.iter().map(|a| a.size).sum(),
+                method: match series.method(last, o) {
+                    crate::snapshot::fit::align::Method::Identical => "identical",
+                    crate::snapshot::fit::align::Method::Aligned => "aligned",
+                    crate::snapshot::fit::align::Method::ByOccurrence => "by_occurrence",
+                },
+            }
+        })
+        .collect()
+}
+
+/// What the user should know about the inputs themselves.
+fn warnings(series: &Series, largest: &Model) -> Vec<String> {
+    let recs = &series.recordings;
+    let first = &recs[0];
+    let mut out = Vec::new();
+    for r in &recs[1..] {
+        if r.settings != first.settings {
+            out.push(format!(
+                "{} and {} record different allocator settings; the predictions replay each --conf given, whatever the recordings ran with",
+                first.input, r.input
+            ));
+        }
+        if r.device != first.device {
+            out.push(format!(
+                "{} is read on cuda:{} and {} on cuda:{} (the device with the most allocations of each)",
+                first.input, first.device, r.input, r.device
+            ));
+        }
+    }
+    let (n, bytes) = largest.pre_trace_varying();
+    if n > 0 {
+        out.push(format!(
+            "memory live before the trace began differs between the inputs ({n} allocations, {} in {}): it follows the same laws as the trace",
+            crate::units::human(bytes),
+            largest.recording().input
+        ));
+    }
+    out
+}
+
+/// With three recordings or more, each one's peak predicted from the others.
+fn checks(series: &Series) -> Vec<Check> {
+    let recs = &series.recordings;
+    if recs.len() < 3 {
+        return Vec::new();
+    }
+    (0..recs.len())
+        .map(|i| {
+            let others: Vec<usize> = (0..recs.len()).filter(|&o| o != i).collect();
+            // The nearest other recording, the larger when past them all.
+            let reference = if i == recs.len() - 1 {
+                i - 1
+            } else if i == 0 {
+                1
+            } else {
+                let ln = |o: usize| (recs[o].size as f64).ln();
+                let x = ln(i);
+                if (ln(i + 1) - x) <= (x - ln(i - 1)) {
+                    i + 1
+                } else {
+                    i - 1
+                }
+            };
+            let model = series.model(reference, Some(&others));
+            let predicted = model.peak_allocated_at(recs[i].size);
+            let recorded = recs[i].peak_allocated();
+            Check {
+                input: recs[i].input.clone(),
+                size: recs[i].size,
+                recorded_peak_allocated_bytes: recorded,
+                predicted_peak_allocated_bytes: predicted,
+                error: (predicted as f64 - recorded as f64) / (recorded as f64).max(1.0),
+            }
+        })
+        .collect()
+}
+
+/// One size's prediction under every config.
+fn predict(
+    series: &Series,
+    models: &[Model],
+    size: u64,
+    ask: &FitAsk,
+    checks: &[Check],
+) -> Prediction {
+    let model = &models[series.reference_for(size)];
+    let rec = model.recording();
+    let (mut allocs, mut pre) = (Vec::new(), Vec::new());
+    model.sizes_at(size, &mut allocs, &mut pre);
+    let peak = rec.peak_with(&allocs, &pre);
+    let reasons = reasons(series, model, size, &allocs, &pre, checks);
+    let trace = predicted::fresh_trace(rec, &allocs, &pre);
+    let configs = ask
+        .confs
+        .par_iter()
+        .map(|(conf, settings)| {
+            let free = run::replay(&trace, settings, conf, NO_LIMIT);
+            let oom = ask.capacity.and_then(|cap| {
+                let at_cap =
+                    if free.figures.peak_reserved_bytes <= cap && !capacity_matters(settings) {
+                        None
+                    } else {
+                        run::replay(&trace, settings, conf, cap).figures.oom
+                    };
+                at_cap.map(|o| FitOom {
+                    event_index: o.event_index,
+                    requested_bytes: o.requested_bytes,
+                    site: site_of(rec, o.event_index),
+                })
+            });
+            ConfPrediction {
+                conf: conf.clone(),
+                peak_reserved_bytes: free.figures.peak_reserved_bytes,
+                oom,
+            }
+        })
+        .collect();
+    Prediction {
+        size,
+        reference: rec.input.clone(),
+        strength: if reasons.is_empty() {
+            Strength::Likely
+        } else {
+            Strength::Uncertain
+        },
+        reasons,
+        peak_allocated_bytes: peak,
+        configs,
+    }
+}
+
+/// A config whose decisions depend on the card's size (the garbage
+/// collection threshold, a memory fraction): replayed at the capacity even
+/// when its peak fits.
+fn capacity_matters(s: &Settings) -> bool {
+    s.garbage_collection_threshold > 0.0 || s.per_process_memory_fraction.is_some()
+}
+
+/// The call site of event `index` of the predicted trace.
+fn site_of(rec: &Recording, index: u64) -> String {
+    let site = match predicted::origin(rec, index) {
+        Origin::Pre(j) => rec.pre.get(j as usize).map_or(0, |p| p.site),
+        Origin::Step(k) => match rec.timeline.get(k as usize) {
+            Some(Step::Alloc(i)) => rec.allocs.get(*i as usize).map_or(0, |a| a.site),
+            _ => 0,
+        },
+    };
+    rec.sites.get(site as usize).cloned().unwrap_or_default()
+}
+
+/// Why a prediction at `size` is uncertain (none: likely).
+fn reasons(
+    series: &Series,
+    model: &Model,
+    size: u64,
+    allocs: &[u64],
+    pre: &[u64],
+    checks: &[Check],
+) -> Vec<String> {
+    let recs = &series.recordings;
+    let (lo, hi) = (recs[0].size as f64, recs[recs.len() - 1].size as f64);
+    let x = size as f64;
+    let mut out = Vec::new();
+    let span = (hi / lo).ln();
+    let beyond = if x > hi {
+        (x / hi).ln()
+    } else if x < lo {
+        (lo / x).ln()
+    } else {
+        0.0
+    };
+    if beyond > EXTRAPOLATION_SPANS * span {
+        out.push(format!(
+            "size {size} is {:.1}x {} the recorded sizes ({}), past {}x their span",
+            if x > hi { x / hi } else { lo / x },
+            if x > hi { "beyond" } else { "below" },
+            recs.iter()
+                .map(|r| r.size.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            (hi / lo).powf(EXTRAPOLATION_SPANS).round()
+        ));
+    }
+    // What is live at the predicted peak without a partner or a clean law.
+    let rec = model.recording();
+    let live = live_at_peak(rec, allocs, pre);
+    let peak: u64 = live.iter().map(|&(_, b)| b).sum();
+    let (mut lonely, mut unclear) = (0u64, 0u64);
+    for &(i, bytes) in &live {
+        match i {
+            Live::Alloc(i) if !model.paired[i] => lonely += bytes,
+            Live::Alloc(i) if !model.laws[i].is_clean() => unclear += bytes,
+            Live::Pre(j) if !model.pre_paired[j] => lonely += bytes,
+            Live::Pre(j) if !model.pre_laws[j].is_clean() => unclear += bytes,
+            _ => {}
+        }
+    }
+    let share = |b: u64| b as f64 / (peak as f64).max(1.0);
+    if size != rec.size && share(lonely) > UNSURE_SHARE {
+        out.push(format!(
+            "{} of the {} live at the predicted peak ({:.1} %) was recorded at {} only: its size at {size} is a guess",
+            crate::units::human(lonely),
+            crate::units::human(peak),
+            100.0 * share(lonely),
+            rec.size
+        ));
+    }
+    if size != rec.size && share(unclear) > UNSURE_SHARE {
+        out.push(format!(
+            "{} of the {} live at the predicted peak ({:.1} %) follows no clean law (an exponent off the half grid, or sizes that shrink)",
+            crate::units::human(unclear),
+            crate::units::human(peak),
+            100.0 * share(unclear)
+        ));
+    }
+    for c in checks {
+        if c.error.abs() > CHECK_TOLERANCE {
+            out.push(format!(
+                "{} (size {}) predicted from the other inputs is off by {:+.1} %",
+                c.input,
+                c.size,
+                100.0 * c.error
+            ));
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Live {
+    Alloc(usize),
+    Pre(usize),
+}
+
+/// The allocations live at the first peak of allocated bytes, with their bytes.
+fn live_at_peak(rec: &Recording, allocs: &[u64], pre: &[u64]) -> Vec<(Live, u64)> {
+    let mut now: i128 = pre.iter().map(|&s| i128::from(s)).sum();
+    let (mut best, mut at) = (now, None);
+    for (k, s) in rec.timeline.iter().enumerate() {
+        match *s {
+            Step::Alloc(i) => now += i128::from(allocs[i as usize]),
+            Step::Free(i) => now -= i128::from(allocs[i as usize]),
+            Step::PreFree(j) => now -= i128::from(pre[j as usize]),
+        }
+        if now > best {
+            best = now;
+            at = Some(k);
+        }
+    }
+    let mut pre_live = vec![true; pre.len()];
+    let mut alloc_live = vec![false; allocs.len()];
+    if let Some(at) = at {
+        for s in &rec.timeline[..=at] {
+            match *s {
+                Step::Alloc(i) => alloc_live[i as usize] = true,
+                Step::Free(i) => alloc_live[i as usize] = false,
+                Step::PreFree(j) => pre_live[j as usize] = false,
+            }
+        }
+    }
+    let mut out: Vec<(Live, u64)> = Vec::new();
+    out.extend(
+        (0..pre.len())
+            .filter(|&j| pre_live[j])
+            .map(|j| (Live::Pre(j), pre[j])),
+    );
+    out.extend(
+        (0..allocs.len())
+            .filter(|&i| alloc_live[i])
+            .map(|i| (Live::Alloc(i), allocs[i])),
+    );
+    out
+}
+
+/// The largest multiple of `step` whose predicted fresh run fits a card of
+/// `capacity` under `settings`: bounded first by allocated bytes alone (no
+/// run fits a card smaller than what it allocates), then by replays.
+fn largest_fitting(
+    series: &Series,
+    models: &[Model],
+    (conf, settings): (&str, &Settings),
+    capacity: u64,
+    step: u64,
+    checks: &[Check],
+) -> Largest {
+    let mut replays = 0u32;
+    let mut buffers = (Vec::new(), Vec::new());
+    let mut runs: Vec<(u64, Run)> = Vec::new();
+    let sized = |n: u64| n.saturating_mul(step);
+    let at_size = |n: u64, cap: u64, replays: &mut u32, buffers: &mut (Vec<u64>, Vec<u64>)| {
+        let size = sized(n);
+        let model = &models[series.reference_for(size)];
+        model.sizes_at(size, &mut buffers.0, &mut buffers.1);
+        let rec = model.recording();
+        *replays += 1;
+        let trace = predicted::fresh_trace(rec, &buffers.0, &buffers.1);
+        run::replay(&trace, settings, conf, cap)
+    };
+    let allocated = |n: u64| {
+        let size = sized(n);
+        models[series.reference_for(size)].peak_allocated_at(size)
+    };
+    let none = Largest {
+        conf: conf.to_string(),
+        capacity_bytes: capacity,
+        size: None,
+        strength: Strength::Likely,
+        peak_reserved_bytes: None,
+        margin_bytes: None,
+        next_size: Some(sized(1)),
+        next_peak_reserved_bytes: None,
+        unbounded: false,
+        replays: 0,
+    };
+    // 1. The largest n whose allocated bytes alone fit.
+    if allocated(1) > capacity {
+        let r = at_size(1, NO_LIMIT, &mut replays, &mut buffers);
+        return Largest {
+            next_peak_reserved_bytes: Some(r.figures.peak_reserved_bytes),
+            replays,
+            ..none
+        };
+    }
+    let (mut ok, mut over) = (1u64, 2u64);
+    while over <= MAX_STEPS && allocated(over) <= capacity {
+        ok = over;
+        over *= 2;
+    }
+    let unbounded = over > MAX_STEPS;
+    let mut hi_alloc = ok;
+    if !unbounded {
+        let mut bad = over;
+        while bad - hi_alloc > 1 {
+            let mid = hi_alloc + (bad - hi_alloc) / 2;
+            if allocated(mid) <= capacity {
+                hi_alloc = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    // 2. Replays: the largest n that runs without OOM at the capacity.
+    let mut fits = |n: u64, replays: &mut u32, buffers: &mut (Vec<u64>, Vec<u64>)| -> bool {
+        if let Some((_, r)) = runs.iter().find(|(m, _)| *m == n) {
+            return r.figures.oom.is_none();
+        }
+        let r = at_size(n, capacity, replays, buffers);
+        let ok = r.figures.oom.is_none();
+        runs.push((n, r));
+        ok
+    };
+    let best = if fits(hi_alloc, &mut replays, &mut buffers) {
+        Some(hi_alloc)
+    } else {
+        // Guess from how much more than it allocates the run reserves.
+        let free = at_size(hi_alloc, NO_LIMIT, &mut replays, &mut buffers);
+        let ratio = free.figures.peak_reserved_bytes as f64 / (allocated(hi_alloc) as f64).max(1.0);
+        let target = (capacity as f64 / ratio.max(1.0)) as u64;
+        let (mut lo, mut hi) = (0u64, hi_alloc);
+        let mut guess = {
+            let (mut g, mut bad) = (0u64, hi_alloc);
+            while bad - g > 1 {
+                let mid = g + (bad - g) / 2;
+                if allocated(mid) <= target {
+                    g = mid;
+                } else {
+                    bad = mid;
+                }
+            }
+            g.max(1)
+        };
+        // Gallop from the guess to a bracket [fits, does not fit].
+        let mut stride = 1u64;
+        if fits(guess, &mut replays, &mut buffers) {
+            lo = guess;
+            while guess + stride < hi {
+                guess += stride;
+                if fits(guess, &mut replays, &mut buffers) {
+                    lo = guess;
+                    stride *= 2;
+                } else {
+                    hi = guess;
+                    break;
+                }
+            }
+        } else {
+            hi = guess;
+            while hi > 1 {
+                let down = hi.saturating_sub(stride).max(1);
+                if fits(down, &mut replays, &mut buffers) {
+                    lo = down;
+                    break;
+                }
+                hi = down;
+                stride *= 2;
+            }
+        }
+        while lo > 0 && hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid, &mut replays, &mut buffers) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo > 0).then_some(lo)
+    };
+    let Some(n) = best else {
+        let next = at_size(1, NO_LIMIT, &mut replays, &mut buffers);
+        return Largest {
+            next_peak_reserved_bytes: Some(next.figures.peak_reserved_bytes),
+            replays,
+            ..none
+        };
+    };
+    let at_n = runs
+        .iter()
+        .find(|(m, _)| *m == n)
+        .map(|(_, r)| r.figures.peak_reserved_bytes)
+        .unwrap_or(0);
+    let next = (!unbounded).then(|| at_size(n + 1, NO_LIMIT, &mut replays, &mut buffers));
+    let size = sized(n);
+    let model = &models[series.reference_for(size)];
+    let (mut allocs, mut pre) = (Vec::new(), Vec::new());
+    model.sizes_at(size, &mut allocs, &mut pre);
+    let strength = if reasons(series, model, size, &allocs, &pre, checks).is_empty() {
+        Strength::Likely
+    } else {
+        Strength::Uncertain
+    };
+    Largest {
+        conf: conf.to_string(),
+        capacity_bytes: capacity,
+        size: Some(size),
+        strength,
+        peak_reserved_bytes: Some(at_n),
+        margin_bytes: Some(capacity.saturating_sub(at_n)),
+        next_size: (!unbounded).then(|| sized(n + 1)),
+        next_peak_reserved_bytes: next.map(|r| r.figures.peak_reserved_bytes),
+        unbounded,
+        replays,
+    }
+}
