@@ -448,7 +448,7 @@ fn reasons(
     let (mut lonely, mut unclear) = (0u64, 0u64);
     for &(i, bytes) in &live {
         match i {
-            Live::Alloc(i) if !model.paired[i] => lonely += bytes,
+            Live::Alloc(i) if !model.paired[i] && !model.borrowed[i] => lonely += bytes,
             Live::Alloc(i) if !model.laws[i].is_clean() => unclear += bytes,
             Live::Pre(j) if !model.pre_paired[j] => lonely += bytes,
             Live::Pre(j) if !model.pre_laws[j].is_clean() => unclear += bytes,

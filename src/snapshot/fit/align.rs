@@ -7,6 +7,8 @@
 //! of the same length facing it on the other side is paired in order: the
 //! same calls, keyed differently.
 
+use std::ops::Range;
+
 /// No partner.
 pub const UNPAIRED: u32 = u32::MAX;
 
@@ -31,11 +33,61 @@ pub enum Method {
 }
 
 /// For each index of `a`, the index of `b` it pairs with ([`UNPAIRED`] for
-/// none); pairs never cross (except [`Method::ByOccurrence`]).
-pub fn align(a: &[u64], b: &[u64]) -> (Vec<u32>, Method) {
-    if a == b {
-        return ((0..a.len()).map(index).collect(), Method::Identical);
+/// none), from each side's keys with lines and without (`(fine, coarse)`):
+/// aligned on the fine keys, each stretch between two matched runs aligned
+/// again on the coarse keys (a call site whose line moved), and what still
+/// faces a stretch of the same length paired in order. Pairs never cross
+/// (except [`Method::ByOccurrence`]).
+pub fn align(a: (&[u64], &[u64]), b: (&[u64], &[u64])) -> (Vec<u32>, Method) {
+    let ((fa, ca), (fb, cb)) = (a, b);
+    if fa == fb {
+        return ((0..fa.len()).map(index).collect(), Method::Identical);
     }
+    let mut pairs = vec![UNPAIRED; fa.len()];
+    let mut coarse_gap = |ra: Range<usize>, rb: Range<usize>, pairs: &mut [u32]| {
+        let (oa, ob) = (ra.start, rb.start);
+        let fitted = diff_pairs(
+            &ca[ra.clone()],
+            &cb[rb.clone()],
+            (oa, ob),
+            pairs,
+            &mut in_order,
+        );
+        if !fitted {
+            in_order(ra, rb, pairs);
+        }
+    };
+    if diff_pairs(fa, fb, (0, 0), &mut pairs, &mut coarse_gap) {
+        return (pairs, Method::Aligned);
+    }
+    pairs.fill(UNPAIRED);
+    if diff_pairs(ca, cb, (0, 0), &mut pairs, &mut in_order) {
+        return (pairs, Method::Aligned);
+    }
+    (by_occurrence(ca, cb), Method::ByOccurrence)
+}
+
+/// Pairs a stretch of `a` with the stretch of `b` facing it, in order, when
+/// they are as long.
+fn in_order(ra: Range<usize>, rb: Range<usize>, pairs: &mut [u32]) {
+    if ra.len() == rb.len() {
+        for (i, j) in ra.zip(rb) {
+            pairs[i] = index(j);
+        }
+    }
+}
+
+/// Writes the pairs of a shortest edit script from `a` to `b` (whose first
+/// items are items `offset` of the whole sequences) into `pairs`, and hands
+/// each stretch between matched runs to `gap`; false (nothing written) when
+/// the two differ past the diff's bounds.
+fn diff_pairs(
+    a: &[u64],
+    b: &[u64],
+    (oa, ob): (usize, usize),
+    pairs: &mut [u32],
+    gap: &mut dyn FnMut(Range<usize>, Range<usize>, &mut [u32]),
+) -> bool {
     let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
     let suffix = a[prefix..]
         .iter()
@@ -45,33 +97,30 @@ pub fn align(a: &[u64], b: &[u64]) -> (Vec<u32>, Method) {
         .count();
     let (ma, mb) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
     let Some(snakes) = myers(ma, mb) else {
-        return (by_occurrence(a, b), Method::ByOccurrence);
+        return false;
     };
-    let mut pairs = vec![UNPAIRED; a.len()];
-    for i in 0..prefix {
-        pairs[i] = index(i);
-    }
-    for t in 0..suffix {
-        pairs[a.len() - 1 - t] = index(b.len() - 1 - t);
-    }
-    // Matched runs of the middle, then the gaps between them in order.
-    let (mut ia, mut ib) = (0usize, 0usize);
-    let fill_gap = |pairs: &mut [u32], (ia, ib): (usize, usize), (ja, jb): (usize, usize)| {
-        if ja - ia == jb - ib {
-            for t in 0..ja - ia {
-                pairs[prefix + ia + t] = index(prefix + ib + t);
-            }
-        }
-    };
-    for (sa, sb, len) in snakes {
-        fill_gap(&mut pairs, (ia, ib), (sa, sb));
+    let run = |from_a: usize, from_b: usize, len: usize, pairs: &mut [u32]| {
         for t in 0..len {
-            pairs[prefix + sa + t] = index(prefix + sb + t);
+            pairs[oa + from_a + t] = index(ob + from_b + t);
         }
+    };
+    run(0, 0, prefix, pairs);
+    run(a.len() - suffix, b.len() - suffix, suffix, pairs);
+    // The middle's matched runs, and the stretches between them.
+    let (mut ia, mut ib) = (prefix, prefix);
+    for (sa, sb, len) in snakes {
+        let (sa, sb) = (prefix + sa, prefix + sb);
+        if sa > ia || sb > ib {
+            gap(oa + ia..oa + sa, ob + ib..ob + sb, pairs);
+        }
+        run(sa, sb, len, pairs);
         (ia, ib) = (sa + len, sb + len);
     }
-    fill_gap(&mut pairs, (ia, ib), (ma.len(), mb.len()));
-    (pairs, Method::Aligned)
+    let (ea, eb) = (a.len() - suffix, b.len() - suffix);
+    if ea > ia || eb > ib {
+        gap(oa + ia..oa + ea, ob + ib..ob + eb, pairs);
+    }
+    true
 }
 
 fn index(i: usize) -> u32 {
@@ -203,7 +252,7 @@ mod tests {
     use super::*;
 
     fn pairs_of(a: &[u64], b: &[u64]) -> Vec<u32> {
-        align(a, b).0
+        align((a, a), (b, b)).0
     }
 
     #[test]
@@ -288,13 +337,25 @@ mod tests {
     fn far_apart_sequences_pair_by_occurrence() {
         let a: Vec<u64> = (0..5000).map(|i| i % 3).collect();
         let b: Vec<u64> = (0..5000).map(|i| (i * 7 + 1) % 5).collect();
-        let (p, method) = align(&a, &b);
+        let (p, method) = align((&a, &a), (&b, &b));
         assert_eq!(method, Method::ByOccurrence);
         for (i, &j) in p.iter().enumerate() {
             if j != UNPAIRED {
                 assert_eq!(a[i], b[j as usize]);
             }
         }
+    }
+
+    #[test]
+    fn lines_tell_sites_of_one_function_apart_and_moved_lines_still_pair() {
+        // softmax at lines 172, 173 and 175 (fine keys 1, 2, 3; one coarse
+        // key 9); the second recording has an extra 175 allocation, and a
+        // later call (7) moved to line 8 in an edited script (coarse 70).
+        let (fa, ca) = ([1u64, 2, 3, 7, 5], [9u64, 9, 9, 70, 5]);
+        let (fb, cb) = ([1u64, 2, 3, 3, 8, 5], [9u64, 9, 9, 9, 70, 5]);
+        let (p, method) = align((&fa, &ca), (&fb, &cb));
+        assert_eq!(method, Method::Aligned);
+        assert_eq!(p, vec![0, 1, 2, 4, 5]);
     }
 
     #[test]

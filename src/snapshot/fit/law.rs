@@ -88,6 +88,16 @@ impl SizeLaw {
         }
     }
 
+    /// The same law for an allocation `factor` times as large: what an
+    /// allocation recorded at one size only borrows from its call site.
+    pub fn scaled(&self, factor: f64) -> SizeLaw {
+        SizeLaw {
+            a: self.a * factor,
+            b: self.b * factor,
+            ..*self
+        }
+    }
+
     /// A law read cleanly: constant, a power on the half grid, or affine.
     pub fn is_clean(&self) -> bool {
         matches!(self.kind, Kind::Constant | Kind::Power(_) | Kind::Affine)

@@ -25,9 +25,12 @@ pub struct Alloc {
     /// The bytes it asked for (the `alloc` entry's `size`).
     pub size: u64,
     pub stream: u64,
-    /// The pairing key: its stack as function names, line numbers and
-    /// install paths left out ([`stack_key`]).
+    /// The pairing key: its stack as file names, lines and functions,
+    /// install paths left out ([`stack_keys`]).
     pub key: u64,
+    /// The same without line numbers: what still pairs after the script was
+    /// edited between the recordings.
+    pub coarse: u64,
     /// Its call site, an index into [`Recording::sites`].
     pub site: u32,
 }
@@ -150,11 +153,12 @@ impl Recording {
                     if let Some(old) = live.insert(e.addr, i) {
                         rec.timeline.push(Step::Free(old));
                     }
-                    let (key, site) = reader.stack(e.frames, &mut rec.sites);
+                    let ((key, coarse), site) = reader.stack(e.frames, &mut rec.sites);
                     rec.allocs.push(Alloc {
                         size: e.size,
                         stream: e.stream,
                         key,
+                        coarse,
                         site,
                     });
                     rec.timeline.push(Step::Alloc(i));
@@ -219,9 +223,10 @@ impl Recording {
         Ok(Some(rec))
     }
 
-    /// The keys of the allocations, in order (what [`align::align`] pairs).
-    pub fn keys(&self) -> Vec<u64> {
-        self.allocs.iter().map(|a| a.key).collect()
+    /// The keys of the allocations, in order, and their line-free ones
+    /// (what [`align::align`] pairs).
+    pub fn keys(&self) -> (Vec<u64>, Vec<u64>) {
+        self.allocs.iter().map(|a| (a.key, a.coarse)).unzip()
     }
 
     /// The peak of allocated bytes (pre-trace bytes still live plus traced
@@ -264,7 +269,7 @@ impl Recording {
 /// entries of a call site) and each frame once per frame dict.
 struct Reader<'s, 'a> {
     snap: &'s Snapshot<'a>,
-    lists: FxHashMap<u32, (u64, u32)>,
+    lists: FxHashMap<u32, ((u64, u64), u32)>,
     site_ids: FxHashMap<String, u32>,
     no_stack: u32,
 }
@@ -289,13 +294,13 @@ impl<'s, 'a> Reader<'s, 'a> {
         id
     }
 
-    /// The key and site of a frames list.
-    fn stack(&mut self, f: Frames, sites: &mut Vec<String>) -> (u64, u32) {
+    /// The keys and site of a frames list.
+    fn stack(&mut self, f: Frames, sites: &mut Vec<String>) -> ((u64, u64), u32) {
         if let Some(&known) = self.lists.get(&f.0) {
             return known;
         }
         let frames: Vec<_> = self.snap.frames(f).collect();
-        let key = stack_key(&frames);
+        let key = stack_keys(&frames);
         let label = match site_label(&frames) {
             Some(l) => l,
             None if frames.is_empty() => NO_STACK_SITE.to_string(),
@@ -310,29 +315,35 @@ impl<'s, 'a> Reader<'s, 'a> {
     }
 }
 
-/// The pairing key of a stack (frames innermost first): the file's base
-/// name and the function of every Python frame, so that an edited script
-/// (lines moved) or another install (other paths) keeps its keys; a stack
-/// without a Python frame (autograd's thread) is keyed by its first C++
-/// functions past the allocator's own, without their argument lists.
-pub fn stack_key(frames: &[super::model::Frame]) -> u64 {
-    let mut h = FxHasher::default();
+/// The pairing keys of a stack (frames innermost first): the file's base
+/// name, the line and the function of every Python frame, so that another
+/// install (other paths) keeps its keys; and the same without the lines, so
+/// that an edited script (lines moved) still pairs. A stack without a
+/// Python frame (autograd's thread) is keyed by its first C++ functions
+/// past the allocator's own, without their argument lists.
+pub fn stack_keys(frames: &[super::model::Frame]) -> (u64, u64) {
+    let (mut fine, mut coarse) = (FxHasher::default(), FxHasher::default());
     let mut python = false;
     for f in frames {
         if frame_flags(f.filename, f.name) & PY != 0 {
             let path = f.filename.rsplit(['/', '\\']).next().unwrap_or("");
-            path.hash(&mut h);
-            f.name.hash(&mut h);
+            for h in [&mut fine, &mut coarse] {
+                path.hash(h);
+                f.name.hash(h);
+            }
+            f.line.hash(&mut fine);
             python = true;
         }
     }
     if !python {
-        0xC0FFEEu32.hash(&mut h);
-        frames
-            .iter()
-            .filter(|f| !CPP_PLUMBING.iter().any(|p| f.name.contains(p)))
-            .take(CPP_KEY_FRAMES)
-            .for_each(|f| f.name.split('(').next().unwrap_or("").hash(&mut h));
+        for h in [&mut fine, &mut coarse] {
+            0xC0FFEEu32.hash(h);
+            frames
+                .iter()
+                .filter(|f| !CPP_PLUMBING.iter().any(|p| f.name.contains(p)))
+                .take(CPP_KEY_FRAMES)
+                .for_each(|f| f.name.split('(').next().unwrap_or("").hash(h));
+        }
     }
-    h.finish()
+    (fine.finish(), coarse.finish())
 }

@@ -82,7 +82,7 @@ impl Series {
             }
         }
         let n = recordings.len();
-        let keys: Vec<Vec<u64>> = recordings.iter().map(Recording::keys).collect();
+        let keys: Vec<(Vec<u64>, Vec<u64>)> = recordings.iter().map(Recording::keys).collect();
         let pre_sizes: Vec<Vec<u64>> = recordings
             .iter()
             .map(|r| r.pre.iter().map(|p| p.size).collect())
@@ -92,9 +92,10 @@ impl Series {
         let mut methods = vec![vec![Method::Identical; n]; n];
         for r in 0..n {
             for o in r + 1..n {
-                let (p, method) = align::align(&keys[r], &keys[o]);
-                check_one_workload(&recordings[r], &recordings[o], &p, &keys[r], &keys[o])?;
-                pairs[o][r] = invert(&p, keys[o].len());
+                let (kr, ko) = (&keys[r], &keys[o]);
+                let (p, method) = align::align((&kr.0, &kr.1), (&ko.0, &ko.1));
+                check_one_workload(&recordings[r], &recordings[o], &p, &kr.1, &ko.1)?;
+                pairs[o][r] = invert(&p, ko.0.len());
                 pairs[r][o] = p;
                 methods[r][o] = method;
                 methods[o][r] = method;
@@ -162,6 +163,7 @@ impl Series {
             laws.push(law);
             paired.push(p);
         }
+        let borrowed = borrow_laws(r, &mut laws, &paired);
         let (mut pre_laws, mut pre_paired) = (Vec::with_capacity(r.pre.len()), Vec::new());
         for (i, p) in r.pre.iter().enumerate() {
             let (law, ok) = fit_one(p.size, &|o| {
@@ -176,6 +178,7 @@ impl Series {
             reference,
             laws,
             paired,
+            borrowed,
             pre_laws,
             pre_paired,
         }
@@ -247,6 +250,46 @@ fn check_one_workload(
     Ok(())
 }
 
+/// An allocation recorded at one size only (another iteration, a kernel
+/// path taken above some size) takes the law of its call site: of the
+/// paired allocations with its key (else its key without lines), the one
+/// nearest in size, scaled to its size. Returns which borrowed one.
+fn borrow_laws(r: &Recording, laws: &mut [SizeLaw], paired: &[bool]) -> Vec<bool> {
+    use rustc_hash::FxHashMap;
+    let mut fine: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+    let mut coarse: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+    for (i, a) in r.allocs.iter().enumerate() {
+        if paired[i] && laws[i].kind != law::Kind::Unclear {
+            fine.entry(a.key).or_default().push(i);
+            coarse.entry(a.coarse).or_default().push(i);
+        }
+    }
+    let mut borrowed = vec![false; r.allocs.len()];
+    for (i, a) in r.allocs.iter().enumerate() {
+        if paired[i] {
+            continue;
+        }
+        let donors = fine.get(&a.key).or_else(|| coarse.get(&a.coarse));
+        let nearest = donors.and_then(|d| {
+            d.iter().copied().min_by(|&x, &y| {
+                let gap = |j: usize| {
+                    ((r.allocs[j].size.max(1) as f64) / (a.size.max(1) as f64))
+                        .ln()
+                        .abs()
+                };
+                gap(x).total_cmp(&gap(y))
+            })
+        });
+        if let Some(j) = nearest
+            && r.allocs[j].size > 0
+        {
+            laws[i] = laws[j].scaled(a.size as f64 / r.allocs[j].size as f64);
+            borrowed[i] = true;
+        }
+    }
+    borrowed
+}
+
 fn invert(pairs: &[u32], len: usize) -> Vec<u32> {
     let mut back = vec![UNPAIRED; len];
     for (i, &j) in pairs.iter().enumerate() {
@@ -268,6 +311,8 @@ pub struct Model<'s> {
     pub laws: Vec<SizeLaw>,
     /// Per allocation: paired with at least one other recording.
     pub paired: Vec<bool>,
+    /// Per allocation: unpaired, its law borrowed from its call site.
+    pub borrowed: Vec<bool>,
     /// Per pre-trace allocation of the reference.
     pub pre_laws: Vec<SizeLaw>,
     pub pre_paired: Vec<bool>,
