@@ -13,6 +13,7 @@ mod answer;
 mod conf;
 mod conventions;
 mod fills;
+mod fit;
 mod hostile;
 mod ingest;
 mod json_contract;

@@ -23,11 +23,22 @@ pub struct FitOptions {
     #[cfg_attr(feature = "cli", arg(required = true, num_args = 2..))]
     pub inputs: Vec<String>,
     /// The knob's value each input was recorded at, in the inputs' order: `--sizes 8,16`.
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ',', required = true))]
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            value_delimiter = ',',
+            required = true,
+            allow_hyphen_values = true
+        )
+    )]
     pub sizes: Vec<String>,
     /// Sizes to predict: `--at 32,64` (default: twice the largest recorded size, unless
     /// --capacity asks for the largest size that fits).
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_delimiter = ',', allow_hyphen_values = true)
+    )]
     pub at: Vec<String>,
     /// A config to predict under besides PyTorch's defaults (repeatable).
     #[cfg_attr(feature = "cli", arg(long = "conf"))]

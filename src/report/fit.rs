@@ -11,6 +11,11 @@ use crate::trial::fit::{Fit, Largest};
 use crate::trial::run::conf_name;
 use crate::units::human;
 
+/// An input as tables show it: its file name.
+fn file(input: &str) -> &str {
+    input.rsplit(['/', '\\']).next().unwrap_or(input)
+}
+
 /// The knob's name in sentences ("batch", "context_length"; "size" by default).
 pub struct Knob<'a>(pub &'a str);
 
@@ -50,11 +55,12 @@ pub fn headline(fit: &Fit, knob: &Knob) -> String {
                     .map_or("more".into(), human)
             );
         };
+        // "the defaults fit", "expandable_segments:True fits".
         let name = |l: &Largest| {
             if l.conf.is_empty() {
-                "the defaults".to_string()
+                "PyTorch's defaults fit".to_string()
             } else {
-                l.conf.clone()
+                format!("{} fits", l.conf)
             }
         };
         let fits = |l: &Largest| match l.size {
@@ -64,19 +70,14 @@ pub fn headline(fit: &Fit, knob: &Knob) -> String {
             Some(s) => format!("{k} {s}"),
             None => format!("no {k}"),
         };
-        let first = format!("{} fits {} on {}", name(best), fits(best), card(cap));
+        let first = format!("{} {} on {}", name(best), fits(best), card(cap));
         let others: Vec<String> = ranked[1..]
             .iter()
             .map(|l| {
                 if l.size == Some(best_size) {
-                    format!("{} fits the same", name(l))
+                    format!("{} the same", name(l))
                 } else {
-                    format!(
-                        "{} fit{} {}",
-                        name(l),
-                        if l.conf.is_empty() { "" } else { "s" },
-                        fits(l)
-                    )
+                    format!("{} {}", name(l), fits(l))
                 }
             })
             .collect();
@@ -123,7 +124,7 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
     for i in &fit.inputs {
         inputs.row(vec![
             i.size.to_string(),
-            i.input.clone(),
+            file(&i.input).to_string(),
             format!("cuda:{}", i.device),
             i.trace_entries.to_string(),
             i.allocations.to_string(),
@@ -235,7 +236,7 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
         .numeric(&[2, 3, 4]);
         for u in &fit.unpaired {
             g.row(vec![
-                u.input.clone(),
+                file(&u.input).to_string(),
                 u.site.clone(),
                 u.count.to_string(),
                 size(Some(u.largest_bytes)),
@@ -253,7 +254,7 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
         for c in &fit.checks {
             g.row(vec![
                 c.size.to_string(),
-                c.input.clone(),
+                file(&c.input).to_string(),
                 size(Some(c.recorded_peak_allocated_bytes)),
                 size(Some(c.predicted_peak_allocated_bytes)),
                 format!("{:+.2} %", 100.0 * c.error),
@@ -265,15 +266,15 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
 }
 
 /// Lines under the tables: pairing, strength reasons, warnings.
-fn notes(fit: &Fit) -> Vec<String> {
+fn notes(fit: &Fit, knob: &Knob) -> Vec<String> {
     let mut out = Vec::new();
     for p in &fit.pairing {
         out.push(format!(
             "Pairing: {} of {} allocations of {} pair with {} ({} of the bytes; {})",
             p.paired,
             p.allocations,
-            p.input,
-            p.with,
+            file(&p.input),
+            file(&p.with),
             if p.bytes == 0 {
                 "all".to_string()
             } else {
@@ -288,7 +289,7 @@ fn notes(fit: &Fit) -> Vec<String> {
     }
     for p in &fit.predictions {
         for r in &p.reasons {
-            out.push(format!("{} {} is uncertain: {r}", "size", p.size));
+            out.push(format!("{} {} is uncertain: {r}", knob.0, p.size));
         }
     }
     for w in &fit.warnings {
@@ -303,7 +304,7 @@ pub fn text(fit: &Fit, knob: &Knob) -> String {
         s.push_str(&g.to_text());
         s.push('\n');
     }
-    for n in notes(fit) {
+    for n in notes(fit, knob) {
         s.push_str(&n);
         s.push('\n');
     }
@@ -316,7 +317,7 @@ pub fn markdown(fit: &Fit, knob: &Knob) -> String {
         s.push_str(&g.to_markdown());
         s.push('\n');
     }
-    for n in notes(fit) {
+    for n in notes(fit, knob) {
         s.push_str(&format!("- {}\n", super::common::markdown_escape(&n)));
     }
     s
@@ -374,7 +375,7 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
         subtitle: Some(
             fit.inputs
                 .iter()
-                .map(|i| format!("{} at {}", i.input, i.size))
+                .map(|i| format!("{} at {}", file(&i.input), i.size))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),
@@ -401,6 +402,6 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
     for g in grids(fit, knob) {
         data.tables.push(html::Table::of_grid(&g, &[]));
     }
-    data.next_steps = notes(fit);
+    data.next_steps = notes(fit, knob);
     html::render(&data)
 }

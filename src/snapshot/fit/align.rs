@@ -67,10 +67,14 @@ pub fn align(a: (&[u64], &[u64]), b: (&[u64], &[u64])) -> (Vec<u32>, Method) {
     (by_occurrence(ca, cb), Method::ByOccurrence)
 }
 
+/// The longest stretch paired in order for want of keys: longer ones (two
+/// recordings with nothing in common, say) stay unpaired.
+const IN_ORDER_MAX: usize = 64;
+
 /// Pairs a stretch of `a` with the stretch of `b` facing it, in order, when
-/// they are as long.
+/// they are as long, and short.
 fn in_order(ra: Range<usize>, rb: Range<usize>, pairs: &mut [u32]) {
-    if ra.len() == rb.len() {
+    if ra.len() == rb.len() && ra.len() <= IN_ORDER_MAX {
         for (i, j) in ra.zip(rb) {
             pairs[i] = index(j);
         }

@@ -98,9 +98,12 @@ impl SizeLaw {
         }
     }
 
-    /// A law read cleanly: constant, a power on the half grid, or affine.
+    /// A law read cleanly: constant, a power on the half grid up to x²,
+    /// or affine. Past x² one knob rarely reaches (a 3-D volume's side):
+    /// a pairing gone wrong is the likelier reading.
     pub fn is_clean(&self) -> bool {
-        matches!(self.kind, Kind::Constant | Kind::Power(_) | Kind::Affine)
+        matches!(self.kind, Kind::Constant | Kind::Affine)
+            || matches!(self.kind, Kind::Power(h) if h <= 4)
     }
 
     /// The law in words: "constant", "linear", "quadratic", "x^1.5",
