@@ -283,7 +283,7 @@ fn notes(fit: &Fit, knob: &Knob) -> Vec<String> {
             match p.method {
                 "identical" => "the same call sites in the same order",
                 "aligned" => "aligned by call site and order",
-                _ => "too far apart to align: by call site and occurrence",
+                _ => "aligned window by window (too many differences to align at once)",
             }
         ));
     }

@@ -642,60 +642,6 @@ pub fn segment_map(map: &SegmentMap) -> (String, usize) {
     (svg, hidden)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envelope_keeps_every_extreme_in_bounded_points() {
-        let mut env = Envelope::new();
-        for i in 0..1_000_000u64 {
-            // A sawtooth with one spike that must survive downsampling.
-            let y = if i == 777_777 { 1 << 40 } else { i % 1000 };
-            env.push(i, y);
-        }
-        let pts = env.points();
-        assert!(pts.len() <= 2 * MAX_BUCKETS, "{} points", pts.len());
-        assert!(pts.len() >= MAX_BUCKETS / 2);
-        assert!(pts.contains(&(777_777, 1 << 40)));
-        assert!(pts.windows(2).all(|w| w[0].0 <= w[1].0));
-        assert_eq!(env.peak(), 1 << 40);
-        assert_eq!(env.last_x(), 999_999);
-        assert!(env.is_downsampled());
-        let band = env.band();
-        assert!(band.len() <= MAX_BUCKETS);
-        assert!(band.iter().any(|&(_, _, hi)| hi == 1 << 40));
-        // Each full bucket spans 1024 points of the period-1000 sawtooth, so
-        // it holds 0 and 999 (the last, partial bucket need not).
-        let full = &band[..band.len() - 1];
-        assert!(
-            full.iter()
-                .all(|&(_, lo, hi)| lo == 0 && (hi == 999 || hi == 1 << 40))
-        );
-    }
-
-    #[test]
-    fn envelope_of_few_points_is_exact() {
-        let mut env = Envelope::new();
-        for (x, y) in [(0, 5), (1, 9), (2, 3)] {
-            env.push(x, y);
-        }
-        assert_eq!(env.points(), vec![(0, 5), (1, 9), (2, 3)]);
-        assert!(!env.is_downsampled());
-    }
-
-    #[test]
-    fn ticks_are_round_binary_sizes() {
-        assert_eq!(
-            byte_step(80.0 * 1024.0 * 1024.0 * 1024.0, 5.0),
-            20.0 * (1u64 << 30) as f64
-        );
-        assert_eq!(size_label(1.5 * (1u64 << 30) as f64), "1.5 GiB");
-        assert_eq!(decimal_step(1_000_000.0, 8.0), 200_000.0);
-        assert_eq!(count_label(1_500_000.0), "1.5M");
-    }
-}
-
 /// One line of [`size_chart`]: bytes at each size.
 pub struct SizeLine {
     pub name: String,
@@ -771,4 +717,58 @@ pub fn size_chart(
         axes.plot_w, axes.plot_h
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_keeps_every_extreme_in_bounded_points() {
+        let mut env = Envelope::new();
+        for i in 0..1_000_000u64 {
+            // A sawtooth with one spike that must survive downsampling.
+            let y = if i == 777_777 { 1 << 40 } else { i % 1000 };
+            env.push(i, y);
+        }
+        let pts = env.points();
+        assert!(pts.len() <= 2 * MAX_BUCKETS, "{} points", pts.len());
+        assert!(pts.len() >= MAX_BUCKETS / 2);
+        assert!(pts.contains(&(777_777, 1 << 40)));
+        assert!(pts.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert_eq!(env.peak(), 1 << 40);
+        assert_eq!(env.last_x(), 999_999);
+        assert!(env.is_downsampled());
+        let band = env.band();
+        assert!(band.len() <= MAX_BUCKETS);
+        assert!(band.iter().any(|&(_, _, hi)| hi == 1 << 40));
+        // Each full bucket spans 1024 points of the period-1000 sawtooth, so
+        // it holds 0 and 999 (the last, partial bucket need not).
+        let full = &band[..band.len() - 1];
+        assert!(
+            full.iter()
+                .all(|&(_, lo, hi)| lo == 0 && (hi == 999 || hi == 1 << 40))
+        );
+    }
+
+    #[test]
+    fn envelope_of_few_points_is_exact() {
+        let mut env = Envelope::new();
+        for (x, y) in [(0, 5), (1, 9), (2, 3)] {
+            env.push(x, y);
+        }
+        assert_eq!(env.points(), vec![(0, 5), (1, 9), (2, 3)]);
+        assert!(!env.is_downsampled());
+    }
+
+    #[test]
+    fn ticks_are_round_binary_sizes() {
+        assert_eq!(
+            byte_step(80.0 * 1024.0 * 1024.0 * 1024.0, 5.0),
+            20.0 * (1u64 << 30) as f64
+        );
+        assert_eq!(size_label(1.5 * (1u64 << 30) as f64), "1.5 GiB");
+        assert_eq!(decimal_step(1_000_000.0, 8.0), 200_000.0);
+        assert_eq!(count_label(1_500_000.0), "1.5M");
+    }
 }

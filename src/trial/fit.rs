@@ -5,11 +5,11 @@
 //! prediction can be trusted.
 
 use super::answer::Strength;
-use super::run::{self, Run};
 use crate::conf::Settings;
 use crate::device::NO_LIMIT;
+use crate::device::sim::SimDevice;
 use crate::snapshot::fit::law::Kind;
-use crate::snapshot::fit::{Model, Recording, Series, Step};
+use crate::snapshot::fit::{Model, Peaks, Recording, Series, Step};
 use crate::workload::predicted::{self, Origin};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -76,7 +76,7 @@ pub struct Pairing {
     pub allocations: usize,
     pub paired_bytes: u64,
     pub bytes: u64,
-    /// `identical`, `aligned` or `by_occurrence`.
+    /// `identical`, `aligned` or `windowed`.
     pub method: &'static str,
 }
 
@@ -184,13 +184,22 @@ pub fn fit(series: &Series, ask: &FitAsk) -> Fit {
         .collect();
     predictions.sort_by_key(|p| p.size);
     let largest: Vec<Largest> = match ask.capacity {
-        Some(cap) => ask
-            .confs
-            .par_iter()
-            .map(|(conf, settings)| {
-                largest_fitting(series, &models, (conf, settings), cap, ask.step, &checks)
-            })
-            .collect(),
+        Some(cap) => {
+            let peaks: Vec<Peaks> = models.par_iter().map(Model::peaks).collect();
+            ask.confs
+                .par_iter()
+                .map(|(conf, settings)| {
+                    largest_fitting(
+                        series,
+                        (&models, &peaks),
+                        (conf, settings),
+                        cap,
+                        ask.step,
+                        &checks,
+                    )
+                })
+                .collect()
+        }
         None => Vec::new(),
     };
     let strength = predictions
@@ -261,7 +270,7 @@ fn pairing(series: &Series) -> Vec<Pairing> {
                 method: match series.method(last, o) {
                     crate::snapshot::fit::align::Method::Identical => "identical",
                     crate::snapshot::fit::align::Method::Aligned => "aligned",
-                    crate::snapshot::fit::align::Method::ByOccurrence => "by_occurrence",
+                    crate::snapshot::fit::align::Method::Windowed => "windowed",
                 },
             }
         })
@@ -349,19 +358,20 @@ fn predict(
     model.sizes_at(size, &mut allocs, &mut pre);
     let peak = rec.peak_with(&allocs, &pre);
     let reasons = reasons(series, model, size, &allocs, &pre, checks);
-    let trace = predicted::fresh_trace(rec, &allocs, &pre);
+    let replay = |settings: &Settings, cap: u64| {
+        predicted::replay_fresh(rec, (&allocs, &pre), settings, SimDevice::new(cap)).figures
+    };
     let configs = ask
         .confs
         .par_iter()
         .map(|(conf, settings)| {
-            let free = run::replay(&trace, settings, conf, NO_LIMIT);
+            let free = replay(settings, NO_LIMIT);
             let oom = ask.capacity.and_then(|cap| {
-                let at_cap =
-                    if free.figures.peak_reserved_bytes <= cap && !capacity_matters(settings) {
-                        None
-                    } else {
-                        run::replay(&trace, settings, conf, cap).figures.oom
-                    };
+                let at_cap = if free.peak_reserved_bytes <= cap && !capacity_matters(settings) {
+                    None
+                } else {
+                    replay(settings, cap).oom
+                };
                 at_cap.map(|o| FitOom {
                     event_index: o.event_index,
                     requested_bytes: o.requested_bytes,
@@ -370,7 +380,7 @@ fn predict(
             });
             ConfPrediction {
                 conf: conf.clone(),
-                peak_reserved_bytes: free.figures.peak_reserved_bytes,
+                peak_reserved_bytes: free.peak_reserved_bytes,
                 oom,
             }
         })
@@ -533,171 +543,221 @@ fn live_at_peak(rec: &Recording, allocs: &[u64], pre: &[u64]) -> Vec<(Live, u64)
 }
 
 /// The largest multiple of `step` whose predicted fresh run fits a card of
-/// `capacity` under `settings`: bounded first by allocated bytes alone (no
-/// run fits a card smaller than what it allocates), then by replays.
+/// `capacity` under `settings`. Bounded first by allocated bytes alone (no
+/// run fits a card smaller than what it allocates: a pass over the sizes, no
+/// replay), then by replays, which cost what they run: a run that fits goes
+/// to the end of the trace, one that runs out of memory stops there. So the
+/// run on a card without limit at that bound gives how much more than it
+/// allocates the workload reserves; the size that ratio says fits is
+/// replayed on the card, and its neighbours until one fits and the next
+/// does not (usually the guess and the one above it).
 fn largest_fitting(
     series: &Series,
-    models: &[Model],
+    (models, peaks): (&[Model], &[Peaks]),
     (conf, settings): (&str, &Settings),
     capacity: u64,
     step: u64,
     checks: &[Check],
 ) -> Largest {
-    let mut replays = 0u32;
-    let mut buffers = (Vec::new(), Vec::new());
-    let mut runs: Vec<(u64, Run)> = Vec::new();
-    let sized = |n: u64| n.saturating_mul(step);
-    let at_size = |n: u64, cap: u64, replays: &mut u32, buffers: &mut (Vec<u64>, Vec<u64>)| {
-        let size = sized(n);
-        let model = &models[series.reference_for(size)];
-        model.sizes_at(size, &mut buffers.0, &mut buffers.1);
-        let rec = model.recording();
-        *replays += 1;
-        let trace = predicted::fresh_trace(rec, &buffers.0, &buffers.1);
-        run::replay(&trace, settings, conf, cap)
+    let mut search = Search {
+        series,
+        models,
+        settings,
+        capacity,
+        step,
+        replays: 0,
+        known: Vec::new(),
+        peaks,
+        buffers: (Vec::new(), Vec::new()),
     };
-    let allocated = |n: u64| {
-        let size = sized(n);
-        models[series.reference_for(size)].peak_allocated_at(size)
-    };
-    let none = Largest {
+    let mut out = Largest {
         conf: conf.to_string(),
         capacity_bytes: capacity,
         size: None,
         strength: Strength::Likely,
         peak_reserved_bytes: None,
         margin_bytes: None,
-        next_size: Some(sized(1)),
+        next_size: Some(step),
         next_peak_reserved_bytes: None,
         unbounded: false,
         replays: 0,
     };
-    // 1. The largest n whose allocated bytes alone fit.
-    if allocated(1) > capacity {
-        let r = at_size(1, NO_LIMIT, &mut replays, &mut buffers);
-        return Largest {
-            next_peak_reserved_bytes: Some(r.figures.peak_reserved_bytes),
-            replays,
-            ..none
-        };
-    }
-    let (mut ok, mut over) = (1u64, 2u64);
-    while over <= MAX_STEPS && allocated(over) <= capacity {
-        ok = over;
-        over *= 2;
-    }
-    let unbounded = over > MAX_STEPS;
-    let mut hi_alloc = ok;
-    if !unbounded {
-        let mut bad = over;
-        while bad - hi_alloc > 1 {
-            let mid = hi_alloc + (bad - hi_alloc) / 2;
-            if allocated(mid) <= capacity {
-                hi_alloc = mid;
-            } else {
-                bad = mid;
-            }
-        }
-    }
-    // 2. Replays: the largest n that runs without OOM at the capacity.
-    let mut fits = |n: u64, replays: &mut u32, buffers: &mut (Vec<u64>, Vec<u64>)| -> bool {
-        if let Some((_, r)) = runs.iter().find(|(m, _)| *m == n) {
-            return r.figures.oom.is_none();
-        }
-        let r = at_size(n, capacity, replays, buffers);
-        let ok = r.figures.oom.is_none();
-        runs.push((n, r));
-        ok
-    };
-    let best = if fits(hi_alloc, &mut replays, &mut buffers) {
-        Some(hi_alloc)
+    let best = if search.allocated(1) > capacity {
+        None
     } else {
-        // Guess from how much more than it allocates the run reserves.
-        let free = at_size(hi_alloc, NO_LIMIT, &mut replays, &mut buffers);
-        let ratio = free.figures.peak_reserved_bytes as f64 / (allocated(hi_alloc) as f64).max(1.0);
-        let target = (capacity as f64 / ratio.max(1.0)) as u64;
-        let (mut lo, mut hi) = (0u64, hi_alloc);
-        let mut guess = {
-            let (mut g, mut bad) = (0u64, hi_alloc);
-            while bad - g > 1 {
-                let mid = g + (bad - g) / 2;
-                if allocated(mid) <= target {
-                    g = mid;
-                } else {
-                    bad = mid;
-                }
-            }
-            g.max(1)
-        };
-        // Gallop from the guess to a bracket [fits, does not fit].
-        let mut stride = 1u64;
-        if fits(guess, &mut replays, &mut buffers) {
-            lo = guess;
-            while guess + stride < hi {
-                guess += stride;
-                if fits(guess, &mut replays, &mut buffers) {
-                    lo = guess;
-                    stride *= 2;
-                } else {
-                    hi = guess;
-                    break;
-                }
-            }
+        // 1. By allocated bytes alone.
+        let (mut ok, mut over) = (1u64, 2u64);
+        while over <= MAX_STEPS && search.allocated(over) <= capacity {
+            ok = over;
+            over *= 2;
+        }
+        out.unbounded = over > MAX_STEPS;
+        let top = if out.unbounded {
+            ok
         } else {
-            hi = guess;
-            while hi > 1 {
-                let down = hi.saturating_sub(stride).max(1);
-                if fits(down, &mut replays, &mut buffers) {
-                    lo = down;
-                    break;
-                }
-                hi = down;
-                stride *= 2;
-            }
+            search.bound(ok, over, capacity)
+        };
+        // 2. The reserve ratio at that bound, on a card without limit.
+        let free = search.replay(top, NO_LIMIT);
+        if !capacity_matters(settings) && free.peak_reserved_bytes <= capacity {
+            // A run whose peak stays within the card never meets its limit.
+            search.known.push((top, true, free.peak_reserved_bytes));
+            Some(top)
+        } else {
+            let gap = free
+                .peak_reserved_bytes
+                .saturating_sub(free.allocated_at_peak_reserved);
+            search.bracket(top, gap)
         }
-        while lo > 0 && hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if fits(mid, &mut replays, &mut buffers) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        (lo > 0).then_some(lo)
     };
     let Some(n) = best else {
-        let next = at_size(1, NO_LIMIT, &mut replays, &mut buffers);
-        return Largest {
-            next_peak_reserved_bytes: Some(next.figures.peak_reserved_bytes),
-            replays,
-            ..none
-        };
+        out.next_peak_reserved_bytes = Some(search.replay(1, NO_LIMIT).peak_reserved_bytes);
+        out.replays = search.replays;
+        return out;
     };
-    let at_n = runs
-        .iter()
-        .find(|(m, _)| *m == n)
-        .map(|(_, r)| r.figures.peak_reserved_bytes)
-        .unwrap_or(0);
-    let next = (!unbounded).then(|| at_size(n + 1, NO_LIMIT, &mut replays, &mut buffers));
-    let size = sized(n);
+    let at_n = search.fits(n).1;
+    let size = n.saturating_mul(step);
     let model = &models[series.reference_for(size)];
     let (mut allocs, mut pre) = (Vec::new(), Vec::new());
     model.sizes_at(size, &mut allocs, &mut pre);
-    let strength = if reasons(series, model, size, &allocs, &pre, checks).is_empty() {
+    out.strength = if reasons(series, model, size, &allocs, &pre, checks).is_empty() {
         Strength::Likely
     } else {
         Strength::Uncertain
     };
-    Largest {
-        conf: conf.to_string(),
-        capacity_bytes: capacity,
-        size: Some(size),
-        strength,
-        peak_reserved_bytes: Some(at_n),
-        margin_bytes: Some(capacity.saturating_sub(at_n)),
-        next_size: (!unbounded).then(|| sized(n + 1)),
-        next_peak_reserved_bytes: next.map(|r| r.figures.peak_reserved_bytes),
-        unbounded,
-        replays,
+    out.size = Some(size);
+    out.peak_reserved_bytes = Some(at_n);
+    out.margin_bytes = Some(capacity.saturating_sub(at_n));
+    out.next_size = (!out.unbounded).then(|| (n + 1).saturating_mul(step));
+    if !out.unbounded {
+        out.next_peak_reserved_bytes = Some(search.replay(n + 1, NO_LIMIT).peak_reserved_bytes);
+    }
+    out.replays = search.replays;
+    out
+}
+
+/// The largest size's search for one config: sizes in steps, replays
+/// counted, each run on the card remembered.
+struct Search<'a, 's> {
+    series: &'s Series,
+    models: &'a [Model<'s>],
+    settings: &'a Settings,
+    capacity: u64,
+    step: u64,
+    replays: u32,
+    /// (steps, fits the card, peak reserved on it).
+    known: Vec<(u64, bool, u64)>,
+    /// Per recording, where its peak of allocated bytes can be.
+    peaks: &'a [Peaks],
+    buffers: (Vec<u64>, Vec<u64>),
+}
+
+impl Search<'_, '_> {
+    /// The peak of allocated bytes at n steps, from the sums it can be at.
+    fn allocated(&mut self, n: u64) -> u64 {
+        let size = n.saturating_mul(self.step);
+        self.peaks[self.series.reference_for(size)].at(size)
+    }
+
+    /// The largest n in (ok, bad) whose allocated bytes stay within `limit`
+    /// (`ok` when none does): interpolation search (allocated bytes grow
+    /// smoothly with the size), a bisection every other probe so that it
+    /// never crawls.
+    fn bound(&mut self, mut ok: u64, mut bad: u64, limit: u64) -> u64 {
+        let mut bisect = false;
+        while bad - ok > 1 {
+            let (a, b) = (
+                if ok == 0 { 0 } else { self.allocated(ok) },
+                self.allocated(bad),
+            );
+            let mid = if bisect || b <= a || limit < a {
+                ok + (bad - ok) / 2
+            } else {
+                let t = (limit - a) as f64 / (b - a) as f64;
+                (ok + (t * (bad - ok) as f64) as u64).clamp(ok + 1, bad - 1)
+            };
+            bisect = !bisect;
+            if self.allocated(mid) <= limit {
+                ok = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        ok
+    }
+
+    fn replay(&mut self, n: u64, cap: u64) -> crate::workload::RunFigures {
+        let size = n.saturating_mul(self.step);
+        let model = &self.models[self.series.reference_for(size)];
+        model.sizes_at(size, &mut self.buffers.0, &mut self.buffers.1);
+        self.replays += 1;
+        let buffers = (&self.buffers.0[..], &self.buffers.1[..]);
+        predicted::replay_fresh(
+            model.recording(),
+            buffers,
+            self.settings,
+            SimDevice::new(cap),
+        )
+        .figures
+    }
+
+    /// Whether n steps run without OOM on the card, and their peak reserved.
+    fn fits(&mut self, n: u64) -> (bool, u64) {
+        if let Some(&(_, f, peak)) = self.known.iter().find(|k| k.0 == n) {
+            return (f, peak);
+        }
+        let r = self.replay(n, self.capacity);
+        let f = r.oom.is_none();
+        self.known.push((n, f, r.peak_reserved_bytes));
+        (f, r.peak_reserved_bytes)
+    }
+
+    /// The largest n ≤ `top` that fits, `None` when 1 does not. Runs that
+    /// fit cost the whole trace, runs out of memory stop at it (early, for a
+    /// trace whose steps repeat): so the search leans on failures. The first
+    /// guess leaves the reserve the run without limit kept beyond what it
+    /// allocated (`gap`); a guess that fits says how much of the card its
+    /// peak left free, and the next allocates that much more (less 2 %).
+    /// When that is less than one step (a config that keeps its cache close
+    /// to the card), it walks down from the smallest size known not to fit,
+    /// by doubling strides, to a bracket; a failure halves the bracket.
+    fn bracket(&mut self, top: u64, gap: u64) -> Option<u64> {
+        // The bound itself may fit: the card frees its cache and retries.
+        if self.fits(top).0 {
+            return Some(top);
+        }
+        let (mut lo, mut hi) = (0u64, top);
+        let mut guess = self.bound(0, top, self.capacity.saturating_sub(gap));
+        let mut down: Option<u64> = None;
+        while hi - lo > 1 {
+            let n = match down {
+                Some(stride) => hi.saturating_sub(stride).max(lo + 1),
+                None => guess.clamp(lo + 1, hi - 1),
+            };
+            let (fits, peak) = self.fits(n);
+            if fits {
+                lo = n;
+                down = None;
+                let free = self.capacity.saturating_sub(peak);
+                let limit = self.allocated(n).saturating_add(free - free / 50);
+                guess = self.bound(lo, hi, limit);
+                if guess <= lo && hi - lo > 2 {
+                    // Less than a step of headroom: walk down from above.
+                    down = Some(1);
+                }
+            } else {
+                hi = n;
+                if let Some(stride) = down {
+                    down = Some(stride.saturating_mul(2));
+                } else {
+                    let (a, b) = (
+                        if lo == 0 { 0 } else { self.allocated(lo) },
+                        self.allocated(hi),
+                    );
+                    guess = self.bound(lo, hi, a + (b - a) / 2);
+                }
+            }
+        }
+        (lo > 0).then_some(lo)
     }
 }

@@ -5,7 +5,10 @@
 //! the size given for it. Segment events are not replayed: the allocator
 //! makes its own.
 
-use super::trace::{Event, Trace};
+use super::replay::{ReplayOptions, RunResult, StreamedReplay};
+use super::trace::Event;
+use crate::conf::Settings;
+use crate::device::Device;
 use crate::snapshot::fit::{Recording, Step};
 
 /// Where an event of a predicted trace comes from.
@@ -17,32 +20,58 @@ pub enum Origin {
     Step(u32),
 }
 
-/// The fresh run of `rec` with allocation `i` at `allocs[i]` bytes and
-/// pre-trace allocation `j` at `pre[j]` bytes.
-pub fn fresh_trace(rec: &Recording, allocs: &[u64], pre: &[u64]) -> Trace {
+/// The fresh run's events of `rec`, with allocation `i` at `allocs[i]`
+/// bytes and pre-trace allocation `j` at `pre[j]` bytes, in order.
+fn events<'r>(
+    rec: &'r Recording,
+    allocs: &'r [u64],
+    pre: &'r [u64],
+) -> impl Iterator<Item = Event> + 'r {
     let p = u32::try_from(rec.pre.len()).unwrap_or(u32::MAX);
-    let mut events = Vec::with_capacity(rec.pre.len() + rec.timeline.len());
-    events.extend(pre.iter().zip(0u32..).map(|(&size, id)| Event::Alloc {
+    let pre_allocs = pre.iter().zip(0u32..).map(|(&size, id)| Event::Alloc {
         id,
         size,
         stream: 0,
-    }));
-    for s in &rec.timeline {
-        events.push(match *s {
-            Step::Alloc(i) => Event::Alloc {
-                id: p + i,
-                size: allocs.get(i as usize).copied().unwrap_or(0),
-                stream: rec.allocs.get(i as usize).map_or(0, |a| a.stream),
-            },
-            Step::Free(i) => Event::Free { id: p + i },
-            Step::PreFree(j) => Event::Free { id: j },
-        });
-    }
-    // A recording's timeline frees only what it allocated, once.
-    Trace::from_events(events).unwrap_or_default()
+    });
+    pre_allocs.chain(rec.timeline.iter().map(move |s| match *s {
+        Step::Alloc(i) => Event::Alloc {
+            id: p + i,
+            size: allocs.get(i as usize).copied().unwrap_or(0),
+            stream: rec.allocs.get(i as usize).map_or(0, |a| a.stream),
+        },
+        Step::Free(i) => Event::Free { id: p + i },
+        Step::PreFree(j) => Event::Free { id: j },
+    }))
 }
 
-/// What event `index` of [`fresh_trace`]'s trace is.
+/// Events handed to the replay at a time.
+const CHUNK: usize = 4096;
+
+/// Replays the fresh run of `rec` on `device`, its events made a chunk at a
+/// time as the replay takes them: a run that runs out of memory early costs
+/// only its beginning.
+pub fn replay_fresh<D: Device>(
+    rec: &Recording,
+    (allocs, pre): (&[u64], &[u64]),
+    settings: &Settings,
+    device: D,
+) -> RunResult {
+    let total = rec.pre.len() + rec.timeline.len();
+    let ids = rec.pre.len() + rec.allocs.len();
+    let mut replay = StreamedReplay::new(settings, device, ReplayOptions::default(), total, ids);
+    let mut chunk = Vec::with_capacity(CHUNK);
+    let mut all = events(rec, allocs, pre);
+    loop {
+        chunk.clear();
+        chunk.extend(all.by_ref().take(CHUNK));
+        if chunk.is_empty() || !replay.feed(&chunk) {
+            break;
+        }
+    }
+    replay.finish(total as u64)
+}
+
+/// What event `index` of [`replay_fresh`]'s run is.
 pub fn origin(rec: &Recording, index: u64) -> Origin {
     let p = rec.pre.len() as u64;
     if index < p {

@@ -12,14 +12,19 @@ use std::ops::Range;
 /// No partner.
 pub const UNPAIRED: u32 = u32::MAX;
 
-/// Past this many insertions and deletions the diff stops (its trace-back
-/// would hold about D² entries) and allocations are paired by call site and
-/// occurrence instead: the n-th allocation of a key with the n-th of the same
-/// key on the other side.
+/// What pairs a stretch of `a` with the stretch of `b` facing it.
+type Gap<'g> = dyn FnMut(Range<usize>, Range<usize>, &mut [u32]) + 'g;
+
+/// Past this many insertions and deletions the diff of two whole sequences
+/// stops (its trace-back would hold about D² entries), and they are aligned
+/// window by window instead ([`windowed`]).
 const MAX_EDITS: usize = 2048;
 /// Past this many key comparisons the diff stops too: its worst case is
 /// (N+M)·D, seconds on two long traces that differ throughout.
-const MAX_COMPARISONS: u64 = 200_000_000;
+const MAX_COMPARISONS: u64 = 20_000_000;
+/// Allocations of `a` per window of [`windowed`]; `b`'s window is a quarter
+/// longer, so an insertion there still finds its match.
+const WINDOW: usize = 1024;
 
 /// How two sequences were paired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,16 +33,16 @@ pub enum Method {
     Identical,
     /// The longest common subsequence, and runs facing each other in order.
     Aligned,
-    /// Too far apart to align: by key and occurrence.
-    ByOccurrence,
+    /// Too many differences to align at once (every iteration of a long
+    /// trace differs a little): aligned window by window.
+    Windowed,
 }
 
 /// For each index of `a`, the index of `b` it pairs with ([`UNPAIRED`] for
 /// none), from each side's keys with lines and without (`(fine, coarse)`):
 /// aligned on the fine keys, each stretch between two matched runs aligned
 /// again on the coarse keys (a call site whose line moved), and what still
-/// faces a stretch of the same length paired in order. Pairs never cross
-/// (except [`Method::ByOccurrence`]).
+/// faces a stretch of the same length paired in order. Pairs never cross.
 pub fn align(a: (&[u64], &[u64]), b: (&[u64], &[u64])) -> (Vec<u32>, Method) {
     let ((fa, ca), (fb, cb)) = (a, b);
     if fa == fb {
@@ -52,19 +57,69 @@ pub fn align(a: (&[u64], &[u64]), b: (&[u64], &[u64])) -> (Vec<u32>, Method) {
             (oa, ob),
             pairs,
             &mut in_order,
+            MAX_EDITS,
         );
         if !fitted {
             in_order(ra, rb, pairs);
         }
     };
-    if diff_pairs(fa, fb, (0, 0), &mut pairs, &mut coarse_gap) {
+    if diff_pairs(fa, fb, (0, 0), &mut pairs, &mut coarse_gap, MAX_EDITS) {
+        return (pairs, Method::Aligned);
+    }
+    // Lines moved throughout (an edited script): the keys without them.
+    pairs.fill(UNPAIRED);
+    if diff_pairs(ca, cb, (0, 0), &mut pairs, &mut in_order, MAX_EDITS) {
         return (pairs, Method::Aligned);
     }
     pairs.fill(UNPAIRED);
-    if diff_pairs(ca, cb, (0, 0), &mut pairs, &mut in_order) {
-        return (pairs, Method::Aligned);
+    windowed(ca, cb, &mut pairs, &mut in_order);
+    (pairs, Method::Windowed)
+}
+
+/// Aligns two long sequences a window at a time: the diff of `WINDOW`
+/// allocations of `a` against a quarter more of `b`; the pairs in the first
+/// half of the window are kept (near its end the diff cannot see what
+/// follows), and the next window starts after the last of them.
+fn windowed(a: &[u64], b: &[u64], pairs: &mut [u32], gap: &mut Gap) {
+    let (mut ia, mut ib) = (0usize, 0usize);
+    while ia < a.len() && ib < b.len() {
+        let wa = (a.len() - ia).min(WINDOW);
+        let wb = (b.len() - ib).min(WINDOW + WINDOW / 4);
+        let last = ia + wa == a.len() || ib + wb == b.len();
+        let Some(snakes) = myers(&a[ia..ia + wa], &b[ib..ib + wb], 2 * WINDOW) else {
+            // Nothing alike here: step over half of each window.
+            ia += wa.div_ceil(2);
+            ib += wb.div_ceil(2);
+            continue;
+        };
+        let cut = if last { wa } else { wa / 2 };
+        let (mut ea, mut eb) = (0usize, 0usize);
+        for (sa, sb, len) in snakes {
+            if sa >= cut {
+                break;
+            }
+            if sa > ea || sb > eb {
+                gap(ia + ea..ia + sa, ib + eb..ib + sb, pairs);
+            }
+            for t in 0..len {
+                pairs[ia + sa + t] = index(ib + sb + t);
+            }
+            (ea, eb) = (sa + len, sb + len);
+        }
+        if last {
+            if wa > ea || wb > eb {
+                gap(ia + ea..ia + wa, ib + eb..ib + wb, pairs);
+            }
+            break;
+        }
+        if ea == 0 {
+            // No match in the first half: its allocations stay unpaired.
+            ia += cut.max(1);
+        } else {
+            ia += ea;
+            ib += eb;
+        }
     }
-    (by_occurrence(ca, cb), Method::ByOccurrence)
 }
 
 /// The longest stretch paired in order for want of keys: longer ones (two
@@ -90,7 +145,8 @@ fn diff_pairs(
     b: &[u64],
     (oa, ob): (usize, usize),
     pairs: &mut [u32],
-    gap: &mut dyn FnMut(Range<usize>, Range<usize>, &mut [u32]),
+    gap: &mut Gap<'_>,
+    max_edits: usize,
 ) -> bool {
     let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
     let suffix = a[prefix..]
@@ -100,7 +156,7 @@ fn diff_pairs(
         .take_while(|(x, y)| x == y)
         .count();
     let (ma, mb) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
-    let Some(snakes) = myers(ma, mb) else {
+    let Some(snakes) = myers(ma, mb, max_edits) else {
         return false;
     };
     let run = |from_a: usize, from_b: usize, len: usize, pairs: &mut [u32]| {
@@ -132,10 +188,11 @@ fn index(i: usize) -> u32 {
 }
 
 /// The matching runs `(start in a, start in b, length)` of a shortest edit
-/// script from `a` to `b`, in order; `None` past [`MAX_EDITS`] edits.
-fn myers(a: &[u64], b: &[u64]) -> Option<Vec<(usize, usize, usize)>> {
+/// script from `a` to `b`, in order; `None` past `max_edits` edits or
+/// [`MAX_COMPARISONS`] comparisons.
+fn myers(a: &[u64], b: &[u64], max_edits: usize) -> Option<Vec<(usize, usize, usize)>> {
     let (n, m) = (a.len() as isize, b.len() as isize);
-    let max = (a.len() + b.len()).min(MAX_EDITS) as isize;
+    let max = (a.len() + b.len()).min(max_edits) as isize;
     let off = max + 1;
     let mut v = vec![0isize; 2 * off as usize + 1];
     // v after each round d, for the trace-back: the diagonals -d..=d.
@@ -209,21 +266,6 @@ fn trace_back(history: &[Vec<isize>], n: isize, m: isize) -> Vec<(usize, usize, 
     }
     runs.reverse();
     runs
-}
-
-/// The n-th allocation of a key in `a` with the n-th of that key in `b`.
-fn by_occurrence(a: &[u64], b: &[u64]) -> Vec<u32> {
-    let mut seen: rustc_hash::FxHashMap<u64, Vec<u32>> = rustc_hash::FxHashMap::default();
-    for (j, &k) in b.iter().enumerate().rev() {
-        seen.entry(k).or_default().push(index(j));
-    }
-    a.iter()
-        .map(|k| {
-            seen.get_mut(k)
-                .and_then(|stack| stack.pop())
-                .unwrap_or(UNPAIRED)
-        })
-        .collect()
 }
 
 /// Pairs two multisets of sizes (the memory live before each trace began,
@@ -314,7 +356,7 @@ mod tests {
             let lb = (rng() % 40) as usize;
             let a: Vec<u64> = (0..la).map(|_| rng() % 4).collect();
             let b: Vec<u64> = (0..lb).map(|_| rng() % 4).collect();
-            let runs = myers(&a, &b).expect("small inputs stay under the edit bound");
+            let runs = myers(&a, &b, MAX_EDITS).expect("small inputs stay under the edit bound");
             let matched: usize = runs.iter().map(|r| r.2).sum();
             assert_eq!(matched, lcs(&a, &b), "{a:?} {b:?}");
             for (sa, sb, len) in runs {
@@ -338,15 +380,23 @@ mod tests {
     }
 
     #[test]
-    fn far_apart_sequences_pair_by_occurrence() {
-        let a: Vec<u64> = (0..5000).map(|i| i % 3).collect();
-        let b: Vec<u64> = (0..5000).map(|i| (i * 7 + 1) % 5).collect();
+    fn long_sequences_differing_in_every_iteration_align_window_by_window() {
+        // 3000 iterations of 10 calls; the second recording makes an extra
+        // call (99) in every iteration: 3000 edits, past the whole diff's bound.
+        let step: Vec<u64> = (0..10).collect();
+        let a: Vec<u64> = (0..3000).flat_map(|_| step.iter().copied()).collect();
+        let b: Vec<u64> = (0..3000)
+            .flat_map(|_| step.iter().copied().chain([99]))
+            .collect();
         let (p, method) = align((&a, &a), (&b, &b));
-        assert_eq!(method, Method::ByOccurrence);
+        assert_eq!(method, Method::Windowed);
+        let paired = p.iter().filter(|&&j| j != UNPAIRED).count();
+        assert_eq!(paired, a.len(), "every call of a pairs");
+        let mut last = None;
         for (i, &j) in p.iter().enumerate() {
-            if j != UNPAIRED {
-                assert_eq!(a[i], b[j as usize]);
-            }
+            assert_eq!(a[i], b[j as usize]);
+            assert!(last.is_none_or(|l| l < j), "pairs never cross");
+            last = Some(j);
         }
     }
 

@@ -30,6 +30,16 @@ impl Powers {
     }
 }
 
+/// A sum of laws: the coefficient of `x^(h/2)` at index `h`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Terms(pub [f64; MAX_HALVES as usize + 1]);
+
+impl Terms {
+    pub fn at(&self, p: &Powers) -> f64 {
+        self.0.iter().zip(&p.0).map(|(c, x)| c * x).sum()
+    }
+}
+
 /// A law's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -81,11 +91,15 @@ impl SizeLaw {
     /// The size at the knob value whose terms are `p`.
     pub fn at(&self, p: &Powers) -> u64 {
         let v = self.a * p.0[self.ea as usize] + self.b * p.0[self.eb as usize];
-        if v.is_finite() && v > 0.0 {
-            v.round().min(u64::MAX as f64) as u64
-        } else {
-            0
-        }
+        // `as` saturates (NaN to 0); adding a half rounds without a libm call.
+        if v > 0.0 { (v + 0.5) as u64 } else { 0 }
+    }
+
+    /// Adds the law's terms into `terms` (the coefficient of `x^(h/2)` at
+    /// index `h`), scaled by `sign`: sums of laws evaluate at once.
+    pub fn add_terms(&self, terms: &mut Terms, sign: f64) {
+        terms.0[self.ea as usize] += sign * self.a;
+        terms.0[self.eb as usize] += sign * self.b;
     }
 
     /// The same law for an allocation `factor` times as large: what an
@@ -164,7 +178,7 @@ pub fn fit(points: &[(f64, u64)], nearest: u64) -> SizeLaw {
         exponent,
         ..SizeLaw::constant(nearest)
     };
-    if !exponent.is_finite() || exponent < -GRID_TOLERANCE || exponent > 3.0 + GRID_TOLERANCE {
+    if !(-GRID_TOLERANCE..=3.0 + GRID_TOLERANCE).contains(&exponent) {
         return unclear;
     }
     let e = exponent.max(0.0);

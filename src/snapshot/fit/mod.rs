@@ -11,7 +11,7 @@ pub mod align;
 pub mod law;
 mod series;
 
-pub use series::{Model, Series, SeriesError, SiteLaw, Unpaired};
+pub use series::{Model, Peaks, Series, SeriesError, SiteLaw, Unpaired};
 
 use super::attribute::{PY, frame_flags, site_label};
 use super::model::{Action, BlockState, Frames, ModelError, Snapshot};

@@ -2,9 +2,9 @@
 //! the recording nearest to it (the larger when extrapolating above), each
 //! allocation at its law's size.
 
-use super::Recording;
 use super::align::{self, Method, UNPAIRED};
-use super::law::{self, Powers, SizeLaw};
+use super::law::{self, Powers, SizeLaw, Terms};
+use super::{Recording, Step};
 
 /// Inputs that do not make one series.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -29,6 +29,8 @@ pub enum SeriesError {
 /// training loop's.
 const ONE_WORKLOAD_PAIRED: f64 = 0.3;
 const ONE_WORKLOAD_SHARED: f64 = 0.5;
+/// Series of up to this many recordings fit each distinct set of sizes once.
+const MEMO_INPUTS: usize = 8;
 
 /// Recordings of one workload, by ascending size, and how each pairs with
 /// each other.
@@ -144,15 +146,28 @@ impl Series {
             .filter(|&o| o != reference && using.is_none_or(|u| u.contains(&o)))
             .collect();
         let mut points = Vec::with_capacity(others.len() + 1);
+        // A trace repeats its steps: the same sizes, the same law. Keyed by
+        // each input's size (`u64::MAX` where unpaired), up to MEMO_INPUTS.
+        let mut memo: rustc_hash::FxHashMap<[u64; MEMO_INPUTS], SizeLaw> = Default::default();
         let mut fit_one = |own: u64, partner: &dyn Fn(usize) -> Option<u64>| {
             points.clear();
             points.push((r.size as f64, own));
-            for &o in &others {
+            let mut key = [u64::MAX; MEMO_INPUTS];
+            key[0] = own;
+            for (k, &o) in others.iter().enumerate() {
                 if let Some(s) = partner(o) {
                     points.push((self.recordings[o].size as f64, s));
+                    if let Some(slot) = key.get_mut(k + 1) {
+                        *slot = s;
+                    }
                 }
             }
-            (law::fit(&points, own), points.len() > 1)
+            let law = if others.len() < MEMO_INPUTS {
+                *memo.entry(key).or_insert_with(|| law::fit(&points, own))
+            } else {
+                law::fit(&points, own)
+            };
+            (law, points.len() > 1)
         };
         let (mut laws, mut paired) = (Vec::with_capacity(r.allocs.len()), Vec::new());
         for (i, a) in r.allocs.iter().enumerate() {
@@ -261,34 +276,41 @@ fn check_one_workload(
 /// nearest in size, scaled to its size. Returns which borrowed one.
 fn borrow_laws(r: &Recording, laws: &mut [SizeLaw], paired: &[bool]) -> Vec<bool> {
     use rustc_hash::FxHashMap;
-    let mut fine: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
-    let mut coarse: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+    // Per key, the paired allocations as (size, index), by size.
+    let mut fine: FxHashMap<u64, Vec<(u64, usize)>> = FxHashMap::default();
+    let mut coarse: FxHashMap<u64, Vec<(u64, usize)>> = FxHashMap::default();
     for (i, a) in r.allocs.iter().enumerate() {
         if paired[i] && laws[i].kind != law::Kind::Unclear {
-            fine.entry(a.key).or_default().push(i);
-            coarse.entry(a.coarse).or_default().push(i);
+            fine.entry(a.key).or_default().push((a.size, i));
+            coarse.entry(a.coarse).or_default().push((a.size, i));
         }
+    }
+    for v in fine.values_mut().chain(coarse.values_mut()) {
+        v.sort_unstable();
     }
     let mut borrowed = vec![false; r.allocs.len()];
     for (i, a) in r.allocs.iter().enumerate() {
         if paired[i] {
             continue;
         }
-        let donors = fine.get(&a.key).or_else(|| coarse.get(&a.coarse));
-        let nearest = donors.and_then(|d| {
-            d.iter().copied().min_by(|&x, &y| {
-                let gap = |j: usize| {
-                    ((r.allocs[j].size.max(1) as f64) / (a.size.max(1) as f64))
-                        .ln()
-                        .abs()
-                };
-                gap(x).total_cmp(&gap(y))
-            })
-        });
-        if let Some(j) = nearest
-            && r.allocs[j].size > 0
-        {
-            laws[i] = laws[j].scaled(a.size as f64 / r.allocs[j].size as f64);
+        let Some(donors) = fine.get(&a.key).or_else(|| coarse.get(&a.coarse)) else {
+            continue;
+        };
+        // The nearest size by ratio: one of the two around it.
+        let at = donors.partition_point(|&(s, _)| s < a.size);
+        let ratio = |k: usize| {
+            let s = donors[k].0.max(1) as f64;
+            (s / a.size.max(1) as f64).max(a.size.max(1) as f64 / s)
+        };
+        let j = match (at.checked_sub(1), (at < donors.len()).then_some(at)) {
+            (Some(lo), Some(hi)) if ratio(lo) <= ratio(hi) => lo,
+            (_, Some(hi)) => hi,
+            (Some(lo), None) => lo,
+            (None, None) => continue,
+        };
+        let (size, donor) = donors[j];
+        if size > 0 {
+            laws[i] = laws[donor].scaled(a.size as f64 / size as f64);
             borrowed[i] = true;
         }
     }
@@ -303,6 +325,34 @@ fn invert(pairs: &[u32], len: usize) -> Vec<u32> {
         }
     }
     back
+}
+
+/// How many kept candidates a new one is compared with when pruning.
+const PRUNE_WINDOW: usize = 64;
+
+/// The peak of allocated bytes at any size without a pass over the trace:
+/// the live sums (as sums of laws) after each run of allocations, those no
+/// other sum beats in every term. Sizes are not rounded to bytes one by one,
+/// so it may differ from [`Model::peak_allocated_at`] by a byte per live
+/// allocation: a bound for searching, not a figure to print.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peaks(Vec<Terms>);
+
+impl Peaks {
+    pub fn at(&self, size: u64) -> u64 {
+        let p = Powers::of(size as f64);
+        let v = self.0.iter().map(|t| t.at(&p)).fold(0.0, f64::max);
+        if v > 0.0 { (v + 0.5) as u64 } else { 0 }
+    }
+
+    /// Candidate sums kept.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Every allocation of one recording with its law: the predicted trace's
@@ -342,6 +392,55 @@ impl Model<'_> {
         let p = Powers::of(size as f64);
         allocs.extend(self.laws.iter().map(|l| l.at(&p)));
         pre.extend(self.pre_laws.iter().map(|l| l.at(&p)));
+    }
+
+    /// The live sums the peak of allocated bytes can be at, as sums of laws
+    /// (see [`Peaks`]).
+    pub fn peaks(&self) -> Peaks {
+        let r = self.recording();
+        let mut now = Terms::default();
+        for l in &self.pre_laws {
+            l.add_terms(&mut now, 1.0);
+        }
+        let mut candidates = vec![now];
+        let mut rising = false;
+        for s in &r.timeline {
+            match *s {
+                Step::Alloc(i) => {
+                    self.laws[i as usize].add_terms(&mut now, 1.0);
+                    rising = true;
+                }
+                Step::Free(i) | Step::PreFree(i) => {
+                    if rising {
+                        candidates.push(now);
+                        rising = false;
+                    }
+                    let law = match *s {
+                        Step::Free(_) => &self.laws[i as usize],
+                        _ => &self.pre_laws[i as usize],
+                    };
+                    law.add_terms(&mut now, -1.0);
+                }
+            }
+        }
+        if rising {
+            candidates.push(now);
+        }
+        // Drop a candidate another one matches or beats in every term (all
+        // powers of the knob are positive, so it never is the peak).
+        candidates.sort_by(|a, b| b.0.iter().sum::<f64>().total_cmp(&a.0.iter().sum::<f64>()));
+        let mut kept: Vec<Terms> = Vec::new();
+        for c in candidates {
+            let beaten = kept
+                .iter()
+                .rev()
+                .take(PRUNE_WINDOW)
+                .any(|k| k.0.iter().zip(&c.0).all(|(a, b)| a >= b));
+            if !beaten {
+                kept.push(c);
+            }
+        }
+        Peaks(kept)
     }
 
     /// The peak of allocated bytes at `size`.
