@@ -17,6 +17,10 @@ function below.
 """
 
 from ._capture import capture
+from ._sizes import record_sizes as _record_sizes
+
+# allocdoc.capture.record_sizes(step, sizes=[1, 2]): snapshots for `allocdoc fit`.
+capture.record_sizes = staticmethod(_record_sizes)
 
 __all__ = [
     "capture",
@@ -27,6 +31,7 @@ __all__ = [
     "validate",
     "top",
     "diff",
+    "fit",
     "Error",
     "InputError",
     "UsageError",

@@ -177,3 +177,25 @@ def diff(
     """Two snapshots compared at their peak (or at "oom" or "end"), group by
     group and category by category (`allocdoc diff --format json`)."""
     return _result(_native.diff(*_inputs([before, after]), at, by, n, device))
+
+
+def fit(
+    src: Sequence[Source],
+    sizes: Sequence[int],
+    at: Sequence[int] = (),
+    confs: Sequence[str] = (),
+    capacity: Optional[Size] = None,
+    step: int = 1,
+    knob: str = "size",
+) -> Dict[str, Any]:
+    """How large a size fits (`allocdoc fit --format json`): snapshots of one
+    workload recorded at `sizes` of one knob (a batch, a sequence length),
+    paired allocation by allocation; the trace predicted at each size in `at`
+    replayed as a fresh process under PyTorch's defaults and each of `confs`;
+    with `capacity`, the largest multiple of `step` that fits that card under
+    each config. `allocdoc.capture.record_sizes` records such snapshots.
+    """
+    return _result(
+        _native.fit(_inputs(list(src)), [int(s) for s in sizes], [int(a) for a in at],
+                    list(confs), capacity, int(step), knob)
+    )

@@ -280,6 +280,37 @@ fn diff(
     run(py, || app::diff::run(&opts))
 }
 
+#[pyfunction]
+#[pyo3(signature = (inputs, sizes, at=Vec::new(), confs=Vec::new(), capacity=None, step=1, knob="size".to_owned()))]
+#[allow(clippy::too_many_arguments)]
+fn fit(
+    py: Python<'_>,
+    inputs: Vec<Source>,
+    sizes: Vec<i64>,
+    at: Vec<i64>,
+    confs: Vec<String>,
+    capacity: Option<Bound<'_, PyAny>>,
+    step: u64,
+    knob: String,
+) -> PyResult<Produced> {
+    let (inputs, buffers) = sources(inputs);
+    // As text, so that 0 and negative sizes get the command's own refusal.
+    let text = |v: Vec<i64>| v.iter().map(i64::to_string).collect();
+    let opts = app::fit::FitOptions {
+        inputs,
+        buffers,
+        sizes: text(sizes),
+        at: text(at),
+        confs,
+        capacity: size(capacity.as_ref())?,
+        step,
+        knob,
+        format: Format::Json,
+        ..Default::default()
+    };
+    run(py, || app::fit::run(&opts))
+}
+
 /// The `allocdoc` command: `argv` as `sys.argv` (the program first); prints
 /// as the binary does and returns the exit code.
 #[pyfunction]
@@ -308,6 +339,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(top, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
+    m.add_function(wrap_pyfunction!(fit, m)?)?;
     m.add_function(wrap_pyfunction!(command, m)?)?;
     Ok(())
 }

@@ -134,6 +134,21 @@ class ApiTest(unittest.TestCase):
         with self.assertRaises(allocdoc.InputError):
             allocdoc.top(TEXTS[0])
 
+    def test_fit_equals_the_command(self):
+        a, b = F / "fit" / "attn-256.pickle.xz", F / "fit" / "attn-1024.pickle.xz"
+        code, want, _ = cli("fit", a, b, "--sizes", "256,1024", "--at", "4096", "--capacity", "12GiB",
+                            "--conf", "expandable_segments:True", "--knob", "seq_len", "--format", "json")
+        self.assertEqual(code, 0)
+        got = allocdoc.fit([a, b], sizes=[256, 1024], at=[4096], capacity="12GiB",
+                           confs=["expandable_segments:True"], knob="seq_len")
+        self.assertEqual(got, want)
+        self.assertEqual(want["predictions"][0]["size"], 4096)
+        with self.assertRaises(allocdoc.UsageError) as e:
+            allocdoc.fit([a, b], sizes=[0, 1024])
+        self.assertIn("sizes start at 1", str(e.exception))
+        with self.assertRaises(allocdoc.InputError):
+            allocdoc.fit([a, TEXTS[0]], sizes=[256, 1024])
+
     def test_recommend_and_validate_take_the_setup(self):
         text = F / "validate" / "oom_fragmented_2.5.txt"
         _, want, _ = cli("recommend", text, "--torch-version", "2.0", "--platform", "windows", "--format", "json")

@@ -53,7 +53,14 @@ pub struct MustGo {
     pub smallest_card: Vec<SmallestCard>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub levers: Vec<Lever>,
+    /// When live memory must go (a full card): how to find the largest
+    /// batch or sequence that fits, without another OOM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit_recipe: Option<String>,
 }
+
+/// The recipe a full card calls for: two small recordings and `fit`.
+pub const FIT_RECIPE: &str = "to find the largest batch (or sequence length) that fits without another OOM, record one step at two small sizes (allocdoc.capture.record_sizes(step, sizes=[1, 2]) in Python) and run `allocdoc fit size1.pickle size2.pickle --sizes 1,2 --capacity <the card>`";
 
 /// The smallest card a config runs the trace on, by bisection.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -180,6 +187,7 @@ fn must_go(request: u64, device_free: u64, reserved_free: u64, allocated: u64) -
         },
         smallest_card: Vec::new(),
         levers: Vec::new(),
+        fit_recipe: (shortfall > 0).then(|| FIT_RECIPE.to_string()),
     }
 }
 

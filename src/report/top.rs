@@ -748,6 +748,9 @@ pub fn must_go_lines(g: &crate::advise::fills::MustGo) -> Vec<String> {
         }
         out.push(format!("  - {}", l.lever));
     }
+    if let Some(r) = &g.fit_recipe {
+        out.push(format!("Next: {r}."));
+    }
     out
 }
 

@@ -1,0 +1,69 @@
+"""``allocdoc.capture.record_sizes``: one short snapshot per size of one knob,
+for ``allocdoc fit``.
+
+    import allocdoc
+    def step(batch):                      # one training step at this batch size
+        loss = model(make_batch(batch)).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    allocdoc.capture.record_sizes(step, sizes=[1, 2], knob="batch")
+
+For each size it runs one warm-up step (so the optimizer's state and the
+kernels' workspaces exist, as in a real run), then records the allocator's
+history around one more step and writes ``<knob><size>.pickle`` (what
+``torch.cuda.memory._dump_snapshot`` writes) into ``directory``. Then it prints
+the ``allocdoc fit`` command that predicts larger sizes from them. It needs
+only PyTorch 2.0 or later with CUDA, as ``allocdoc.capture`` does.
+"""
+
+import os
+import pickle
+import sys
+from typing import Any, Callable, List, Sequence
+
+from ._capture import _say, _torch_version, capture
+
+
+def record_sizes(
+    step: Callable[[int], Any],
+    sizes: Sequence[int] = (1, 2),
+    directory: str = "allocdoc-fit",
+    knob: str = "size",
+    max_entries: int = 1_000_000,
+    stacks: str = "python",
+) -> List[str]:
+    """Runs ``step(size)`` twice per size (a warm-up, then one recorded step),
+    writes one snapshot per size and prints the ``allocdoc fit`` command;
+    returns the snapshots' paths (none when PyTorch cannot record)."""
+    sizes = [int(s) for s in sizes]
+    if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1:
+        raise ValueError("sizes: two or more different whole numbers above 0, e.g. [1, 2]")
+    import torch
+
+    version = _torch_version(torch)
+    if not torch.cuda.is_available() or version is None or version < (2, 0):
+        _say("record_sizes needs PyTorch 2.0 or later with CUDA: nothing is recorded.")
+        return []
+    # The history calls of this PyTorch version, as a capture makes them.
+    recorder = capture(directory=directory, max_entries=max_entries, stacks=stacks)
+    recorder._torch, recorder._version = torch, version
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for size in sizes:
+        step(size)
+        torch.cuda.synchronize()
+        recorder._record(True)
+        try:
+            step(size)
+            torch.cuda.synchronize()
+            snapshot = torch.cuda.memory._snapshot()
+        finally:
+            recorder._record(False)
+        path = os.path.join(directory, f"{knob}{size}.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(snapshot, f)
+        paths.append(path)
+        _say(f"recorded {knob} {size}: {path}")
+    command = "allocdoc fit " + " ".join(paths) + f" --sizes {','.join(map(str, sizes))} --knob {knob} --capacity <your card>"
+    print(command, file=sys.stderr)
+    return paths
+
