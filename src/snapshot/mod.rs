@@ -52,6 +52,7 @@ fn sniff() -> pickle::Limits {
     pickle::Limits {
         max_marks: 256,
         max_values: memory_values().min(1 << 30),
+        sized: true,
     }
 }
 
@@ -129,6 +130,9 @@ pub fn load_releasing<'a>(
     let memory = memory_values();
     let decode_limits = pickle::Limits {
         max_values: limits.max_objects.min(memory),
+        // The bound by the input's size holds while --max-objects is left at
+        // its default: naming one is the way to decode an unusual pickle.
+        sized: limits.max_objects == Limits::default().max_objects,
         ..pickle::Limits::default()
     };
     let decoded = match release {
@@ -136,6 +140,15 @@ pub fn load_releasing<'a>(
         None => pickle::decode_with(data, decode_limits),
     };
     let p = decoded.map_err(|e| match e {
+        pickle::DecodeError::Limit {
+            offset,
+            what,
+            limit,
+        } if what == pickle::SIZED_VALUES => Error::Input(format!(
+            "{input_name}: at byte {offset}: the decoded values would pass {limit}, 3/4 of a \
+             value per input byte and 64 MiB, more than a torch snapshot of its size holds \
+             (a flood of cheap opcodes does; decode an unusual pickle with --max-objects N)"
+        )),
         pickle::DecodeError::Limit { offset, what, .. }
             if what == pickle::VALUES && memory < limits.max_objects =>
         {
