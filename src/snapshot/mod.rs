@@ -5,6 +5,7 @@
 pub mod attribute;
 pub mod evidence;
 pub(crate) mod grow;
+mod live_map;
 pub mod model;
 pub mod pickle;
 pub mod trace_metrics;
@@ -12,6 +13,7 @@ pub mod trace_metrics;
 use crate::Error;
 use crate::evidence::Observation;
 use crate::limits::{Limit, Limits};
+pub use evidence::Fills;
 pub use model::Snapshot;
 
 /// How an input's first bytes read as a pickle.
@@ -191,18 +193,20 @@ pub fn observations_with(
     data: &[u8],
     limits: &Limits,
 ) -> Result<Vec<Observation>, Error> {
-    observations_releasing(input_name, data, limits, None)
+    observations_releasing(input_name, data, limits, None, Fills::Headline)
 }
 
-/// [`observations_with`], with a [`pickle::Release`] hook.
+/// [`observations_with`], with a [`pickle::Release`] hook; `fills` says
+/// whether each observation carries its headline attribution.
 pub fn observations_releasing(
     input_name: &str,
     data: &[u8],
     limits: &Limits,
     release: Option<pickle::Release<'_>>,
+    fills: Fills,
 ) -> Result<Vec<Observation>, Error> {
     let snap = load_releasing(input_name, data, limits, release)?;
-    evidence::device_observations(input_name, &snap)
+    evidence::device_observations(input_name, &snap, fills)
         .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
 }
 pub mod writer;
