@@ -247,8 +247,8 @@ impl<'s, 'a> Attributor<'s, 'a> {
         let n = snap.trace_len(device);
         let mut lives = Vec::new();
         let mut live = FxHashMap::default();
-        // Room for every alloc at once (at most half the entries; a trace
-        // whose lives last to its end), so the map is not rehashed as it grows.
+        // Room for half the entries live at once (a trace whose allocations
+        // last to its end), so the map is not rehashed as it grows.
         let peak_only = peak_only.then(|| LiveMap::with_room(n / 2));
         if peak_only.is_none() {
             let _ = lives.try_reserve_exact(n / 2);
@@ -1672,7 +1672,7 @@ fn size_class(bytes: u64) -> usize {
 /// alone; when there is one) and the attribution.
 pub(crate) struct Passes<'s, 'a, S> {
     pub scan: Option<S>,
-    pub fills: Option<Attributor<'s, 'a>>,
+    pub fills: Attributor<'s, 'a>,
 }
 
 impl<S: Feed> Passes<'_, '_, S> {
@@ -1680,18 +1680,14 @@ impl<S: Feed> Passes<'_, '_, S> {
         if let Some(scan) = &mut self.scan {
             scan.entry(i, e);
         }
-        if let Some(fills) = &mut self.fills {
-            fills.entry(i, e);
-        }
+        self.fills.entry(i, e);
     }
 
     /// A batch's entries in order, [`WARM`] at a time after their addresses
     /// are looked up ([`Attributor::warm`]).
     fn batch(&mut self, batch: &[(usize, TraceEntry)]) {
         for window in batch.chunks(WARM) {
-            if let Some(fills) = &self.fills {
-                fills.warm(window);
-            }
+            self.fills.warm(window);
             for (i, e) in window {
                 self.entry(*i, e);
             }
@@ -1745,9 +1741,7 @@ impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
                 // This side may have stopped early (an error): nothing to hand back to.
                 let _ = back.send(batch);
             }
-            if let Some(fills) = &mut passes.fills {
-                fills.settle();
-            }
+            passes.fills.settle();
             passes
         });
         Feeding::Thread {
@@ -1818,7 +1812,7 @@ pub fn attribute(
         }
         let passes = Passes {
             scan: Some(StepScan::new(snap, device)),
-            fills: Some(Attributor::new(snap, device, settings.clone(), ask)),
+            fills: Attributor::new(snap, device, settings.clone(), ask),
         };
         // A long trace is scanned and attributed on a second thread, while
         // this one reads its entries.
@@ -1830,9 +1824,7 @@ pub fn attribute(
             feeding.finish(device)
         })?;
         let steps = passes.scan.map(StepScan::finish);
-        if let Some(fills) = passes.fills {
-            out.push(fills.finish(&steps.unwrap_or_default()));
-        }
+        out.push(passes.fills.finish(&steps.unwrap_or_default()));
     }
     Ok(out)
 }

@@ -308,10 +308,10 @@ fn detail(
         scan: (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone())),
         // The trace's peak entry is evidence; the rest of the attribution is
         // for diagnose.
-        fills: Some(match fills {
+        fills: match fills {
             Fills::Headline => Attributor::new(snap, device, settings, ask),
             Fills::Skip => Attributor::peak_only(snap, device),
-        }),
+        },
     };
     // A long trace is scanned and attributed on a second thread, beside this pass.
     let passes = std::thread::scope(|threads| -> Result<Passes<TraceScan>, ModelError> {
@@ -335,13 +335,13 @@ fn detail(
         feeding.finish(device)
     })?;
     let (trace, steps) = passes.scan.map(TraceScan::finish_with_steps).unzip();
-    let (fills, peak_event_index) = match (fills, passes.fills) {
-        (Fills::Headline, Some(f)) => {
-            let f = f.finish(&steps.unwrap_or_default());
+    let (fills, peak_event_index) = match fills {
+        Fills::Headline => {
+            let f = passes.fills.finish(&steps.unwrap_or_default());
             let peak = f.peak_event_index;
             (Some(Box::new(f)), peak)
         }
-        (_, f) => (None, f.and_then(|f| f.peak_event_index())),
+        Fills::Skip => (None, passes.fills.peak_event_index()),
     };
     let trace = trace.map(|mut t| {
         // The allocated peak's entry (the stranding figures are the reserved peak's).
