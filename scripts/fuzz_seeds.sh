@@ -53,6 +53,18 @@ for name, unit in [("empty-lists", b"]"), ("empty-dicts", b"}"), ("empty-tuples"
                    ("mark-lists", b"(l"), ("mark-tuples", b"(Nt"), ("short-binunicode", b"\x8c\x01a"),
                    ("binunicode", b"X\x01\x00\x00\x00a"), ("short-binbytes", b"C\x01a")]:
     put(f"flood-{name}.pickle", b"\x80\x04" + unit * (8192 // len(unit)))
+# The rest of issue 33's floods (tests/hostile.rs, 128 MiB each there), each also with a STOP.
+for name, head, unit in [("empty-sets", b"", b"\x8f"), ("empty-short-binunicode", b"", b"\x8c\x00"),
+                         ("empty-binunicode", b"", b"X\x00\x00\x00\x00"), ("nones", b"", b"N"),
+                         ("dups", b"N", b"2"), ("memoize-object", b"]", b"\x94"),
+                         ("memoize-none", b"N", b"\x94")]:
+    body = b"\x80\x04" + head + unit * (8192 // len(unit))
+    put(f"flood-{name}.pickle", body)
+    put(f"flood-{name}-stop.pickle", body + b".")
+puts = b"".join(b"r" + struct.pack("<I", i) for i in range(1, 1600))
+put("flood-memo-puts-out-of-order.pickle", b"\x80\x04N" + puts)
+put("flood-memo-puts-out-of-order-stop.pickle", b"\x80\x04N" + puts + b".")
+put("flood-empty-lists-stop.pickle", b"\x80\x04" + b"]" * 8192 + b".")
 put("p0-global.pickle", b"cos\nsystem\n(S'echo hi'\ntR.")
 put("p1-global.pickle", b"cos\nsystem\nq\x00(X\x07\x00\x00\x00echo hiq\x01tq\x02Rq\x03.")
 put("p0-inst.pickle", b"(S'echo hi'\nios\nsystem\n.")

@@ -22,7 +22,10 @@ pub struct Limits {
     pub max_input_bytes: u64,
     /// The most values a snapshot pickle may decode to (8 bytes each).
     ///
-    /// Objects, container items and memo entries all count.
+    /// Objects, container items and memo entries all count. At the default,
+    /// a pickle may also decode to at most 3/4 of a value per input byte
+    /// (and 64 MiB): a snapshot holds less, a flood of cheap opcodes more.
+    /// Naming another value replaces that bound.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N",
         default_value_t = Limits::default().max_objects, help_heading = "Limits"))]
     pub max_objects: u64,

@@ -319,13 +319,15 @@ fn deep_nesting_memo_bombs_and_huge_lengths_are_refused() {
             vec!["MARK nesting exceeds the decoder's limit of 65536"],
         ),
         (
-            // 20 million DUPs of one dict: a stack of 20 M values, 160 MB.
+            // 20 million DUPs of one dict: a stack of 20 M values, 160 MB,
+            // more than the bound by the input's size lets 20 MB hold.
             "dup",
             [&b"\x80\x04}"[..], &vec![b'2'; 20_000_000], b"."].concat(),
-            vec!["not a torch memory snapshot"],
+            vec!["the decoded values would pass", "--max-objects N"],
         ),
         (
-            // Lists nested 10 million deep, without a MARK.
+            // Lists nested 10 million deep, without a MARK (24 bytes held
+            // per input byte, over the bound by the input's size).
             "nested-lists",
             [
                 &b"\x80\x04"[..],
@@ -334,7 +336,7 @@ fn deep_nesting_memo_bombs_and_huge_lengths_are_refused() {
                 b".",
             ]
             .concat(),
-            vec!["not a torch memory snapshot"],
+            vec!["the decoded values would pass"],
         ),
         (
             "memo-index",
@@ -490,6 +492,97 @@ fn opcode_floods_stay_within_the_values_budget() {
             rss >> 20,
             bound >> 20
         );
+    }
+}
+
+/// Floods of 128 MiB, at the default limits (issue 33: 134 M `EMPTY_LIST`s
+/// once reached 3.2 GB): every opcode that makes the decoder hold more than
+/// its bytes, with and without a STOP after it, stops at the bound by the
+/// input's size with exit 2, and stays within 1 GiB resident; `diagnose`
+/// and `top` end alike on the first.
+#[cfg(target_os = "linux")]
+#[test]
+fn floods_of_128_mib_stay_within_1_gib_at_the_default_limits() {
+    const INPUT: usize = 128 << 20;
+    const RESIDENT: u64 = 1 << 30;
+    let flood = |head: &[u8], unit: &[u8]| -> Vec<u8> {
+        let mut d = b"\x80\x04".to_vec();
+        d.extend_from_slice(head);
+        d.extend(unit.repeat((INPUT - d.len()) / unit.len()));
+        d
+    };
+    let mut sparse = b"\x80\x04N".to_vec();
+    for i in 1..(INPUT as u32 - 3) / 5 {
+        sparse.push(b'r');
+        sparse.extend_from_slice(&i.to_le_bytes());
+    }
+    let shapes: Vec<(&str, Vec<u8>)> = vec![
+        ("empty-lists", flood(b"", b"]")),
+        ("empty-dicts", flood(b"", b"}")),
+        ("empty-tuples", flood(b"", b")")),
+        ("empty-sets", flood(b"", b"\x8f")),
+        ("empty-short-binunicode", flood(b"", b"\x8c\x00")),
+        ("empty-binunicode", flood(b"", b"X\x00\x00\x00\x00")),
+        // (Empty ones, `C\x00` over and over, read as UTF-16 text.)
+        ("short-binbytes", flood(b"", b"C\x01a")),
+        ("marks", flood(b"", b"(")),
+        ("nones", flood(b"", b"N")),
+        ("dups", flood(b"N", b"2")),
+        // The same object memoized again and again: the memo turns dense.
+        ("memoize-object", flood(b"]", b"\x94")),
+        // None memoized: an id and a value per entry.
+        ("memoize-none", flood(b"N", b"\x94")),
+        ("memo-puts-in-order", {
+            let mut d = b"\x80\x04N".to_vec();
+            for i in 0..(INPUT as u32 - 3) / 5 {
+                d.push(b'r');
+                d.extend_from_slice(&i.to_le_bytes());
+            }
+            d
+        }),
+        // Indices past the memo's length: a hash map entry each.
+        ("memo-puts-out-of-order", sparse),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, mut data) in shapes {
+        for stop in [false, true] {
+            if stop {
+                data.push(b'.');
+            }
+            let path = write(dir.path(), &format!("{name}.pickle"), &data);
+            let (r, rss) = run_measured(&["parse", &path]);
+            eprintln!("{name} (STOP: {stop}): peak RSS {} MiB", rss >> 20);
+            assert_eq!(r.code, 2, "{name}: {}", r.stderr);
+            assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+            assert!(r.stderr.contains(&path), "{name}: {}", r.stderr);
+            // MARKs stop at their nesting limit; in-order memo puts of None
+            // (0.4 values a byte) decode within the bound, then are no
+            // snapshot; the rest stop at the bound by the input's size.
+            let says = match name {
+                "marks" => "MARK nesting",
+                "memo-puts-in-order" if stop => "not a torch memory snapshot",
+                "memo-puts-in-order" => "input ends inside",
+                _ => "the decoded values would pass",
+            };
+            assert!(r.stderr.contains(says), "{name}: {}", r.stderr);
+            assert!(
+                rss <= RESIDENT,
+                "{name}: peak RSS {} MiB over 1 GiB",
+                rss >> 20
+            );
+            if name == "empty-lists" {
+                for command in ["diagnose", "top"] {
+                    let (r, rss) = run_measured(&[command, &path]);
+                    eprintln!(
+                        "{name} ({command}, STOP: {stop}): peak RSS {} MiB",
+                        rss >> 20
+                    );
+                    refused(&r, &["the decoded values would pass"]);
+                    assert!(rss <= RESIDENT, "{command}: peak RSS {} MiB", rss >> 20);
+                }
+            }
+        }
+        std::fs::remove_file(dir.path().join(format!("{name}.pickle"))).unwrap();
     }
 }
 

@@ -9,6 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let limits = pickle::Limits {
         max_marks: 4096,
         max_values: 1 << 22,
+        ..pickle::Limits::default()
     };
     match pickle::decode_with(data, limits) {
         Ok(p) => {

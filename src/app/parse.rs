@@ -28,7 +28,7 @@ pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
     // Clues about the environment are for diagnose; parse shows the evidence alone.
     let load = |inputs: &[String]| {
         let clues = &mut crate::evidence::TextClues::default();
-        ingest::load_from(inputs, &opts.limits, clues, |name, limits| {
+        ingest::load_evidence(inputs, &opts.limits, clues, |name, limits| {
             opts.buffers.open(name, limits)
         })
     };

@@ -40,6 +40,7 @@ pub use summary::SUMMARY_ROWS;
 
 use crate::evidence::{Evidence, Observation, TextClues};
 use crate::limits::Limits;
+use crate::snapshot::Fills;
 use crate::{Error, snapshot};
 
 /// What an input holds, decided from its content.
@@ -235,6 +236,28 @@ pub fn load_from(
     clues: &mut TextClues,
     open: impl Fn(&str, &Limits) -> Result<Opened, Error>,
 ) -> Result<Evidence, Error> {
+    load_as(inputs, limits, clues, open, Fills::Headline)
+}
+
+/// [`load_from`] for what shows the evidence alone (`parse`): snapshot
+/// observations without their attribution, which is most of a traced
+/// snapshot's cost after decoding.
+pub fn load_evidence(
+    inputs: &[String],
+    limits: &Limits,
+    clues: &mut TextClues,
+    open: impl Fn(&str, &Limits) -> Result<Opened, Error>,
+) -> Result<Evidence, Error> {
+    load_as(inputs, limits, clues, open, Fills::Skip)
+}
+
+fn load_as(
+    inputs: &[String],
+    limits: &Limits,
+    clues: &mut TextClues,
+    open: impl Fn(&str, &Limits) -> Result<Opened, Error>,
+    fills: Fills,
+) -> Result<Evidence, Error> {
     let stdin = ["-".to_owned()];
     let inputs = if inputs.is_empty() {
         &stdin[..]
@@ -243,13 +266,8 @@ pub fn load_from(
     };
     let mut all = Evidence::default();
     for name in inputs {
-        read_opened(
-            input_name(name),
-            open(name, limits)?,
-            limits,
-            clues,
-            &mut all,
-        )?;
+        let opened = open(name, limits)?;
+        read_opened_as(input_name(name), opened, limits, clues, &mut all, fills)?;
     }
     Ok(all)
 }
@@ -263,12 +281,23 @@ pub fn read_opened(
     clues: &mut TextClues,
     ev: &mut Evidence,
 ) -> Result<(), Error> {
+    read_opened_as(name, opened, limits, clues, ev, Fills::Headline)
+}
+
+fn read_opened_as(
+    name: &str,
+    opened: Opened,
+    limits: &Limits,
+    clues: &mut TextClues,
+    ev: &mut Evidence,
+    fills: Fills,
+) -> Result<(), Error> {
     match opened.body {
         Body::Whole(bytes) if opened.kind == InputKind::Pickle => {
             let mut release = bytes.releaser();
             let release = release.as_mut().map(|r| r as &mut dyn FnMut(usize));
             ev.observations.extend(snapshot::observations_releasing(
-                name, &bytes, limits, release,
+                name, &bytes, limits, release, fills,
             )?);
             Ok(())
         }

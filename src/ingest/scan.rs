@@ -221,56 +221,80 @@ impl<'c> Scanner<'c> {
 
     /// Handles every hit that starts before `limit`; `buf` holds the input
     /// from offset `base` on, and at least [`REACH`] bytes past `limit`
-    /// unless the input ends first.
+    /// unless the input ends first. The input is searched a [`WINDOW`] at a
+    /// time, its two halves on two threads ([`hits_in`]), then walked.
     fn span(&mut self, buf: &[u8], base: usize, limit: usize) {
-        let input = self.input;
-        rayon::in_place_scope(|scope| {
-            let mut ahead = Ahead::new(scope, buf, base, limit, input);
-            self.walk(buf, base, limit, &mut ahead);
-        });
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        let mut parsed = Parsed::new();
+        let end = limit - base;
+        let mut from = self.next - base;
+        // The line `from` is on; each half counts its own lines.
+        let mut line = self.lines.line_of(buf, base, from + base);
+        while from < end && self.over.is_none() {
+            let to = end.min(from.saturating_add(WINDOW));
+            first.clear();
+            second.clear();
+            let (lines_first, lines_second) = if to - from < 2 * SPLIT_AT_LEAST {
+                (hits_in(buf, from, to, &mut first), 0)
+            } else {
+                let mid = from + (to - from) / 2;
+                rayon::join(
+                    || hits_in(buf, from, mid, &mut first),
+                    || hits_in(buf, mid, to, &mut second),
+                )
+            };
+            let hits = first.iter().chain(second.iter());
+            parse_ahead(buf, base, self.input, hits.clone(), &mut parsed);
+            let halves = [(&first, line), (&second, line + lines_first)];
+            for (hits, line) in halves {
+                for &hit in hits {
+                    if self.over.is_some() {
+                        break;
+                    }
+                    self.visit(buf, base, hit, line + hit.lines, &mut parsed);
+                }
+            }
+            line += lines_first + lines_second;
+            from = to;
+        }
         self.next = self.next.max(limit);
     }
 
-    /// [`Self::span`]'s walk from hit to hit.
-    fn walk(&mut self, buf: &[u8], base: usize, limit: usize, ahead: &mut Ahead) {
-        let (ac, kinds) = &*ANCHORS;
-        while self.next < limit && self.over.is_none() {
-            let Some(m) = ac.find(Input::new(buf).span(self.next - base..buf.len())) else {
-                break;
-            };
-            let at = m.start() + base;
-            if at >= limit {
-                break;
+    /// One hit of [`Self::span`]'s walk, in order; `line` is the hit's.
+    fn visit(&mut self, buf: &[u8], base: usize, hit: Hit, line: u64, parsed: &mut Parsed) {
+        let (_, kinds) = &*ANCHORS;
+        let at = hit.at + base;
+        self.next = at + 1;
+        let anchor = kinds[hit.pattern as usize];
+        let start = match anchor {
+            // Clues count everywhere, in what a parser took too (PyTorch's
+            // hints in an OOM message).
+            Anchor::Clue(clue) => {
+                self.finder
+                    .hit(clue, buf, hit.at, hit.len as usize, self.clues);
+                return;
             }
-            self.next = at + 1;
-            let anchor = kinds[m.pattern().as_usize()];
-            let hit = match anchor {
-                // Clues count everywhere, in what a parser took too (PyTorch's
-                // hints in an OOM message).
-                Anchor::Clue(clue) => {
-                    self.finder.hit(clue, buf, m.start(), m.len(), self.clues);
-                    continue;
-                }
-                // A stats key counts only behind a quote the scan has not passed.
-                Anchor::Stats => match m.start().checked_sub(1) {
-                    Some(q) if q + base >= self.pos && matches!(buf[q], b'\'' | b'"') => q,
-                    _ => continue,
-                },
-                // Evidence inside what a parser took is part of that evidence.
-                _ if at < self.pos => continue,
-                _ => m.start(),
-            };
-            let found = match anchor {
-                Anchor::OutOfMemory => ahead.take(hit),
-                _ => self.parse(buf, base, hit, m.len(), anchor),
-            };
-            let Some(f) = found else {
-                self.pos = hit + base + 1;
-                continue;
-            };
-            self.pos = f.end.max(hit + base + 1);
-            self.push(buf, base, f);
-        }
+            // A stats key counts only behind a quote the scan has not passed.
+            Anchor::Stats => match hit.at.checked_sub(1) {
+                Some(q) if q + base >= self.pos && matches!(buf[q], b'\'' | b'"') => q,
+                _ => return,
+            },
+            // Evidence inside what a parser took is part of that evidence.
+            _ if at < self.pos => return,
+            _ => hit.at,
+        };
+        let found = match anchor {
+            Anchor::OutOfMemory => take_parsed(parsed, buf, base, self.input, start),
+            _ => self.parse(buf, base, start, hit.len as usize, anchor),
+        };
+        let Some(f) = found else {
+            self.pos = start + base + 1;
+            return;
+        };
+        self.pos = f.end.max(start + base + 1);
+        // The observation's line is counted from its hit's.
+        self.lines = LineCounter { pos: at, line };
+        self.push(buf, base, f);
     }
 
     /// Runs the parser of `anchor` on the window around its hit at `hit` (in
@@ -358,118 +382,111 @@ fn parse_window(
     Some(f)
 }
 
-/// Input read ahead per batch of "out of memory" messages parsed in parallel.
-const AHEAD: usize = 4 << 20;
-/// Fewer hits than this in a batch are parsed on this thread, and the next
-/// batch is not parsed ahead.
+/// Input searched for hits at a time (its two halves in parallel) before
+/// they are walked: its hits are kept in two vectors that are reused.
+const WINDOW: usize = 4 << 20;
+/// A window's half is at least this long, or the window is searched whole
+/// on this thread (a stream's last bytes, a small file).
+const SPLIT_AT_LEAST: usize = 256 << 10;
+/// Fewer "out of memory" hits than this in a window are parsed as the walk
+/// reaches them, on this thread.
 const AHEAD_PARALLEL: usize = 32;
 
-/// A batch's hits with their parses, in input order.
-type Parsed = std::collections::VecDeque<(usize, Option<Found>)>;
-
-/// "out of memory" hits parsed ahead, on every core: a log aggregated from a
-/// large job holds one message per rank and step, and their parsing is most
-/// of its scan. While the scan walks one batch, the next is parsed. The scan
-/// takes each result when it reaches the hit; a hit it skips (inside a
-/// message already read) costs a parse for nothing.
-struct Ahead<'s, 'b> {
-    scope: &'s rayon::Scope<'b>,
-    buf: &'b [u8],
-    base: usize,
-    /// The span's end, in `buf`.
-    limit: usize,
-    input: &'b str,
-    /// Every hit below this offset (in `buf`) is in `found`.
-    to: usize,
-    found: Parsed,
-    /// The next batch: its start, its end, and where its parses arrive.
-    coming: Option<(usize, usize, std::sync::mpsc::Receiver<Parsed>)>,
+/// Where an anchor starts in the buffer, which one (its index in
+/// [`ANCHORS`]), its length, and the newlines before it in its half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hit {
+    at: usize,
+    pattern: u32,
+    len: u32,
+    lines: u64,
 }
 
-impl<'s, 'b> Ahead<'s, 'b> {
-    const ANCHOR: &'static [u8] = b"out of memory";
-
-    fn new(
-        scope: &'s rayon::Scope<'b>,
-        buf: &'b [u8],
-        base: usize,
-        limit: usize,
-        input: &'b str,
-    ) -> Self {
-        Ahead {
-            scope,
-            buf,
-            base,
-            limit: limit - base,
-            input,
-            to: 0,
-            found: Parsed::new(),
-            coming: None,
+/// Every offset in `buf[from..to]` where an anchor starts, with the anchor
+/// found there (the first in [`ANCHORS`] order), appended to `out` in order:
+/// what leftmost-first searches from one past each hit find one after
+/// another, so two halves searched apart give the hits of the whole. Gives
+/// the newlines in `buf[from..to]`, which the walk would count otherwise.
+fn hits_in(buf: &[u8], from: usize, to: usize, out: &mut Vec<Hit>) -> u64 {
+    let count = |s: &[u8]| memchr::memchr_iter(b'\n', s).count() as u64;
+    let (mut counted, mut lines) = (from, 0u64);
+    let (ac, _) = &*ANCHORS;
+    // A match that starts before `to` ends within the longest anchor after it.
+    let hay = &buf[..buf.len().min(to.saturating_add(ac.max_pattern_len()))];
+    let mut at = from;
+    while at < to {
+        let Some(m) = ac.find(Input::new(hay).span(at..hay.len())) else {
+            break;
+        };
+        if m.start() >= to {
+            break;
         }
+        lines += count(&buf[counted..m.start()]);
+        counted = m.start();
+        out.push(Hit {
+            at: m.start(),
+            pattern: m.pattern().as_u32(),
+            len: m.len() as u32,
+            lines,
+        });
+        at = m.start() + 1;
     }
+    lines + count(&buf[counted..to])
+}
 
-    /// The end of the batch from `from`, and its hits.
-    fn batch(&self, from: usize) -> (usize, Vec<usize>) {
-        let end = self.limit.min(from.saturating_add(AHEAD)).max(from + 1);
-        let stop = self.buf.len().min(end + Self::ANCHOR.len() - 1);
-        let hits = memchr::memmem::find_iter(&self.buf[from..stop], Self::ANCHOR)
-            .map(|i| from + i)
-            .collect();
-        (end, hits)
+/// A window's "out of memory" hits with their parses, in input order.
+type Parsed = std::collections::VecDeque<(usize, Option<Found>)>;
+
+/// The parse of the "out of memory" hit at `at` (in `buf`).
+fn parse_oom(buf: &[u8], base: usize, input: &str, at: usize) -> Option<Found> {
+    let hit = (at, "out of memory".len());
+    parse_window(buf, base, hit, Anchor::OutOfMemory, 0, input)
+}
+
+/// Parses a window's "out of memory" hits on every core into `parsed`
+/// when there are many: a log aggregated from a large job holds one
+/// message per rank and step, and their parsing is most of its scan. A
+/// parse reads only its hit's window, so the walk takes the result it
+/// would get itself; a hit it skips (inside a message already read) costs
+/// a parse for nothing.
+fn parse_ahead<'h>(
+    buf: &[u8],
+    base: usize,
+    input: &str,
+    hits: impl Iterator<Item = &'h Hit>,
+    parsed: &mut Parsed,
+) {
+    use rayon::prelude::*;
+    let (_, kinds) = &*ANCHORS;
+    parsed.clear();
+    let ooms: Vec<usize> = hits
+        .filter(|h| matches!(kinds[h.pattern as usize], Anchor::OutOfMemory))
+        .map(|h| h.at)
+        .collect();
+    if ooms.len() >= AHEAD_PARALLEL {
+        parsed.extend(
+            ooms.into_par_iter()
+                .map(|at| (at, parse_oom(buf, base, input, at)))
+                .collect::<Vec<_>>(),
+        );
     }
+}
 
-    fn parse(buf: &[u8], base: usize, input: &str, at: usize) -> (usize, Option<Found>) {
-        let hit = (at, Self::ANCHOR.len());
-        (
-            at,
-            parse_window(buf, base, hit, Anchor::OutOfMemory, 0, input),
-        )
+/// The parse of the "out of memory" hit at `hit` (in `buf`): parsed ahead,
+/// or here.
+fn take_parsed(
+    parsed: &mut Parsed,
+    buf: &[u8],
+    base: usize,
+    input: &str,
+    hit: usize,
+) -> Option<Found> {
+    while parsed.front().is_some_and(|&(at, _)| at < hit) {
+        parsed.pop_front();
     }
-
-    fn parse_all(buf: &[u8], base: usize, input: &str, hits: Vec<usize>) -> Parsed {
-        use rayon::prelude::*;
-        let parse = |at| Self::parse(buf, base, input, at);
-        if hits.len() < AHEAD_PARALLEL {
-            hits.into_iter().map(parse).collect()
-        } else {
-            hits.into_par_iter().map(parse).collect::<Vec<_>>().into()
-        }
-    }
-
-    /// The parse of the "out of memory" hit at `hit` (in `buf`).
-    fn take(&mut self, hit: usize) -> Option<Found> {
-        if hit >= self.to {
-            let (buf, base, input) = (self.buf, self.base, self.input);
-            self.found = match self.coming.take() {
-                Some((from, end, parsed)) if from <= hit && hit < end => {
-                    self.to = end;
-                    // The job sends before it ends; had it failed, the batch is parsed here.
-                    parsed
-                        .recv()
-                        .unwrap_or_else(|_| Self::parse_all(buf, base, input, self.batch(from).1))
-                }
-                _ => {
-                    let (end, hits) = self.batch(hit);
-                    self.to = end;
-                    Self::parse_all(buf, base, input, hits)
-                }
-            };
-            if self.found.len() >= AHEAD_PARALLEL && self.to < self.limit {
-                let (end, hits) = self.batch(self.to);
-                let (send, parsed) = std::sync::mpsc::sync_channel(1);
-                self.scope.spawn(move |_| {
-                    let _ = send.send(Self::parse_all(buf, base, input, hits));
-                });
-                self.coming = Some((self.to, end, parsed));
-            }
-        }
-        while self.found.front().is_some_and(|&(at, _)| at < hit) {
-            self.found.pop_front();
-        }
-        match self.found.front() {
-            Some(&(at, _)) if at == hit => self.found.pop_front().and_then(|(_, f)| f),
-            _ => Self::parse(self.buf, self.base, self.input, hit).1,
-        }
+    match parsed.front() {
+        Some(&(at, _)) if at == hit => parsed.pop_front().and_then(|(_, f)| f),
+        _ => parse_oom(buf, base, input, hit),
     }
 }
 
@@ -569,6 +586,38 @@ mod tests {
             i += 1;
         }
         out
+    }
+
+    #[test]
+    fn halves_searched_apart_find_the_hits_and_lines_of_the_whole() {
+        let data = log();
+        let data = &data[..1 << 20];
+        let mut whole = Vec::new();
+        let lines = hits_in(data, 0, data.len(), &mut whole);
+        assert_eq!(lines, memchr::memchr_iter(b'\n', data).count() as u64);
+        assert!(whole.len() > 100, "{}", whole.len());
+        // Cuts at every byte around some hits (inside an anchor too), and elsewhere.
+        let mut cuts: Vec<usize> = whole
+            .iter()
+            .step_by(17)
+            .flat_map(|h| h.at.saturating_sub(2)..h.at + 30)
+            .collect();
+        cuts.extend((1..64).map(|k| k * data.len() / 64));
+        for mid in cuts {
+            let (mut first, mut second) = (Vec::new(), Vec::new());
+            let n = hits_in(data, 0, mid, &mut first);
+            let m = hits_in(data, mid, data.len(), &mut second);
+            assert_eq!(n + m, lines, "cut at {mid}");
+            let joined: Vec<Hit> = first
+                .iter()
+                .copied()
+                .chain(second.iter().map(|h| Hit {
+                    lines: h.lines + n,
+                    ..*h
+                }))
+                .collect();
+            assert!(joined == whole, "cut at {mid}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! costs a hash lookup or two and, for a frames list it has not seen, a
 //! walk over its frames with a verdict cached per frame dict.
 
+use super::live_map::LiveMap;
 use super::model::{Action, BlockState, Frames, Segment, Snapshot, TraceEntry};
 use super::pickle::V;
 use super::trace_metrics::{Feed, StepScan};
@@ -218,11 +219,24 @@ pub struct Attributor<'s, 'a> {
     settled: bool,
     /// What matching the end state found, for the notes.
     end_notes: Vec<String>,
+    /// Only the allocated peak is wanted ([`Attributor::peak_only`]): the
+    /// live sizes by address then, in place of `live`.
+    peak_only: Option<LiveMap>,
 }
 
 impl<'s, 'a> Attributor<'s, 'a> {
     /// An attribution of `device`; `settings` are the recorded ones (block sizes follow them).
     pub fn new(snap: &'s Snapshot<'a>, device: u32, settings: Settings, ask: Ask) -> Self {
+        Self::with(snap, device, settings, ask, false)
+    }
+
+    fn with(
+        snap: &'s Snapshot<'a>,
+        device: u32,
+        settings: Settings,
+        ask: Ask,
+        peak_only: bool,
+    ) -> Self {
         let special = SiteKey {
             filename: "",
             line: 0,
@@ -232,9 +246,14 @@ impl<'s, 'a> Attributor<'s, 'a> {
         // capacity costs no memory), so the tables are not copied as they grow.
         let n = snap.trace_len(device);
         let mut lives = Vec::new();
-        let _ = lives.try_reserve_exact(n / 2);
         let mut live = FxHashMap::default();
-        let _ = live.try_reserve(n / 16);
+        // Room for half the entries live at once (a trace whose allocations
+        // last to its end), so the map is not rehashed as it grows.
+        let peak_only = peak_only.then(|| LiveMap::with_room(n / 2));
+        if peak_only.is_none() {
+            let _ = lives.try_reserve_exact(n / 2);
+            let _ = live.try_reserve(n / 16);
+        }
         Attributor {
             snap,
             device,
@@ -283,11 +302,23 @@ impl<'s, 'a> Attributor<'s, 'a> {
             traced: false,
             settled: false,
             end_notes: Vec::new(),
+            peak_only,
         }
+    }
+
+    /// One that finds only the allocated peak's entry ([`Self::peak_event_index`]),
+    /// exactly as [`Self::finish`] gives it, for evidence that shows no
+    /// attribution (`parse`): the address map and the running total, without
+    /// the lives, stacks, end state and moments that are most of the cost.
+    pub fn peak_only(snap: &'s Snapshot<'a>, device: u32) -> Self {
+        Self::with(snap, device, Settings::default(), Ask::default(), true)
     }
 
     /// Entry `i` of the trace (entries come in order).
     pub fn entry(&mut self, i: usize, e: &TraceEntry) {
+        if self.peak_only.is_some() {
+            return self.peak_entry(i, e);
+        }
         self.entries = i + 1;
         if e.time_us != 0 {
             if e.time_us < self.last_time {
@@ -372,6 +403,60 @@ impl<'s, 'a> Attributor<'s, 'a> {
             self.best = self.running;
             self.peak = Some(i);
         }
+    }
+
+    /// Looks up the addresses of `window`'s allocs and frees in the address
+    /// map, changing nothing: on a trace with a million lives the map is
+    /// tens of MB, and each lookup a cache miss; made one after another
+    /// (independent loads) they overlap, where [`Self::entry`]'s wait on
+    /// each other (BENCHMARKS.md, "parse of the generated snapshot").
+    pub fn warm(&self, window: &[(usize, TraceEntry)]) {
+        let Some(live) = &self.peak_only else {
+            return;
+        };
+        let mut sum = 0u64;
+        for (_, e) in window {
+            if matches!(e.action, Action::Alloc | Action::FreeCompleted) {
+                sum = sum.wrapping_add(live.touch(e.addr));
+            }
+        }
+        std::hint::black_box(sum);
+    }
+
+    /// [`Self::entry`] reduced to what moves the running total and says the
+    /// trace records allocations: the same figures, so the same peak.
+    fn peak_entry(&mut self, i: usize, e: &TraceEntry) {
+        let Some(live) = &mut self.peak_only else {
+            return;
+        };
+        match e.action {
+            Action::Alloc => {
+                if let Some(bytes) = live.insert(e.addr, e.size) {
+                    self.running -= i128::from(bytes);
+                }
+                self.running += i128::from(e.size);
+                self.traced = true;
+            }
+            Action::FreeCompleted => match live.remove(e.addr) {
+                Some(bytes) => self.running -= i128::from(bytes),
+                None => {
+                    self.running -= i128::from(e.size);
+                    self.traced = true;
+                }
+            },
+            _ => {}
+        }
+        if self.peak.is_none() || self.running > self.best {
+            self.best = self.running;
+            self.peak = Some(i);
+        }
+    }
+
+    /// The allocated peak's entry of a [`Self::peak_only`] attributor fed
+    /// every entry: [`Attribution::peak_event_index`] as [`Self::finish`]
+    /// gives it.
+    pub fn peak_event_index(&self) -> Option<u64> {
+        self.peak.filter(|_| self.traced).map(|p| p as u64)
     }
 
     /// The stack id of a frames list, classified on first sight.
@@ -557,6 +642,10 @@ impl<'s, 'a> Attributor<'s, 'a> {
             return;
         }
         self.settled = true;
+        if self.peak_only.is_some() {
+            // `peak_entry` set `traced` as lives and `pre` would have it.
+            return;
+        }
         self.traced = !self.lives.is_empty() || !self.pre.is_empty();
         let mut notes = Vec::new();
         self.end_state(self.traced, &mut notes);
@@ -1593,7 +1682,21 @@ impl<S: Feed> Passes<'_, '_, S> {
         }
         self.fills.entry(i, e);
     }
+
+    /// A batch's entries in order, [`WARM`] at a time after their addresses
+    /// are looked up ([`Attributor::warm`]).
+    fn batch(&mut self, batch: &[(usize, TraceEntry)]) {
+        for window in batch.chunks(WARM) {
+            self.fills.warm(window);
+            for (i, e) in window {
+                self.entry(*i, e);
+            }
+        }
+    }
 }
+
+/// Entries whose addresses are looked up together before they are fed.
+const WARM: usize = 16;
 
 /// Where a trace's passes are fed: on this thread, entry by entry, or on a
 /// thread of their own, in batches of the entries this thread has read
@@ -1616,12 +1719,15 @@ const FEED_BATCH: usize = 4096;
 impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
     /// Inline for a short trace; a trace of [`THREADED_TRACE`] entries or
     /// more is fed on a thread of `threads`.
-    pub(crate) fn new(threads: &'t std::thread::Scope<'t, '_>, passes: Passes<'s, 'a, S>) -> Self
+    pub(crate) fn new(
+        threads: &'t std::thread::Scope<'t, '_>,
+        passes: Passes<'s, 'a, S>,
+        entries: usize,
+    ) -> Self
     where
         's: 't,
     {
-        let fills = &passes.fills;
-        if fills.snap.trace_len(fills.device) < THREADED_TRACE {
+        if entries < THREADED_TRACE {
             return Feeding::Inline(Box::new(passes));
         }
         // Two batches in flight: one being read here, one fed there.
@@ -1630,9 +1736,8 @@ impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
         let worker = threads.spawn(move || {
             let mut passes = passes;
             for mut batch in batches {
-                for (i, e) in batch.drain(..) {
-                    passes.entry(i, &e);
-                }
+                passes.batch(&batch);
+                batch.clear();
                 // This side may have stopped early (an error): nothing to hand back to.
                 let _ = back.send(batch);
             }
@@ -1712,7 +1817,7 @@ pub fn attribute(
         // A long trace is scanned and attributed on a second thread, while
         // this one reads its entries.
         let passes = std::thread::scope(|threads| {
-            let mut feeding = Feeding::new(threads, passes);
+            let mut feeding = Feeding::new(threads, passes, snap.trace_len(device));
             for (i, e) in snap.trace(device).enumerate() {
                 feeding.entry(i, &e?);
             }

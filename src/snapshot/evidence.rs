@@ -47,10 +47,19 @@ impl std::hash::Hasher for IdHasher {
 
 type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
+/// Whether a snapshot observation carries its headline attribution
+/// (`detail.fills`, which `diagnose` shows) or the evidence alone (`parse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fills {
+    Headline,
+    Skip,
+}
+
 /// One observation per device present (segments or trace entries).
 pub fn device_observations(
     input_name: &str,
     snap: &Snapshot,
+    fills: Fills,
 ) -> Result<Vec<Observation>, ModelError> {
     let settings_json = settings_json(snap);
     let settings_note = settings_json.as_ref().and_then(settings_mismatch);
@@ -65,7 +74,7 @@ pub fn device_observations(
             let mut o = Observation::new(Kind::Snapshot, input_name);
             o.device_kind = Some(DeviceKind::Cuda);
             o.device_index = Some(device);
-            let (detail, t) = detail(snap, device, &segs, settings_note.as_deref())?;
+            let (detail, t) = detail(snap, device, &segs, settings_note.as_deref(), fills)?;
             o.segments = Some(t.segments);
             o.blocks = Some(t.blocks);
             o.reserved_bytes = Some(t.reserved);
@@ -185,6 +194,7 @@ fn detail(
     device: u32,
     segs: &[&Segment],
     settings_note: Option<&str>,
+    fills: Fills,
 ) -> Result<(SnapshotDetail, PoolTotals), ModelError> {
     // A handful of pools, and runs of segments in the same one: a list
     // searched from the last hit beats a map.
@@ -296,11 +306,16 @@ fn detail(
     };
     let passes = Passes {
         scan: (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone())),
-        fills: Attributor::new(snap, device, settings, ask),
+        // The trace's peak entry is evidence; the rest of the attribution is
+        // for diagnose.
+        fills: match fills {
+            Fills::Headline => Attributor::new(snap, device, settings, ask),
+            Fills::Skip => Attributor::peak_only(snap, device),
+        },
     };
     // A long trace is scanned and attributed on a second thread, beside this pass.
     let passes = std::thread::scope(|threads| -> Result<Passes<TraceScan>, ModelError> {
-        let mut feeding = Feeding::new(threads, passes);
+        let mut feeding = Feeding::new(threads, passes, snap.trace_len(device));
         for (i, e) in snap.trace(device).enumerate() {
             let e = e?;
             match counts.iter_mut().find(|(a, _)| *a == e.action) {
@@ -320,10 +335,17 @@ fn detail(
         feeding.finish(device)
     })?;
     let (trace, steps) = passes.scan.map(TraceScan::finish_with_steps).unzip();
-    let fills = passes.fills.finish(&steps.unwrap_or_default());
+    let (fills, peak_event_index) = match fills {
+        Fills::Headline => {
+            let f = passes.fills.finish(&steps.unwrap_or_default());
+            let peak = f.peak_event_index;
+            (Some(Box::new(f)), peak)
+        }
+        Fills::Skip => (None, passes.fills.peak_event_index()),
+    };
     let trace = trace.map(|mut t| {
         // The allocated peak's entry (the stranding figures are the reserved peak's).
-        t.peak.event_index = fills.peak_event_index.unwrap_or(0);
+        t.peak.event_index = peak_event_index.unwrap_or(0);
         t
     });
 
@@ -344,7 +366,7 @@ fn detail(
         top_sites: sites.top(),
         trace_actions: actions,
         trace,
-        fills: Some(Box::new(fills)),
+        fills,
         oom_events: ooms,
         segsum_mismatch_segments: unbalanced,
         allocator_settings_note: settings_note.map(str::to_string),

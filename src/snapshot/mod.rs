@@ -6,6 +6,7 @@ pub mod attribute;
 pub mod evidence;
 pub mod fit;
 pub(crate) mod grow;
+mod live_map;
 pub mod model;
 pub mod pickle;
 pub mod trace_metrics;
@@ -13,6 +14,7 @@ pub mod trace_metrics;
 use crate::Error;
 use crate::evidence::Observation;
 use crate::limits::{Limit, Limits};
+pub use evidence::Fills;
 pub use model::Snapshot;
 
 /// How an input's first bytes read as a pickle.
@@ -53,6 +55,7 @@ fn sniff() -> pickle::Limits {
     pickle::Limits {
         max_marks: 256,
         max_values: memory_values().min(1 << 30),
+        sized: true,
     }
 }
 
@@ -130,6 +133,9 @@ pub fn load_releasing<'a>(
     let memory = memory_values();
     let decode_limits = pickle::Limits {
         max_values: limits.max_objects.min(memory),
+        // The bound by the input's size holds while --max-objects is left at
+        // its default: naming one is the way to decode an unusual pickle.
+        sized: limits.max_objects == Limits::default().max_objects,
         ..pickle::Limits::default()
     };
     let decoded = match release {
@@ -137,6 +143,15 @@ pub fn load_releasing<'a>(
         None => pickle::decode_with(data, decode_limits),
     };
     let p = decoded.map_err(|e| match e {
+        pickle::DecodeError::Limit {
+            offset,
+            what,
+            limit,
+        } if what == pickle::SIZED_VALUES => Error::Input(format!(
+            "{input_name}: at byte {offset}: the decoded values would pass {limit}, 3/4 of a \
+             value per input byte and 64 MiB, more than a torch snapshot of its size holds \
+             (a flood of cheap opcodes does; decode an unusual pickle with --max-objects N)"
+        )),
         pickle::DecodeError::Limit { offset, what, .. }
             if what == pickle::VALUES && memory < limits.max_objects =>
         {
@@ -179,18 +194,20 @@ pub fn observations_with(
     data: &[u8],
     limits: &Limits,
 ) -> Result<Vec<Observation>, Error> {
-    observations_releasing(input_name, data, limits, None)
+    observations_releasing(input_name, data, limits, None, Fills::Headline)
 }
 
-/// [`observations_with`], with a [`pickle::Release`] hook.
+/// [`observations_with`], with a [`pickle::Release`] hook; `fills` says
+/// whether each observation carries its headline attribution.
 pub fn observations_releasing(
     input_name: &str,
     data: &[u8],
     limits: &Limits,
     release: Option<pickle::Release<'_>>,
+    fills: Fills,
 ) -> Result<Vec<Observation>, Error> {
     let snap = load_releasing(input_name, data, limits, release)?;
-    evidence::device_observations(input_name, &snap)
+    evidence::device_observations(input_name, &snap, fills)
         .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
 }
 pub mod writer;

@@ -213,6 +213,9 @@ pub struct Limits {
     /// int, plus the bytes of decoded strings and wide ints and of items
     /// copied into a vector of their own.
     pub max_values: u64,
+    /// Also hold the values within what an input of its size may decode to
+    /// ([`sized_values`]), naming [`SIZED_VALUES`] when it binds.
+    pub sized: bool,
 }
 
 impl Default for Limits {
@@ -222,9 +225,24 @@ impl Default for Limits {
         Limits {
             max_marks: 1 << 16,
             max_values: 1 << 34,
+            sized: true,
         }
     }
 }
+
+/// The values an input of `len` bytes may decode to while [`Limits::sized`]:
+/// 3/4 of a value (6 bytes) per input byte, and 64 MiB for any input. Torch
+/// snapshots decode to 0.24 to 0.58 values per byte (the fixtures, the
+/// generated and tiled benchmark snapshots: BENCHMARKS.md, "Opcode floods"),
+/// while a flood of one-byte opcodes that each make an object holds 3 (a
+/// 16-byte slot and its stack entry), so a 128 MiB flood stops at 832 MiB.
+pub fn sized_values(len: usize) -> u64 {
+    const FLOOR: u64 = 8 << 20;
+    FLOOR.saturating_add((len as u64).saturating_mul(3) / 4)
+}
+
+/// What a [`DecodeError::Limit`] on [`sized_values`] names.
+pub const SIZED_VALUES: &str = "number of values for an input of this size";
 
 /// A decoded pickle: the arena, the item pool and the root value.
 #[derive(Debug, Clone)]
@@ -294,6 +312,12 @@ fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<'_> {
     // not memory, while an underestimate costs a copy of the whole pool; if
     // the address space is refused, start from a smaller guess and grow.
     let n = data.len();
+    let sized = sized_values(n);
+    let (max_values, values_what) = if limits.sized && sized < limits.max_values {
+        (sized, SIZED_VALUES)
+    } else {
+        (limits.max_values, VALUES)
+    };
     Decoder {
         data,
         pos: 0,
@@ -316,7 +340,11 @@ fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<'_> {
         shape_ids: HashMap::new(),
         last_shape: u32::MAX,
         values: 0,
-        limits,
+        limits: Limits {
+            max_values,
+            ..limits
+        },
+        values_what,
         defer_code,
         code: None,
         release_at: usize::MAX,
@@ -494,7 +522,10 @@ struct Decoder<'a> {
     last_shape: u32,
     /// Values counted so far against [`Limits::max_values`].
     values: u64,
+    /// The limits, `max_values` already the lesser of it and [`sized_values`].
     limits: Limits,
+    /// What the values limit is named in its error ([`VALUES`] or [`SIZED_VALUES`]).
+    values_what: &'static str,
     /// Step over code opcodes (see [`decode_whole`]), keeping the first in `code`.
     defer_code: bool,
     code: Option<DecodeError>,
@@ -1183,7 +1214,7 @@ impl<'a> Decoder<'a> {
     fn too_many_values(&self, at: usize) -> Fail {
         Box::new(DecodeError::Limit {
             offset: at,
-            what: VALUES,
+            what: self.values_what,
             limit: self.limits.max_values,
         })
     }
@@ -1492,8 +1523,18 @@ impl<'a> Decoder<'a> {
 
     #[inline(always)]
     fn memo_put(&mut self, idx: u64, v: V, at: usize) -> Res<()> {
-        // An entry out of order goes to a hash map: key, value and its share of the table.
-        self.count(if idx > self.memo.len { 5 } else { 1 }, at)?;
+        // An entry out of order goes to a hash map: key, value, its share of
+        // the table and the old table while it grows (8). In order, an object
+        // is an id (1; none while the memo is in runs); any other value is
+        // also kept in the memo's values (2).
+        let cost = if idx > self.memo.len {
+            8
+        } else if v.id().is_none() {
+            2
+        } else {
+            1
+        };
+        self.count(cost, at)?;
         self.memo.put(idx, v).map_err(|full| {
             Box::new(match full {
                 MemoFull::Values(limit) => DecodeError::Limit {
