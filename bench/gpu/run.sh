@@ -8,6 +8,10 @@
 #   6. allocdoc.capture: its recording cost, then a captured OOM replayed with --fidelity
 #      (written without a GPU: not yet run on one)
 #   7. where the driver places segments: which simulated placement policy matches
+#   8. fit: a small Transformer recorded at batch 2 and 4 on a card capped with
+#      set_per_process_memory_fraction, predicted against measured at larger batches and at the
+#      predicted largest (and one above), defaults and expandable_segments:True
+#      (bench/gpu/fit_check.py; written without a GPU: not yet run on one)
 # Everything lands under $OUT (default bench/gpu/out). Run from the repository root:
 #   OUT=/tmp/gpu bash bench/gpu/run.sh
 set -u -o pipefail
@@ -98,6 +102,14 @@ print("capture fidelity:", f["address_matches"], "of", f["alloc_events"], "alloc
   fi
 else
   echo "torch with CUDA is not importable here: capture check skipped" | tee "$OUT/capture-skipped.txt"
+fi
+
+step "fit: predicted against measured (NOT YET RUN on a GPU)"
+if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  mkdir -p "$OUT/fit"
+  PYTHONPATH=python timeout 420 python3 bench/gpu/fit_check.py "$OUT/fit" "$BIN" 2>&1 | tee "$OUT/fit/run.txt"
+else
+  echo "torch with CUDA is not importable here: fit check skipped" | tee "$OUT/fit-skipped.txt"
 fi
 
 step "done"
