@@ -35,8 +35,17 @@ pub fn json_doc(fit: &Fit, knob: &Knob) -> String {
 }
 
 /// The one sentence that answers the question: which config fits the
-/// largest size on the card, or what each size asked for needs.
+/// largest size on the card, or what each size asked for needs; said to be
+/// uncertain when it is (the reasons follow the tables).
 pub fn headline(fit: &Fit, knob: &Knob) -> String {
+    let answer = answer(fit, knob);
+    match fit.strength {
+        Strength::Uncertain => format!("Uncertain (the reasons are below the tables): {answer}"),
+        _ => answer,
+    }
+}
+
+fn answer(fit: &Fit, knob: &Knob) -> String {
     let k = knob.0;
     let card = |c: u64| format!("the {} card", human(c));
     if let Some(cap) = fit.capacity_bytes

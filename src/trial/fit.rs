@@ -441,7 +441,7 @@ fn reasons(
     };
     if beyond > EXTRAPOLATION_SPANS * span {
         out.push(format!(
-            "size {size} is {:.1}x {} the recorded sizes ({}), past {}x their span",
+            "{:.1}x {} the recorded sizes ({}), further than {}x (their span, squared)",
             if x > hi { x / hi } else { lo / x },
             if x > hi { "beyond" } else { "below" },
             recs.iter()

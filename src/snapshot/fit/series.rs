@@ -344,15 +344,6 @@ impl Peaks {
         let v = self.0.iter().map(|t| t.at(&p)).fold(0.0, f64::max);
         if v > 0.0 { (v + 0.5) as u64 } else { 0 }
     }
-
-    /// Candidate sums kept.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// Every allocation of one recording with its law: the predicted trace's
