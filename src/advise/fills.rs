@@ -87,7 +87,7 @@ pub fn fills(
     let attribution = source.and_then(|o| o.detail.as_ref()?.fills.as_deref());
     // Computed with `Ask::default()`: five rows and the pre-trace one.
     let moment = attribution.and_then(|a| a.headline()).cloned();
-    let must_go = capacity
+    let must_go = (capacity && super::claims::must_go_bounded(facts))
         .then(
             || match moment.as_ref().filter(|m| m.moment == MomentKind::Oom) {
                 Some(m) => from_moment(m),

@@ -696,7 +696,7 @@ pub fn must_go_lines(g: &crate::advise::fills::MustGo) -> Vec<String> {
     let mut out = Vec::new();
     if g.shortfall_bytes == 0 {
         out.push(format!(
-            "What must go cannot be bounded from these figures: the request of {} would fit in the {} free on the device and the {} reserved but free together, so it failed for how that memory is split (before it fails, the allocator gives back only whole free segments), not for its amount.",
+            "What must go cannot be bounded from these figures: the request of {} would fit in the {} free on the device and the {} reserved but free together (before it fails, the allocator gives back only whole free segments, so what stays is split between live tensors); room for the allocations after it is what must be freed.",
             human(g.request_bytes),
             human(g.device_free_bytes),
             human(g.reserved_free_bytes)
