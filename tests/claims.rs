@@ -276,3 +276,42 @@ fn platforms_and_devices_get_their_own_levers() {
     never(&d, "CUDA_LAUNCH_BLOCKING");
     never(&d, "MIG");
 }
+
+/// Item 9: the peak before a trace's first entry, and `--at` past the end
+/// or `diff --at oom` without an OOM, said rather than silent.
+#[test]
+fn what_fills_the_card_says_where_its_moments_are() {
+    let f = snapshot("gen-trace-frees-first.pickle");
+    let top = |at: Option<&str>| {
+        allocdoc::app::top::run(&TopOptions {
+            inputs: vec![f.clone()],
+            at: at.map(str::to_string),
+            ..TopOptions::default()
+        })
+        .unwrap()
+    };
+    says(
+        &top(None).stdout,
+        "At the peak of allocated memory, before the trace's first entry: 8.00 MiB allocated in 2 allocations",
+    );
+    // The attribution's notes are part of what `top` prints.
+    says(
+        &top(Some("5000")).stdout,
+        "--at 5000 is past the trace's last entry (18): the state after it is shown",
+    );
+    says(
+        &top(Some("10s")).stdout,
+        "--at 10s: past the trace's last entry, 450us after its first",
+    );
+    let diff = allocdoc::app::diff::run(&allocdoc::app::diff::DiffOptions {
+        before: f.clone(),
+        after: snapshot("gen-cached-only-trace.pickle"),
+        at: Some("oom".into()),
+        ..allocdoc::app::diff::DiffOptions::default()
+    })
+    .unwrap();
+    says(
+        &diff.stderr.join("\n"),
+        "has no oom moment (--at oom): its end is compared instead",
+    );
+}

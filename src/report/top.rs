@@ -318,6 +318,9 @@ pub fn moment_title(m: &Moment) -> String {
         None => what.to_string(),
     };
     match m.moment {
+        MomentKind::Peak if m.event_index.is_none() => {
+            "At the peak of allocated memory, before the trace's first entry".to_string()
+        }
         MomentKind::Peak => at("At the peak of allocated memory"),
         MomentKind::Oom => {
             let request = m
