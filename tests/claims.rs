@@ -315,3 +315,51 @@ fn what_fills_the_card_says_where_its_moments_are() {
         "has no oom moment (--at oom): its end is compared instead",
     );
 }
+
+/// Item 11: the smaller things a user trips on.
+#[test]
+fn smaller_things_say_one_thing_once() {
+    // A Windows spill is capacity, whatever its cache holds unused.
+    let d = diagnose(&text("issue34_windows_spill.log"));
+    assert!(
+        d.starts_with(
+            "capacity: PyTorch holds 13.98 GiB in live tensors, more than the card's 8.00 GiB"
+        ),
+        "{d}"
+    );
+    // conf check: box drawing like every other table, the Windows warning once.
+    let c = allocdoc::app::conf_check::run(&allocdoc::app::conf_check::ConfCheckOptions {
+        conf: "expandable_segments:True".into(),
+        torch_version: None,
+        platform: allocdoc::conf::Platform::Windows,
+        format: Format::Text,
+    })
+    .unwrap()
+    .stdout;
+    says(&c, "│ backend");
+    never(&c, "+----");
+    assert_eq!(
+        c.matches("expandable_segments not supported on this platform")
+            .count(),
+        1,
+        "{c}"
+    );
+    // replay says what conf check says of a version that reads no config.
+    let r = allocdoc::app::replay::run(&allocdoc::app::replay::ReplayOptions {
+        trace: "fixtures/validate/interleaved_16mib.csv".into(),
+        confs: vec!["expandable_segments:True".into()],
+        capacity: Some(4 << 30),
+        torch_version: Some("1.8".into()),
+        ..allocdoc::app::replay::ReplayOptions::default()
+    })
+    .unwrap();
+    says(
+        &r.stderr.join("\n"),
+        "note: --conf \"expandable_segments:True\": PyTorch 1.8 does not read PYTORCH_CUDA_ALLOC_CONF",
+    );
+    // A mean count of calls is said to be one.
+    says(
+        &diagnose(&snapshot("gen-trace-growing-lengths.pickle")),
+        "3.73 cudaMalloc calls a step on average",
+    );
+}
