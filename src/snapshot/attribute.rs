@@ -1965,6 +1965,17 @@ pub fn ranks(inputs: &[(String, Attribution)]) -> Ranks {
     }
 }
 
+/// A time in microseconds as `--at` takes it back (`2.5s`, `300ms`, `120us`).
+fn human_us(us: i64) -> String {
+    if us >= 1_000_000 {
+        format!("{}s", us as f64 / 1e6)
+    } else if us >= 1_000 {
+        format!("{}ms", us as f64 / 1e3)
+    } else {
+        format!("{us}us")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2136,16 +2147,5 @@ mod tests {
         assert_eq!(range_of(&v, 60, 0), Some(1));
         assert_eq!(range_of(&v, 60, 1), Some(1));
         assert_eq!(range_of(&v, 30, 5), None);
-    }
-}
-
-/// A time in microseconds as `--at` takes it back (`2.5s`, `300ms`, `120us`).
-fn human_us(us: i64) -> String {
-    if us >= 1_000_000 {
-        format!("{}s", us as f64 / 1e6)
-    } else if us >= 1_000 {
-        format!("{}ms", us as f64 / 1e3)
-    } else {
-        format!("{us}us")
     }
 }
