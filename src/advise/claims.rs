@@ -294,6 +294,15 @@ mod tests {
 
     const GIB: f64 = (1u64 << 30) as f64;
 
+    /// A capacity verdict on an NVIDIA GPU, on `f`.
+    fn on_cuda(f: &Facts) -> Grounds<'_> {
+        Grounds {
+            facts: f,
+            cause: Cause::Capacity,
+            device: DeviceKind::Cuda,
+        }
+    }
+
     #[test]
     fn a_card_three_quarters_free_is_not_full() {
         // 6.10 GiB asked of a 7.92 GiB card with 6.16 GiB free.
@@ -304,11 +313,7 @@ mod tests {
             ("allocated", 0.41 * GIB),
         ]);
         assert_eq!(card_full(&f), Some(false));
-        let g = Grounds {
-            facts: &f,
-            cause: Cause::Capacity,
-            device: DeviceKind::Cuda,
-        };
+        let g = on_cuda(&f);
         assert_eq!(check(&["The card is full: ..."], &g).len(), 1);
         let full = facts(&[("capacity", 7.92 * GIB), ("free", 0.3 * GIB)]);
         assert_eq!(card_full(&full), Some(true));
@@ -324,11 +329,7 @@ mod tests {
             ("reserved_unallocated", 0.869 * GIB),
         ]);
         assert_eq!(room_in_pieces(&f), Some(true));
-        let g = Grounds {
-            facts: &f,
-            cause: Cause::Capacity,
-            device: DeviceKind::Cuda,
-        };
+        let g = on_cuda(&f);
         let bad = check(
             &[
                 "capacity: …",
