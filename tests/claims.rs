@@ -363,3 +363,14 @@ fn smaller_things_say_one_thing_once() {
         "3.73 cudaMalloc calls a step on average",
     );
 }
+
+/// Item 11: a note says "note:" once.
+#[test]
+fn a_note_says_note_once() {
+    let (r, _) = recommend(&snapshot("gen-ignored-conf.pickle"));
+    says(
+        &r,
+        "\nnote: current config: PyTorch's defaults (as the snapshot recorded it)",
+    );
+    never(&r, "note: note:");
+}
