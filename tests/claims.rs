@@ -374,3 +374,16 @@ fn a_note_says_note_once() {
     );
     never(&r, "note: note:");
 }
+
+/// Item 11: a stats dump without `all` rows names each metric of its pools.
+#[test]
+fn a_stats_dump_without_all_rows_names_its_metrics() {
+    let out = allocdoc::app::parse::run(&allocdoc::app::parse::ParseOptions {
+        inputs: vec![text("issue34_stats_no_all_row.log")],
+        ..Default::default()
+    })
+    .unwrap()
+    .stdout;
+    says(&out, "│ Non-releasable memory ┆ large_pool ┆ 512.00 MiB ┆ 768.00 MiB");
+    says(&out, "│ GPU reserved memory   ┆ large_pool ┆   3.00 GiB ┆   5.00 GiB");
+}
