@@ -384,6 +384,26 @@ fn a_stats_dump_without_all_rows_names_its_metrics() {
     })
     .unwrap()
     .stdout;
-    says(&out, "│ Non-releasable memory ┆ large_pool ┆ 512.00 MiB ┆ 768.00 MiB");
-    says(&out, "│ GPU reserved memory   ┆ large_pool ┆   3.00 GiB ┆   5.00 GiB");
+    says(
+        &out,
+        "│ Non-releasable memory ┆ large_pool ┆ 512.00 MiB ┆ 768.00 MiB",
+    );
+    says(
+        &out,
+        "│ GPU reserved memory   ┆ large_pool ┆   3.00 GiB ┆   5.00 GiB",
+    );
+}
+
+/// Item 11: a request figure too large to read is named, not dropped silently.
+#[test]
+fn an_unreadable_request_is_named() {
+    let out = allocdoc::app::diagnose::run(&DiagnoseOptions {
+        inputs: vec![text("issue34_request_overflow.log")],
+        ..DiagnoseOptions::default()
+    })
+    .unwrap();
+    says(
+        &out.stderr.join("\n"),
+        "issue34_request_overflow.log:6: the request \"99999999999999999999.00 GiB\" is past what a 64-bit byte count holds; the message is read without it",
+    );
 }
