@@ -327,6 +327,10 @@ fn smaller_things_say_one_thing_once() {
         ),
         "{d}"
     );
+    says(
+        &d,
+        "What must go: at least 6.42 GiB of the 13.98 GiB live (45.9 %): PyTorch reserved 6.40 GiB more than the card holds",
+    );
     // conf check: box drawing like every other table, the Windows warning once.
     let c = allocdoc::app::conf_check::run(&allocdoc::app::conf_check::ConfCheckOptions {
         conf: "expandable_segments:True".into(),

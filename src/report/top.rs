@@ -697,7 +697,16 @@ fn lower_first(s: &str) -> String {
 /// What must go, in sentences: the shortfall, then each lever with the figure behind it.
 pub fn must_go_lines(g: &crate::advise::fills::MustGo) -> Vec<String> {
     let mut out = Vec::new();
-    if g.shortfall_bytes == 0 {
+    if g.spilled_bytes > 0 {
+        out.push(format!(
+            "What must go: at least {} of the {} live ({}): PyTorch reserved {} more than the card holds (the driver spilled it into shared system memory), and the cache and the request of {} must fit on the card.",
+            human(g.shortfall_bytes),
+            human(g.allocated_bytes),
+            percent(g.share_of_allocated),
+            human(g.spilled_bytes),
+            human(g.request_bytes)
+        ));
+    } else if g.shortfall_bytes == 0 {
         out.push(format!(
             "What must go cannot be bounded from these figures: the request of {} would fit in the {} free on the device and the {} reserved but free together (before it fails, the allocator gives back only whole free segments, so what stays is split between live tensors); room for the allocations after it is what must be freed.",
             human(g.request_bytes),
