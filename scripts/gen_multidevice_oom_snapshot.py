@@ -13,6 +13,15 @@ and fills it with parameters and activations (Python stacks on every entry). Fig
     (5 303 697 408 B, 4.94 GiB) with device_free 95 MiB.
 
     scripts/gen_multidevice_oom_snapshot.py -o fixtures/snapshots/gen-multidevice-oom-dev1.pickle
+
+With --unwound, the shape of a snapshot dumped after the OOM was caught (issue 34): cuda:1
+holds 6 x 7 GiB parameters + 2 x 17.5 GiB activations + 400 MiB logits (77.39 GiB) in
+77.50 GiB mapped, then an `oom` entry for 3000 pages (5.86 GiB) with 80 MiB free; the
+exception unwinds and every block but the logits is freed, so at the dump 400 MiB of the
+77.50 GiB reserved is allocated (0.5 %) and the rest sits free in the one segment that still
+holds a live block. The OOM is the event; the state after it is not its cause.
+
+    scripts/gen_multidevice_oom_snapshot.py --unwound -o fixtures/snapshots/gen-multidevice-oom-unwound.pickle
 """
 
 import argparse
@@ -34,9 +43,10 @@ FORWARD = [frame("/home/user/proj/model.py", 88, "forward"), frame(SP + "torch/n
 LOGITS = [frame("/home/user/proj/model.py", 112, "forward"), frame(SP + "torch/nn/modules/module.py", 1747, "_call_impl"), frame(SP + "torch/nn/modules/module.py", 1736, "_wrapped_call_impl"), TRAIN]
 
 
-def device(index, base, live, mapped, oom=None):
+def device(index, base, live, mapped, oom=None, keep=None):
     """One device's trace and its expandable segment: `live` is a list of
-    (size, frames), allocated in order from `base`; `mapped` bytes are mapped."""
+    (size, frames), allocated in order from `base`; `mapped` bytes are mapped.
+    `keep`: after the OOM, every block but those indices is freed (the exception unwound)."""
     trace = []
     t = [1_700_000_000_000_000 + index * 1_000_000]
 
@@ -63,6 +73,21 @@ def device(index, base, live, mapped, oom=None):
     if oom is not None:
         size, free = oom
         entry("oom", 0, size, LOGITS, device_free=free)
+    if keep is not None:
+        for i, b in enumerate(blocks[:len(live)]):
+            if i not in keep:
+                entry("free_requested", b["address"], b["size"], b["frames"])
+                entry("free_completed", b["address"], b["size"], b["frames"])
+                b.update(state="inactive", requested_size=0, frames=[])
+        live = [x for i, x in enumerate(live) if i in keep]
+        # Free neighbours coalesce, as the allocator merges them.
+        merged = []
+        for b in blocks:
+            if merged and b["state"] == merged[-1]["state"] == "inactive":
+                merged[-1]["size"] += b["size"]
+            else:
+                merged.append(b)
+        blocks = merged
     allocated = sum(s for s, _ in live)
     segment = {
         "device": index, "address": base, "total_size": mapped, "stream": 0, "segment_type": "large",
@@ -74,18 +99,30 @@ def device(index, base, live, mapped, oom=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--unwound", action="store_true", help="cuda:1 frees all but its logits after the OOM")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
-    params = [(8 * GIB, BUILD)] * 5
-    ok = params + [(6 * GIB, FORWARD)] * 5
-    full = params + [(19 * GIB, FORWARD)] * 2 + [(320 * MIB, LOGITS)]
+    if a.unwound:
+        params = [(7 * GIB, BUILD)] * 6
+        ok = params + [(5 * GIB, FORWARD)] * 5
+        full = params + [(17 * GIB + 512 * MIB, FORWARD)] * 2 + [(400 * MIB, LOGITS)]
+        devices = [
+            (ok, 67 * GIB + 128 * MIB, None, None),
+            (full, 77 * GIB + 512 * MIB, (3000 * PAGE, 80 * MIB), {len(full) - 1}),
+            (ok, 67 * GIB + 128 * MIB, None, None),
+        ]
+    else:
+        params = [(8 * GIB, BUILD)] * 5
+        ok = params + [(6 * GIB, FORWARD)] * 5
+        full = params + [(19 * GIB, FORWARD)] * 2 + [(320 * MIB, LOGITS)]
+        devices = [
+            (ok, 70 * GIB + 256 * MIB, None, None),
+            (full, 78 * GIB + 430 * MIB, (2529 * PAGE, 95 * MIB), None),
+            (ok, 70 * GIB + 256 * MIB, None, None),
+        ]
     traces, segments = [], []
-    for index, (live, mapped, oom) in enumerate([
-        (ok, 70 * GIB + 256 * MIB, None),
-        (full, 78 * GIB + 430 * MIB, (2529 * PAGE, 95 * MIB)),
-        (ok, 70 * GIB + 256 * MIB, None),
-    ]):
-        trace, segment = device(index, 0x7F0000000000 + index * (1 << 40), live, mapped, oom)
+    for index, (live, mapped, oom, keep) in enumerate(devices):
+        trace, segment = device(index, 0x7F0000000000 + index * (1 << 40), live, mapped, oom, keep)
         traces.append(trace)
         segments.append(segment)
     snap = {

@@ -117,6 +117,9 @@ pub struct Observation {
     pub other_processes: Vec<ProcessUse>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_bytes: Option<u64>,
+    /// MPS messages' "other allocations": what the Metal device holds beyond live tensors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_allocations_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub private_pools_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -430,6 +433,7 @@ impl Observation {
             process_in_use_bytes: None,
             other_processes: Vec::new(),
             allowed_bytes: None,
+            other_allocations_bytes: None,
             private_pools_bytes: None,
             backend: None,
             truncated: false,

@@ -32,6 +32,11 @@ pub fn printed_size(value: f64, unit: &str) -> Option<u64> {
 /// (`GB` is 2^30, see [`decimal_unit_note`]); a result past 2^64 - 1 is named
 /// as an overflow.
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    sized(s)?.ok_or_else(|| overflow(s))
+}
+
+/// [`parse_size`], with `None` for a size past 2^64 - 1 (each caller names its limit).
+fn sized(s: &str) -> Result<Option<u64>, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
@@ -57,18 +62,13 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     // Whole byte counts stay exact (an f64 holds integers only to 2^53).
     if num.bytes().all(|b| b.is_ascii_digit()) {
-        return num
+        return Ok(num
             .parse::<u64>()
             .ok()
-            .and_then(|n| n.checked_mul(multiplier))
-            .ok_or_else(|| overflow(s));
+            .and_then(|n| n.checked_mul(multiplier)));
     }
     let v = (value * multiplier as f64).round();
-    if v.is_finite() && v < 1.8446744073709552e19 {
-        Ok(v as u64)
-    } else {
-        Err(overflow(s))
-    }
+    Ok((v.is_finite() && v < 1.8446744073709552e19).then_some(v as u64))
 }
 
 fn overflow(s: &str) -> String {
@@ -83,15 +83,16 @@ pub const MAX_DEVICE_SIZE: u64 = 1 << 50;
 /// Parses a device size (`--capacity`): [`parse_size`], refusing 0 and sizes
 /// over 1 PiB with the reason.
 pub fn parse_device_size(s: &str) -> Result<u64, String> {
-    match parse_size(s)? {
-        0 => Err(format!(
+    match sized(s)? {
+        Some(0) => Err(format!(
             "invalid size '{s}': a device of 0 bytes holds nothing"
         )),
-        n if n > MAX_DEVICE_SIZE => Err(format!(
-            "invalid size '{s}': {} is over 1 PiB, more than any GPU holds (a unit typo?)",
-            human(n)
+        Some(n) if n <= MAX_DEVICE_SIZE => Ok(n),
+        // Past 2^64 is past 1 PiB: the limit that applies is the device's.
+        n => Err(format!(
+            "invalid size '{s}': {}over 1 PiB, more than any GPU holds (a unit typo?)",
+            n.map_or(String::new(), |n| format!("{} is ", human(n)))
         )),
-        n => Ok(n),
     }
 }
 

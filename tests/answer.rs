@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 #[path = "support/comparisons.rs"]
 mod comparisons;
 use crate::verdicts::contradictions as contradicts;
+use crate::verdicts::{diagnose_texts, false_claims};
 use comparisons::contradictions;
 
 /// Fails with every contradiction found in `texts`.
@@ -237,6 +238,19 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
             let mut bad = contradicts("recommend", r.exit, &r.json, Some(&r.text));
             if let Some(v) = &v {
                 bad.extend(contradicts("validate", v.exit, &v.json, Some(&v.text)));
+                // One answer (issue 34): validate never fails the line diagnose prints.
+                if d.1.is_some() && v.exit == allocdoc::error::EXIT_STILL_OOM {
+                    bad.push(format!(
+                        "validate --conf {candidate:?} exits 1 on the line diagnose prints"
+                    ));
+                }
+            }
+            // What recommend and validate print, held to the claims' conditions.
+            if let Some(diagnosis) = &f.p.diagnosis {
+                bad.extend(false_claims("recommend", diagnosis, &[&r.text]));
+                if let Some(v) = &v {
+                    bad.extend(false_claims("validate", diagnosis, &[&v.text]));
+                }
             }
             contradicted
                 .lock()
@@ -343,6 +357,74 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
         overridden.len(),
         all.len()
     );
+}
+
+/// Every claim `diagnose` prints on every fixture (the eval texts and the
+/// snapshots among them), and every claim `top` prints on every snapshot,
+/// holds on the diagnosis's figures, and no two contradict (issue 34,
+/// `advise::claims`; docs/ARCHITECTURE.md lists what is checked).
+#[test]
+fn every_printed_claim_holds_on_every_fixture() {
+    use allocdoc::advise::claims::Claim;
+    use rayon::prelude::*;
+    let made = std::sync::Mutex::new(std::collections::BTreeMap::<String, usize>::new());
+    let bad: Vec<String> = prepared()
+        .par_iter()
+        .flat_map(|f| {
+            let Some(d) = &f.p.diagnosis else {
+                return Vec::new();
+            };
+            let mut texts = diagnose_texts(d);
+            let mut bad = false_claims(
+                &format!("{} diagnose", f.path),
+                d,
+                &texts.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
+            if allocdoc::ingest::detect(&std::fs::read(&f.path).unwrap()) == InputKind::Pickle {
+                let top = allocdoc::app::top::run(&allocdoc::app::top::TopOptions {
+                    inputs: vec![f.path.clone()],
+                    ..Default::default()
+                })
+                .unwrap()
+                .stdout;
+                bad.extend(false_claims(&format!("{} top", f.path), d, &[&top]));
+                texts.push(top);
+            }
+            let mut made = made.lock().unwrap();
+            for c in Claim::ALL {
+                if texts.iter().any(|t| c.made_in(t)) {
+                    *made.entry(format!("{c:?}")).or_default() += 1;
+                }
+            }
+            bad
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{} false or contradictory claims:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    let made = made.into_inner().unwrap();
+    eprintln!("claims made, by fixtures: {made:?}");
+    // The claims the fixtures make, so that the check is not vacuous.
+    for c in [
+        "CardFull",
+        "NoSettingHelps",
+        "SetsLine",
+        "SuggestsExpandable",
+        "Fragmentation",
+        "Capacity",
+        "CudaTools",
+        "MustGo",
+        "Linux",
+    ] {
+        assert!(
+            made.get(c).copied().unwrap_or(0) >= 3,
+            "{c}: made on {:?} fixtures",
+            made.get(c)
+        );
+    }
 }
 
 /// Whether `conf check` accepts `value` for `version` on `platform` without

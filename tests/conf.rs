@@ -750,7 +750,7 @@ mod command {
         let (text, code) = check("max_split_size_mb:20", "2.10", Format::Text);
         assert_eq!(code, 0);
         assert!(
-            text.contains("| max_split_size_mb              20"),
+            text.contains("│ max_split_size_mb            ┆ 20     ┆ set"),
             "{text}"
         );
     }

@@ -10,6 +10,7 @@
 
 mod allocator;
 mod answer;
+mod claims;
 mod conf;
 mod conventions;
 mod fills;

@@ -50,3 +50,8 @@ def __getattr__(name):
 
         return getattr(_api, name)
     raise AttributeError(f"module 'allocdoc' has no attribute {name!r}")
+
+
+def __dir__():
+    # The lazily loaded functions are part of the module: list them.
+    return sorted(set(globals()) | set(__all__))

@@ -17,9 +17,11 @@ is about to raise, the observer writes, into one directory per rank and time:
 - ``snapshot.pickle``: ``torch.cuda.memory._snapshot()`` (what ``_dump_snapshot`` writes),
   with the allocator's trace ending in the ``oom`` entry;
 - ``memory_stats.json``: ``torch.cuda.memory_stats(device)``;
-- ``observer.json``: the figures PyTorch hands the observer;
+- ``observer.json``: the figures PyTorch hands the observer, with the snapshot each wrote;
 
-and prints the one ``allocdoc recommend …`` command to run. When the
+and prints the one ``allocdoc recommend …`` command to run. A later OOM (up to
+``max_dumps``) writes its own ``snapshot-2.pickle`` and ``memory_stats-2.json``, and so
+on, and names them: the first snapshot, the one the printed command reads, stays. When the
 ``torch.OutOfMemoryError`` then leaves the ``with`` block (or ends the program,
 after ``install()``), its text is added as ``oom.txt``.
 
@@ -296,8 +298,13 @@ class capture:
             name = f"rank{_rank(torch)}-{stamp}-pid{os.getpid()}"
             self.incident = os.path.join(self.directory, name)
             os.makedirs(self.incident, exist_ok=True)
+        dump = self.dumps < self.max_dumps
+        # Each dump its own files: the first keeps the names the printed command reads.
+        suffix = "" if self.dumps == 0 else f"-{self.dumps + 1}"
+        snapshot_path = os.path.join(self.incident, f"snapshot{suffix}.pickle")
         event = {
             "device": device,
+            "snapshot": snapshot_path if dump else None,
             "requested_bytes": alloc,
             "allowed_bytes": allowed,
             "device_free_bytes": device_free,
@@ -313,19 +320,25 @@ class capture:
         events.append(event)
         with open(events_path, "w", encoding="utf-8") as f:
             json.dump(events, f, indent=1)
-        if self.dumps >= self.max_dumps:
+        if not dump:
             return
         self.dumps += 1
         snapshot = torch.cuda.memory._snapshot()
         _write_atomically(
-            os.path.join(self.incident, "snapshot.pickle"),
+            snapshot_path,
             lambda f: pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL),
         )
         stats = dict(torch.cuda.memory_stats(device))
         _write_atomically(
-            os.path.join(self.incident, "memory_stats.json"),
+            os.path.join(self.incident, f"memory_stats{suffix}.json"),
             lambda f: f.write(json.dumps(stats, indent=1).encode()),
         )
+        if not first:
+            _say(
+                f"another CUDA out-of-memory error on cuda:{device} (asked for {alloc} bytes): "
+                f"wrote {snapshot_path}; the first snapshot is kept. To replay this one:\n"
+                f"  {self.command(snapshot_path)}"
+            )
         if first:
             _say(
                 f"CUDA out of memory on cuda:{device} (asked for {alloc} bytes): wrote "
@@ -333,11 +346,13 @@ class capture:
                 f"  {self.command()}"
             )
 
-    def command(self) -> str:
-        """The ``allocdoc recommend`` command for the captured snapshot."""
+    def command(self, snapshot: Optional[str] = None) -> str:
+        """The ``allocdoc recommend`` command for a captured snapshot (the first
+        one unless ``snapshot`` names another)."""
         if self.incident is None:
             raise RuntimeError("no out-of-memory error was captured")
-        args = ["allocdoc", "recommend", os.path.join(self.incident, "snapshot.pickle")]
+        path = snapshot or os.path.join(self.incident, "snapshot.pickle")
+        args = ["allocdoc", "recommend", path]
         if self.conf:
             args += ["--current", self.conf]
         return shlex.join(args)

@@ -237,10 +237,34 @@ class CaptureTest(unittest.TestCase):
         said = [self.oom(torch) for _ in range(4)]
         self.assertEqual(sum(1 for c in torch.calls if c[0] == "_snapshot"), 2)
         with open(os.path.join(cap.incident, "observer.json")) as f:
-            self.assertEqual(len(json.load(f)), 4)
-        # The command is printed once, at the first OOM.
-        self.assertIn("allocdoc recommend", said[0])
-        self.assertEqual(said[1:], ["", "", ""])
+            events = json.load(f)
+        self.assertEqual(len(events), 4)
+        first = os.path.join(cap.incident, "snapshot.pickle")
+        second = os.path.join(cap.incident, "snapshot-2.pickle")
+        self.assertEqual([e["snapshot"] for e in events], [first, second, None, None])
+        # The command printed at the first OOM names the first snapshot, which stays.
+        self.assertIn(f"allocdoc recommend {first}", said[0])
+        self.assertIn(f"wrote {second}; the first snapshot is kept", said[1])
+        self.assertIn(f"allocdoc recommend {second}", said[1])
+        self.assertEqual(said[2:], ["", ""])
+        self.assertTrue(os.path.exists(os.path.join(cap.incident, "memory_stats-2.json")))
+        cap.stop()
+
+    def test_each_dump_is_its_own_file(self):
+        count = [0]
+        torch = fake_torch()
+
+        def snap():
+            count[0] += 1
+            return {"segments": [], "device_traces": [[]], "dump": count[0]}
+
+        torch.cuda.memory._snapshot = snap
+        cap, _ = self.start(torch, max_dumps=3)
+        for _ in range(3):
+            self.oom(torch)
+        for name, n in [("snapshot.pickle", 1), ("snapshot-2.pickle", 2), ("snapshot-3.pickle", 3)]:
+            with open(os.path.join(cap.incident, name), "rb") as f:
+                self.assertEqual(pickle.load(f)["dump"], n)
         cap.stop()
 
     def test_the_observer_never_raises(self):
@@ -335,3 +359,10 @@ class CaptureTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PackageTest(unittest.TestCase):
+    def test_dir_lists_the_functions_loaded_on_first_use(self):
+        names = dir(allocdoc)
+        for name in ("capture", "diagnose", "recommend", "validate", "top", "InputError"):
+            self.assertIn(name, names)

@@ -26,6 +26,9 @@ pub const REPRESENTATIVE_SIZES: [u64; 12] = [
     (10 << 30) + 1,
 ];
 
+/// The warning PyTorch prints where expandable segments are unsupported.
+const UNSUPPORTED: &str = "expandable_segments not supported on this platform";
+
 /// One request under the checked settings and under PyTorch's defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RoundingRow {
@@ -111,8 +114,15 @@ pub fn check(value: &str, version: TorchVersion, platform: Platform) -> ConfChec
     match conf::parse(value, version) {
         Ok(parsed) => {
             let canonical = parsed.render();
-            warnings.extend(parsed.warnings);
             let ignored = platform.ignored(&parsed.settings);
+            // The platform's warning restates the parser's note on what builds
+            // without the CUDA driver API ignore: say it once there.
+            let restated = |w: &ConfWarning| {
+                !w.from_pytorch
+                    && w.text.contains(UNSUPPORTED)
+                    && ignored.iter().any(|i| i.text.contains(UNSUPPORTED))
+            };
+            warnings.extend(parsed.warnings.into_iter().filter(|w| !restated(w)));
             let ignored_keys = ignored.iter().map(|w| w.text.clone()).collect::<Vec<_>>();
             warnings.extend(ignored);
             let s = platform.effective(&parsed.settings);

@@ -139,7 +139,13 @@ fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
         .filter(|u| u.pid.is_some())
         .map(|u| u.bytes)
         .collect();
-    let mut in_use = p.process_in_use_bytes;
+    // "this process has 0 bytes memory in use" beside a cache that holds
+    // memory: NVML did not see the process (a container), so the line says
+    // nothing about what this process holds (issue 34).
+    let unseen = p.process_in_use_bytes == Some(0) && reserved.is_some_and(|r| r > 0);
+    f.set("process_line_zero", Fact::Bool(unseen));
+    let stated = p.process_in_use_bytes.filter(|_| !unseen);
+    let mut in_use = stated;
     let mut self_at = None;
     if let (None, Some(r)) = (in_use, reserved) {
         // The listed process that holds this cache (every byte PyTorch
@@ -180,8 +186,15 @@ fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
         "xpu",
         Fact::Bool(p.device_kind == Some(crate::evidence::DeviceKind::Xpu)),
     );
+    // IPEX's XPU allocator refuses any block over 4 GB on platforms without
+    // 2D block arrays, whatever is free (csrc/gpu/runtime/CachingDeviceAllocator.cpp).
+    let block_limit = p
+        .message
+        .as_deref()
+        .is_some_and(|m| m.contains("can NOT allocate memory block with size larger than"));
+    f.set("xpu_block_limit", Fact::Bool(block_limit));
     if p.kind == Kind::Oom {
-        let listed = !p.other_processes.is_empty() || p.process_in_use_bytes.is_some();
+        let listed = !p.other_processes.is_empty() || stated.is_some();
         f.set("process_info", Fact::Bool(listed));
         bytes(f, "allowed", p.allowed_bytes);
         // A native OOM message prints "… allowed;" exactly when a fraction is set.
@@ -196,6 +209,9 @@ fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
         f.set("source_cudnn", is(&[OomSource::Cudnn]));
         f.set("source_nccl", is(&[OomSource::Nccl]));
         f.set("source_host", is(&[OomSource::Host]));
+        f.set("source_mps", is(&[OomSource::Mps]));
+        bytes(f, "allowed", p.allowed_bytes);
+        bytes(f, "other_allocations", p.other_allocations_bytes);
         f.set(
             "source_runtime",
             Fact::Bool(src.is_none_or(|x| {
@@ -240,6 +256,14 @@ fn scalars(f: &mut Facts, p: &Observation, shared: &Shared) {
     let counted = latest.and_then(|s| s.cuda_ooms.or(s.num_ooms)).unwrap_or(0);
     let ooms = counted.max(messages);
     f.set("ooms", Fact::Num(ooms as f64));
+    // The figure conditions of the claims a verdict makes, for the rules.
+    if let Some(full) = super::claims::card_full(f) {
+        f.set("card_full", Fact::Bool(full));
+    }
+    let pieces = super::claims::room_in_pieces(f) == Some(true);
+    f.set("room_in_pieces", Fact::Bool(pieces));
+    let cached = super::claims::cached_holds_request(f) == Some(true);
+    f.set("cached_holds_request", Fact::Bool(cached));
 }
 
 /// Whether a snapshot was taken at an OOM: its trace records an `oom` entry,
@@ -277,21 +301,14 @@ fn snapshot_facts(f: &mut Facts, p: &Observation) {
                 .sum(),
         )
     };
-    let split = |p: &PoolDetail| p.inactive_split_bytes;
-    bytes(f, "inactive_split", sum(split, None));
-    bytes(f, "inactive_split_small", sum(split, Some("small")));
-    bytes(f, "inactive_split_large", sum(split, Some("large")));
-    bytes(
-        f,
-        "small_pool_reserved",
-        sum(|p| p.reserved_bytes, Some("small")),
-    );
     if let Some(oom) = detail.oom_events.last() {
         bytes(f, "requested", Some(oom.size));
         bytes(f, "free", Some(oom.device_free));
         bytes(f, "oom_event_index", Some(oom.event_index));
     }
-    // The trace may go on after its OOM: the attribution's state at the entry.
+    // The trace may go on after its OOM (the exception unwound and freed
+    // what it held): the state at the entry is the OOM's, the state at the
+    // dump is not its cause (issue 34). The attribution's state at the entry.
     let at_oom = detail
         .fills
         .as_deref()
@@ -304,7 +321,22 @@ fn snapshot_facts(f: &mut Facts, p: &Observation) {
             "reserved_unallocated",
             Some(m.reserved_bytes.saturating_sub(m.allocated_block_bytes)),
         );
+        bytes(
+            f,
+            "inactive_split",
+            Some(m.free_reserved.in_split_segments_bytes),
+        );
+        return;
     }
+    let split = |p: &PoolDetail| p.inactive_split_bytes;
+    bytes(f, "inactive_split", sum(split, None));
+    bytes(f, "inactive_split_small", sum(split, Some("small")));
+    bytes(f, "inactive_split_large", sum(split, Some("large")));
+    bytes(
+        f,
+        "small_pool_reserved",
+        sum(|p| p.reserved_bytes, Some("small")),
+    );
 }
 
 /// The snapshot observation whose recorded trace the trace metrics come

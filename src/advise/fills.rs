@@ -43,7 +43,13 @@ pub struct MustGo {
     pub device_free_bytes: u64,
     pub reserved_free_bytes: u64,
     /// request − (device free + reserved free); 0 when it would have fitted.
+    /// After a spill, at least what brings the cache and the request back
+    /// onto the card.
     pub shortfall_bytes: u64,
+    /// Reserved memory past the card's capacity (a Windows driver's spill
+    /// into shared system memory); 0 without one.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub spilled_bytes: u64,
     /// What live tensors held then.
     pub allocated_bytes: u64,
     /// shortfall / allocated.
@@ -94,7 +100,7 @@ pub fn fills(
     let attribution = source.and_then(|o| o.detail.as_ref()?.fills.as_deref());
     // Computed with `Ask::default()`: five rows and the pre-trace one.
     let moment = attribution.and_then(|a| a.headline()).cloned();
-    let must_go = capacity
+    let must_go = (capacity && super::claims::must_go_bounded(facts))
         .then(
             || match moment.as_ref().filter(|m| m.moment == MomentKind::Oom) {
                 Some(m) => from_moment(m),
@@ -158,18 +164,43 @@ pub fn from_moment(m: &Moment) -> Option<MustGo> {
     ))
 }
 
-/// What must go by an OOM message's figures.
+/// What must go by an OOM message's figures. After a spill (more reserved
+/// than the card holds) the cache and the request must come back onto the
+/// card: at least reserved + request − capacity must go.
 fn from_text(facts: &Facts) -> Option<MustGo> {
     let num = |n: &str| match facts.values.get(n) {
         Some(Fact::Num(v)) if *v >= 0.0 => Some(*v as u64),
         _ => None,
     };
-    Some(must_go(
-        num("requested")?,
+    let request = num("requested")?;
+    let mut g = must_go(
+        request,
         num("free")?,
         num("reserved_unallocated").unwrap_or(0),
         num("allocated")?,
-    ))
+    );
+    if let (Some(reserved), Some(capacity)) = (num("reserved"), num("capacity"))
+        && reserved > capacity
+    {
+        g.spilled_bytes = reserved - capacity;
+        let back = reserved.saturating_add(request) - capacity;
+        g.shortfall_bytes = g.shortfall_bytes.max(back);
+        g.share_of_allocated = share(g.shortfall_bytes, g.allocated_bytes);
+    }
+    Some(g)
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// `part / whole`, rounded to six places; 0 of nothing.
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        (part as f64 / whole as f64 * 1e6).round() / 1e6
+    }
 }
 
 fn must_go(request: u64, device_free: u64, reserved_free: u64, allocated: u64) -> MustGo {
@@ -179,12 +210,9 @@ fn must_go(request: u64, device_free: u64, reserved_free: u64, allocated: u64) -
         device_free_bytes: device_free,
         reserved_free_bytes: reserved_free,
         shortfall_bytes: shortfall,
+        spilled_bytes: 0,
         allocated_bytes: allocated,
-        share_of_allocated: if allocated == 0 {
-            0.0
-        } else {
-            (shortfall as f64 / allocated as f64 * 1e6).round() / 1e6
-        },
+        share_of_allocated: share(shortfall, allocated),
         smallest_card: Vec::new(),
         levers: Vec::new(),
         fit_recipe: (shortfall > 0).then(|| FIT_RECIPE.to_string()),

@@ -16,6 +16,7 @@
 //! better; otherwise its finding is withheld ([`Withheld`], with the
 //! replay's figures). The checker lives in the layer that replays (`trial`).
 
+pub mod claims;
 pub mod combine;
 pub mod conf_check;
 pub mod context;
@@ -189,6 +190,48 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// What this diagnosis's claims are held to ([`claims`]).
+    pub fn grounds(&self) -> claims::Grounds<'_> {
+        claims::Grounds {
+            facts: &self.facts,
+            cause: self.cause,
+            device: self.setup.device,
+        }
+    }
+
+    /// Why no line is given, in one sentence, when none is: "no allocator
+    /// setting will help" only where its claim holds (a setting could place
+    /// this request in the cache, but not the allocations after it).
+    pub fn no_line(&self) -> Option<String> {
+        if self.recommendation.is_some() {
+            return None;
+        }
+        let cause = self.cause.as_str();
+        let needs_version = self.not_evaluated.iter().any(|n| {
+            n.needs
+                .iter()
+                .any(|m| m == "torch_version" || m == "expandable_segments_supported")
+        });
+        Some(if self.cause.rules_out_settings() {
+            match claims::Claim::NoSettingHelps.refuted(&self.grounds()) {
+                None => format!(
+                    "No allocator setting will help here ({cause}); the findings say what will."
+                ),
+                Some(_) => format!(
+                    "No allocator setting is recommended ({cause}): a setting could place this \
+                     request in memory the cache holds, but not make room for the allocations after \
+                     it; the findings say what will."
+                ),
+            }
+        } else if needs_version {
+            "No allocator setting yet: which one applies depends on your PyTorch version; rerun \
+             with --torch-version."
+                .into()
+        } else {
+            "No allocator setting to recommend from this evidence.".into()
+        })
+    }
+
     /// The incidents whose cause differs from the headline's.
     pub fn differing_incidents(&self) -> impl Iterator<Item = &IncidentCause> {
         self.incidents
@@ -306,10 +349,11 @@ fn verdict_of(outcome: &Outcome, evidence: &Evidence) -> (Cause, String) {
                 Some(crate::rules::Fact::Num(n)) if *n >= 1.0 => Some(*n as u64),
                 _ => None,
             };
-            let state = match outcome.findings.first() {
-                Some(f) => format!("the memory state: {}", f.message),
-                None => "nothing in the memory state stands out; the OOM message itself (or a \
-                         snapshot) would name the cause."
+            let state = match (outcome.findings.first(), counted) {
+                (Some(f), _) => format!("the memory state: {}", f.message),
+                (None, Some(_)) => dump_state(facts),
+                (None, None) => "nothing in the memory state stands out; the OOM message itself \
+                                 (or a snapshot) would name the cause."
                     .into(),
             };
             match counted {
@@ -327,6 +371,36 @@ fn verdict_of(outcome: &Outcome, evidence: &Evidence) -> (Cause, String) {
         None => "Not enough evidence to name a cause.".into(),
     };
     (cause, verdict)
+}
+
+/// The state a dump taken after a counted OOM shows (an OOM counted is
+/// something that stands out: `claims::Claim::NothingStandsOut`).
+fn dump_state(facts: &Facts) -> String {
+    use crate::rules::Fact;
+    use crate::units::format_size;
+    let num = |n: &str| match facts.values.get(n) {
+        Some(Fact::Num(v)) => Some(*v as u64),
+        _ => None,
+    };
+    let cause = "the OOM message itself (or a snapshot) would name its cause.";
+    let (Some(reserved), Some(allocated)) = (num("reserved"), num("allocated")) else {
+        return format!("this dump does not show the state at the OOM; {cause}");
+    };
+    let unused = reserved.saturating_sub(allocated);
+    let split = num("inactive_split").map_or(String::new(), |s| {
+        format!(
+            " ({} of it in segments that still hold live tensors, the rest in whole free \
+             segments torch.cuda.empty_cache() would return)",
+            format_size(s.min(unused))
+        )
+    });
+    format!(
+        "at this dump PyTorch reserves {} and live tensors hold {}: {} is cached unused{split}. \
+         A dump taken after the OOM shows what was left, not what failed; {cause}",
+        format_size(reserved),
+        format_size(allocated),
+        format_size(unused)
+    )
 }
 
 /// Runs every rule over `evidence` and combines the result; trace rules'

@@ -263,14 +263,17 @@ impl Setup {
             self.platform.certainty,
             &self.platform.source,
         );
-        let mut s = format!("{torch}, {platform}");
+        // An MPS device runs on macOS, whatever the CUDA platform was assumed to be.
+        let mut s = if self.device == DeviceKind::Mps {
+            format!("{torch}, macOS (an MPS device)")
+        } else {
+            format!("{torch}, {platform}")
+        };
         if self.backend.value == Backend::CudaMallocAsync {
             s.push_str(", backend cudaMallocAsync");
         }
-        match self.device {
-            DeviceKind::Xpu => s.push_str(", an XPU device"),
-            DeviceKind::Mps => s.push_str(", an MPS device"),
-            _ => {}
+        if self.device == DeviceKind::Xpu {
+            s.push_str(", an XPU device");
         }
         s
     }

@@ -86,8 +86,19 @@ pub fn run(opts: &DiffOptions) -> Result<Outcome, Error> {
     );
     let d = attribute::diff((names.0, &before), (names.1, &after), kind, opts.top)
         .ok_or_else(|| Error::Input("nothing to compare: a side has no moment".to_string()))?;
-    Ok(Outcome::ok(
+    let mut out = Outcome::ok(
         opts.format
             .finish(crate::report::top::render_diff(&d, opts.format)),
-    ))
+    );
+    // A side without the moment asked for is compared at its end: say so.
+    for (name, side) in [(names.0, &before), (names.1, &after)] {
+        if side.moment(kind).is_none() {
+            out.stderr.push(format!(
+                "note: {name} has no {} moment (--at {}): its end is compared instead",
+                kind.as_str(),
+                kind.as_str()
+            ));
+        }
+    }
+    Ok(out)
 }

@@ -87,7 +87,12 @@ pub fn run_with_progress(
         bisect: true,
     };
     let mut result = recommend(&workload, capacity, &search, progress)?;
-    result.notes.extend(p.notes);
+    // Prepared's notes are standard-error lines; the report prefixes its own.
+    result.notes.extend(
+        p.notes
+            .iter()
+            .map(|n| n.strip_prefix("note: ").unwrap_or(n).to_string()),
+    );
     let line = result.recommendation.as_ref().map(|r| r.value.as_str());
     result
         .notes

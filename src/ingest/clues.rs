@@ -22,12 +22,14 @@ pub enum Clue {
     WindowsFile,
     /// `C:\Users`, `C:\Program Files`, `C:\ProgramData`, `C:\Python`.
     WindowsDir,
+    /// A PowerShell prompt (`PS C:\…>`) or a ```` ```powershell ```` fence.
+    WindowsShell,
     Ipc,
 }
 
 /// The anchors of each clue. Every one is at least 4 bytes: the scanner's
 /// SIMD prefilter fingerprints the first 4 bytes of every anchor.
-pub const ANCHORS: [(&str, Clue); 14] = [
+pub const ANCHORS: [(&str, Clue); 16] = [
     ("torch", Clue::Torch),
     ("Torch", Clue::Torch),
     ("TORCH", Clue::Torch),
@@ -41,6 +43,8 @@ pub const ANCHORS: [(&str, Clue); 14] = [
     (":\\Users", Clue::WindowsDir),
     (":\\Program", Clue::WindowsDir),
     (":\\Python", Clue::WindowsDir),
+    ("PS C:\\", Clue::WindowsShell),
+    ("```powershell", Clue::WindowsShell),
     // §5: expandable segments break CUDA IPC users.
     ("custom_all_reduce", Clue::Ipc),
     ("CUSTOM_ALL_REDUCE", Clue::Ipc),
@@ -115,6 +119,7 @@ impl Finder {
                 });
                 clues.windows_paths |= drive && bounded && dir;
             }
+            Clue::WindowsShell => clues.windows_paths = true,
             Clue::Ipc => clues.ipc_user = true,
         }
     }

@@ -147,8 +147,21 @@ fn parse_whole(
         InputKind::TraceCsv | InputKind::RmmLog => ev.notes.push(not_evidence(input_name, kind)),
         InputKind::Text => {
             binary_note(input_name, data, ev);
+            let start = ev.observations.len();
             ev.observations
                 .extend(scan::scan_with_clues(data, input_name, clues, limits)?);
+            let unread: Vec<String> = ev.observations[start..]
+                .iter()
+                .filter(|o| o.requested_bytes.is_none())
+                .filter_map(|o| {
+                    let figure = overflowing_request(o.message.as_deref()?)?;
+                    Some(format!(
+                        "{input_name}:{}: the request \"{figure}\" is past what a 64-bit byte count holds; the message is read without it",
+                        o.line.unwrap_or(0)
+                    ))
+                })
+                .collect();
+            ev.notes.extend(unread);
         }
     }
     Ok(())
@@ -162,6 +175,19 @@ fn not_evidence(input_name: &str, kind: InputKind) -> String {
     format!(
         "{input_name}: {what} holds no observations; replay it with `allocdoc replay` or `allocdoc recommend`"
     )
+}
+
+/// The "Tried to allocate" figure of `message` when it is whole (a number
+/// and a known unit) but past 2^64 bytes, so the parser could not keep it.
+fn overflowing_request(message: &str) -> Option<&str> {
+    let rest = message.split("Tried to allocate ").nth(1)?;
+    let mut words = rest.split_whitespace();
+    let (value, unit) = (words.next()?, words.next()?);
+    let unit = unit.trim_end_matches(['.', ',', ')', ';']);
+    let n: f64 = value.parse().ok()?;
+    let figure = rest.get(..value.len() + 1 + unit.len())?;
+    (crate::units::unit_multiplier(unit).is_some() && crate::units::printed_size(n, unit).is_none())
+        .then_some(figure)
 }
 
 fn binary_note(input_name: &str, head: &[u8], ev: &mut Evidence) {

@@ -87,6 +87,7 @@ patterns! {
     // MPSAllocator.mm (its format_size prints binary "KB/MB/GB").
     MPS_ALLOCATED = "MPS allocated : MPS_SIZE";
     MPS_ALLOWED = "max allowed : MPS_SIZE";
+    MPS_OTHER = "other allocations : MPS_SIZE";
     MPS_REQUESTED = "Tried to allocate MPS_SIZE";
     // c10/core/impl/alloc_cpu.cpp prints bytes; TH's THAlloc/THRealloc before it
     // printed `size / 1073741824` as "%dGB" (whole GiB, rounded down).
@@ -949,6 +950,7 @@ fn non_allocator(
         OomSource::Mps => {
             obs.allocated_bytes = size(&MPS_ALLOCATED, t);
             obs.allowed_bytes = size(&MPS_ALLOWED, t);
+            obs.other_allocations_bytes = size(&MPS_OTHER, t);
             obs.requested_bytes = size(&MPS_REQUESTED, t);
             obs.truncated = !complete(t);
         }
@@ -984,7 +986,7 @@ mod tests {
     /// on shapes made to tempt a hand parser.
     #[test]
     fn figures_read_by_hand_are_the_captured_ones() {
-        let sizes: [&Regex; 21] = [
+        let sizes: [&Regex; 22] = [
             &REQUESTED,
             &TOTAL_OLD,
             &TOTAL_NEW,
@@ -1005,6 +1007,7 @@ mod tests {
             &ASYNC_FRACTION,
             &MPS_ALLOCATED,
             &MPS_ALLOWED,
+            &MPS_OTHER,
             &MPS_REQUESTED,
         ];
         let indices: [&Regex; 3] = [&DEVICE_NEW, &DEVICE_OLD, &ASYNC_DEVICE];

@@ -90,7 +90,9 @@ const ROUNDING_HEADER: [&str; 5] = [
 
 fn table() -> Table {
     let mut t = Table::new();
-    t.load_style(presets::ASCII_BORDERS_ONLY_CONDENSED)
+    // The box drawing of every other table (report::common::Grid).
+    t.load_style(presets::UTF8_FULL_CONDENSED)
+        .force_no_tty()
         .set_content_arrangement(ContentArrangement::Disabled);
     t
 }

@@ -58,24 +58,8 @@ pub fn text(d: &Diagnosis, verbose: bool) -> String {
     }
     match &d.recommendation {
         Some(r) => recommendation_text(&mut out, r),
-        None if d.cause.rules_out_settings() => {
-            let _ = writeln!(
-                out,
-                "\nNo allocator setting will help here ({}); the findings say what will.",
-                d.cause.as_str()
-            );
-        }
-        None if needs_version(d) => {
-            let _ = writeln!(
-                out,
-                "\nNo allocator setting yet: which one applies depends on your PyTorch version; rerun with --torch-version."
-            );
-        }
         None => {
-            let _ = writeln!(
-                out,
-                "\nNo allocator setting to recommend from this evidence."
-            );
+            let _ = writeln!(out, "\n{}", d.no_line().unwrap_or_default());
         }
     }
     if let Some(f) = &d.fills {
@@ -255,14 +239,6 @@ fn fact_text(name: &str, fact: &Fact) -> String {
             s.iter().map(|v| one(*v)).collect::<Vec<_>>().join(", ")
         ),
     }
-}
-
-fn needs_version(d: &Diagnosis) -> bool {
-    d.not_evaluated.iter().any(|n| {
-        n.needs
-            .iter()
-            .any(|m| m == "torch_version" || m == "expandable_segments_supported")
-    })
 }
 
 /// Each fired rule's advice once, highest priority first.

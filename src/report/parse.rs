@@ -313,6 +313,9 @@ fn stats_grid(o: &Observation, place: &str) -> Grid {
         let Some(pools) = metrics.get(stat) else {
             continue;
         };
+        // The label on the metric's first row, whichever pool it is: a dump
+        // without an `all` row must not file its pools under the row above.
+        let mut first = true;
         for pool in ["all", "large_pool", "small_pool"] {
             let Some(v) = pools.get(pool) else { continue };
             let cell = |x: Option<i64>| if bytes { signed_size(x) } else { opt(x) };
@@ -323,7 +326,7 @@ fn stats_grid(o: &Observation, place: &str) -> Grid {
                 freed,
             } = *v;
             g.row(vec![
-                if pool == "all" {
+                if std::mem::take(&mut first) {
                     label.clone()
                 } else {
                     String::new()

@@ -173,17 +173,6 @@ fn row(rank: Option<u32>, input: String, obs: &[&Observation]) -> Option<RankRow
     })
 }
 
-fn median(mut values: Vec<u64>) -> Option<f64> {
-    values.sort_unstable();
-    let n = values.len();
-    let mid = values.get(n / 2).copied()? as f64;
-    if n.is_multiple_of(2) {
-        Some((values.get(n / 2 - 1).copied()? as f64 + mid) / 2.0)
-    } else {
-        Some(mid)
-    }
-}
-
 fn flag(rows: &mut [RankRow]) {
     type Get = fn(&RankRow) -> Option<u64>;
     let metrics: [(&str, Get); 3] = [
@@ -196,7 +185,7 @@ fn flag(rows: &mut [RankRow]) {
         if values.len() < 2 {
             continue;
         }
-        let Some(med) = median(values).filter(|m| *m > 0.0) else {
+        let Some(med) = crate::snapshot::attribute::median(values).filter(|m| *m > 0.0) else {
             continue;
         };
         for r in rows.iter_mut() {

@@ -318,6 +318,9 @@ pub fn moment_title(m: &Moment) -> String {
         None => what.to_string(),
     };
     match m.moment {
+        MomentKind::Peak if m.event_index.is_none() => {
+            "At the peak of allocated memory, before the trace's first entry".to_string()
+        }
         MomentKind::Peak => at("At the peak of allocated memory"),
         MomentKind::Oom => {
             let request = m
@@ -694,9 +697,18 @@ fn lower_first(s: &str) -> String {
 /// What must go, in sentences: the shortfall, then each lever with the figure behind it.
 pub fn must_go_lines(g: &crate::advise::fills::MustGo) -> Vec<String> {
     let mut out = Vec::new();
-    if g.shortfall_bytes == 0 {
+    if g.spilled_bytes > 0 {
         out.push(format!(
-            "What must go cannot be bounded from these figures: the request of {} would fit in the {} free on the device and the {} reserved but free together, so it failed for how that memory is split (before it fails, the allocator gives back only whole free segments), not for its amount.",
+            "What must go: at least {} of the {} live ({}): PyTorch reserved {} more than the card holds (the driver spilled it into shared system memory), and the cache and the request of {} must fit on the card.",
+            human(g.shortfall_bytes),
+            human(g.allocated_bytes),
+            percent(g.share_of_allocated),
+            human(g.spilled_bytes),
+            human(g.request_bytes)
+        ));
+    } else if g.shortfall_bytes == 0 {
+        out.push(format!(
+            "What must go cannot be bounded from these figures: the request of {} would fit in the {} free on the device and the {} reserved but free together (before it fails, the allocator gives back only whole free segments, so what stays is split between live tensors); room for the allocations after it is what must be freed.",
             human(g.request_bytes),
             human(g.device_free_bytes),
             human(g.reserved_free_bytes)

@@ -165,6 +165,11 @@ pub const METRICS: &[MetricDef] = &[
     ),
     m("xpu", Bool, "the device diagnosed is an Intel GPU (XPU)"),
     m(
+        "xpu_block_limit",
+        Bool,
+        "the message is IPEX's refusal of a single block over 4 GB ('Current platform can NOT allocate memory block with size larger than 4GB!')",
+    ),
+    m(
         "snapshot_at_oom",
         Bool,
         "the snapshot diagnosed was taken at an OOM: its device's trace records an oom entry, or its file name says oom (an OOM observer's dump, torch._C._cuda_attach_out_of_memory_observer, which records segments only)",
@@ -205,6 +210,26 @@ pub const METRICS: &[MetricDef] = &[
         "the text shows a component that shares CUDA memory between processes (vLLM custom all-reduce/CuMemAllocator, torch_memory_saver)",
     ),
     m("windows", Bool, "the text shows Windows paths"),
+    m(
+        "process_line_zero",
+        Bool,
+        "the message says this process has 0 bytes memory in use while PyTorch's cache holds memory: NVML did not see the process (a container), so the process line is not counted",
+    ),
+    m(
+        "card_full",
+        Bool,
+        "little of the card is free: under 15 % of it by the free figure (or, without one, live and cached memory hold 85 % of it), or more is allocated than the card holds (advise::claims::card_full); a request that alone is most of the card does not make it full",
+    ),
+    m(
+        "room_in_pieces",
+        Bool,
+        "the request fits in free and cached-unused memory together but in neither alone: the memory exists, in two pieces (advise::claims::room_in_pieces)",
+    ),
+    m(
+        "cached_holds_request",
+        Bool,
+        "reserved_unallocated alone is at least the request",
+    ),
     m("rocm", Bool, "the device is an AMD GPU (HIP)"),
     m(
         "backend_async",
@@ -228,6 +253,16 @@ pub const METRICS: &[MetricDef] = &[
     ),
     m("source_cudnn", Bool, "non-allocator OOM from cuDNN"),
     m("source_nccl", Bool, "non-allocator OOM from NCCL"),
+    m(
+        "source_mps",
+        Bool,
+        "non-allocator OOM from PyTorch's MPS allocator (Apple GPUs)",
+    ),
+    m(
+        "other_allocations",
+        Bytes,
+        "MPS messages' 'other allocations': what the Metal device holds beyond live tensors (the MPS allocator's cached buffers and other Metal users)",
+    ),
     m(
         "source_host",
         Bool,

@@ -63,6 +63,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../rules/memory-outside-pytorch.yaml"),
     ),
     (
+        "rules/mps-watermark.yaml",
+        include_str!("../../rules/mps-watermark.yaml"),
+    ),
+    (
         "rules/non-allocator-host.yaml",
         include_str!("../../rules/non-allocator-host.yaml"),
     ),
@@ -165,6 +169,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
     (
         "rules/use-max-split-size.yaml",
         include_str!("../../rules/use-max-split-size.yaml"),
+    ),
+    (
+        "rules/xpu-block-limit.yaml",
+        include_str!("../../rules/xpu-block-limit.yaml"),
     ),
 ];
 

@@ -196,7 +196,9 @@ pub struct Attributor<'s, 'a> {
     /// Σ alloc sizes − Σ freed sizes so far; its highest value and entry.
     running: i128,
     best: i128,
-    peak: Option<usize>,
+    /// The entry after which allocated memory peaked; -1 before the first
+    /// (a trace that begins by freeing memory allocated before it).
+    peak: Option<i64>,
     /// The last `oom` entry: index, request, device free; and how many.
     oom: Option<(usize, u64, u64)>,
     ooms: u64,
@@ -399,9 +401,12 @@ impl<'s, 'a> Attributor<'s, 'a> {
             }
             Action::FreeRequested | Action::Snapshot | Action::Annotate | Action::Other => {}
         }
-        if self.peak.is_none() || self.running > self.best {
+        // The state before the first entry (running 0) is a candidate too.
+        if self.peak.is_none() && self.running < 0 {
+            self.peak = Some(-1);
+        } else if self.peak.is_none() || self.running > self.best {
             self.best = self.running;
-            self.peak = Some(i);
+            self.peak = Some(i as i64);
         }
     }
 
@@ -574,7 +579,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         let only = self.ask.headline_only;
         let oom_too = self.oom.is_some();
         if let Some(p) = peak.filter(|_| !(only && oom_too)) {
-            asked.push((MomentKind::Peak, p as i64, Some(p)));
+            asked.push((MomentKind::Peak, p, usize::try_from(p).ok()));
         }
         if let Some((k, ..)) = self.oom {
             asked.push((MomentKind::Oom, k as i64 - 1, Some(k)));
@@ -591,8 +596,21 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 if self.entries > 0 {
                     asked.push((MomentKind::Event, i as i64, Some(i)));
                 }
+                if u64::try_from(self.entries).is_ok_and(|e| n >= e) {
+                    notes.push(format!(
+                        "--at {n} is past the trace's last entry ({last}): the state after it is shown"
+                    ));
+                }
             }
-            Some(At::Time(_)) => {
+            Some(At::Time(t)) => {
+                let span = self.first_time.map(|f| self.last_time.saturating_sub(f));
+                if span.is_some_and(|s| t > s) {
+                    notes.push(format!(
+                        "--at {}: past the trace's last entry, {} after its first: the state after it is shown",
+                        human_us(t),
+                        human_us(span.unwrap_or(0))
+                    ));
+                }
                 let s = self.at_time.map_or(-1, |i| i as i64);
                 asked.push((MomentKind::Time, s, self.at_time));
             }
@@ -626,7 +644,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             trace_entries: self.entries as u64,
             traced,
             stacks,
-            peak_event_index: peak.map(|p| p as u64),
+            peak_event_index: peak.and_then(|p| u64::try_from(p).ok()),
             moments,
             steps: if traced { steps } else { 0 },
             growth,
@@ -1987,6 +2005,18 @@ pub fn rank_in_name(input: &str) -> Option<u32> {
     })
 }
 
+/// The median of `values`: of an even count, the mean of the two middle ones.
+pub fn median(mut values: Vec<u64>) -> Option<f64> {
+    values.sort_unstable();
+    let n = values.len();
+    let mid = values.get(n / 2).copied()? as f64;
+    if n.is_multiple_of(2) {
+        Some((values.get(n / 2 - 1).copied()? as f64 + mid) / 2.0)
+    } else {
+        Some(mid)
+    }
+}
+
 /// The several-rank view of attributions (one per input: its device with
 /// the most allocated at its headline moment).
 pub fn ranks(inputs: &[(String, Attribution)]) -> Ranks {
@@ -2017,26 +2047,37 @@ pub fn ranks(inputs: &[(String, Attribution)]) -> Ranks {
         })
         .collect();
     rows.sort_by(|a, b| a.rank.cmp(&b.rank).then_with(|| a.input.cmp(&b.input)));
-    let mut allocated: Vec<u64> = rows.iter().map(|r| r.allocated_bytes).collect();
-    allocated.sort_unstable();
-    let median = allocated.get(allocated.len() / 2).copied().unwrap_or(0);
+    let allocated: Vec<u64> = rows.iter().map(|r| r.allocated_bytes).collect();
     let (lo, hi) = (
-        allocated.first().copied().unwrap_or(0),
-        allocated.last().copied().unwrap_or(0),
+        allocated.iter().min().copied().unwrap_or(0),
+        allocated.iter().max().copied().unwrap_or(0),
     );
+    // The median as the rule is read: of an even count, the mean of the two middles.
+    let median = median(allocated).unwrap_or(0.0);
+    let off = |r: &RankFill| (r.allocated_bytes as f64 - median).abs();
     for r in &mut rows {
-        let off = r.allocated_bytes.abs_diff(median);
-        r.outlier = off > MIN_DEVIATION_BYTES && off as f64 > DEVIATION * median as f64;
+        r.outlier = off(r) > MIN_DEVIATION_BYTES as f64 && off(r) > DEVIATION * median;
     }
     let furthest = rows
         .iter()
         .filter(|r| r.outlier)
-        .max_by_key(|r| r.allocated_bytes.abs_diff(median));
+        .max_by(|a, b| off(a).total_cmp(&off(b)));
     Ranks {
         imbalance: if lo == 0 { 0.0 } else { ratio(hi, lo) },
         outlier_rank: furthest.and_then(|r| r.rank),
         outlier_input: furthest.map(|r| r.input.clone()),
         rows,
+    }
+}
+
+/// A time in microseconds as `--at` takes it back (`2.5s`, `300ms`, `120us`).
+fn human_us(us: i64) -> String {
+    if us >= 1_000_000 {
+        format!("{}s", us as f64 / 1e6)
+    } else if us >= 1_000 {
+        format!("{}ms", us as f64 / 1e3)
+    } else {
+        format!("{us}us")
     }
 }
 
@@ -2129,6 +2170,18 @@ mod tests {
             category(Class::Optimizer, false, false),
             Category::OptimizerTemporaries
         );
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_its_middles() {
+        // Ranks at 8, 10, 12 and 12 GiB: the median is 11 GiB, so the rank at
+        // 10 GiB is 9 % off it and no outlier (the upper middle, 12 GiB, made it one).
+        let gib = |v: u64| v << 30;
+        let m = median(vec![gib(12), gib(8), gib(12), gib(10)]).unwrap();
+        assert_eq!(m, gib(11) as f64);
+        assert!((gib(10) as f64 - m).abs() < 0.10 * m);
+        assert_eq!(median(vec![3, 1, 2]), Some(2.0));
+        assert_eq!(median(Vec::new()), None);
     }
 
     #[test]

@@ -251,10 +251,23 @@ pub fn decide(d: Option<&Diagnosis>, setup: &Setup, replays: Option<Replays>) ->
                 }
             };
             let rules_said = match cause {
+                // "No setting can help" only where its claim holds: where
+                // one could place this request in the cache, the rules rule
+                // settings out for the allocations after it.
                 Some(c) if ruled_out => {
+                    let room = d.is_some_and(|d| {
+                        crate::advise::claims::Claim::NoSettingHelps
+                            .refuted(&d.grounds())
+                            .is_some()
+                    });
                     format!(
-                        "the rules find {}: no allocator setting can help",
-                        c.as_str()
+                        "the rules find {}: no allocator setting {}",
+                        c.as_str(),
+                        if room {
+                            "makes room for the allocations after this one"
+                        } else {
+                            "can help"
+                        }
                     )
                 }
                 Some(_) => "the rules suggest no setting".to_string(),

@@ -840,8 +840,8 @@ impl EnsembleSearch {
             };
             let lowest = self.ranked.iter().all(|c| mean_peak(best) <= mean_peak(c));
             format!(
-                "No OOM to avoid (the evidence records none): {name} {}, running without one {} \
-                 {consistent}",
+                "No failed request to replay (a summary or stats dump records none, even where \
+                 it counts OOMs): {name} {}, running without an OOM {} {consistent}",
                 if lowest {
                     "has the lowest mean peak reserved"
                 } else {

@@ -509,8 +509,10 @@ fn recorded_verdict(
             "; this depends on where the driver places segments: under {flipped} it runs out of memory"
         ));
     }
-    // Configs the replay cannot tell apart: nothing they decide was exercised.
-    let blind = indistinct(&runs.iter().map(|r| &r.figures).collect::<Vec<_>>());
+    // The answer's config and the current one, which the replay cannot tell
+    // apart when neither exercised what configs decide: the rule `validate`
+    // applies to its two runs (advise::claims::exercised).
+    let blind = indistinct(&[&current_run.figures, &chosen.figures]);
     if blind {
         finding.push_str("; ");
         finding.push_str(&indistinct_sentence(current_run.figures.events));

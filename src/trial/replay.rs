@@ -85,7 +85,13 @@ impl Plan {
     /// A `--conf` value's settings for this plan's version, as they take
     /// effect on its platform; what the platform ignores is noted.
     fn settings(&self, conf: &str, notes: &mut Vec<String>) -> Result<Settings, Error> {
-        let s = parse_native_conf(conf, self.torch_version)?;
+        let parsed = parse_native_conf(conf, self.torch_version)?;
+        // What the version says of the value (1.8 reads no config at all),
+        // as `conf check` says it (issue 34).
+        for w in &parsed.warnings {
+            notes.push(format!("note: --conf {conf:?}: {}", w.text));
+        }
+        let s = parsed.settings;
         for w in self.platform.ignored(&s) {
             notes.push(format!(
                 "note: --conf {conf:?}: {}; replayed without it",
@@ -247,7 +253,7 @@ pub fn emitted_snapshot(replay: &Replay) -> Result<Option<Vec<u8>>, Error> {
     };
     let recorded = crate::snapshot::writer::RecordedSettings {
         conf: run.conf.clone(),
-        settings: parse_native_conf(&run.conf, replay.torch_version)?,
+        settings: parse_native_conf(&run.conf, replay.torch_version)?.settings,
     };
     let snapshot = crate::snapshot::writer::Snapshot::from_allocator(
         &run.result.segments,

@@ -197,7 +197,10 @@ pub fn parse_conf(flag: &str, value: &str) -> Result<Settings, Error> {
 
 /// Parses a `--conf` value for `version`; the native backend only (the
 /// bundled allocator models no other).
-pub fn parse_native_conf(conf: &str, version: TorchVersion) -> Result<Settings, Error> {
+pub fn parse_native_conf(
+    conf: &str,
+    version: TorchVersion,
+) -> Result<crate::conf::ParsedConf, Error> {
     let parsed = crate::conf::parse(conf, version)
         .map_err(|e| Error::Usage(format!("--conf {conf:?}: {e}")))?;
     if parsed.settings.backend != Backend::Native {
@@ -205,7 +208,7 @@ pub fn parse_native_conf(conf: &str, version: TorchVersion) -> Result<Settings, 
             "--conf {conf:?}: backend:cudaMallocAsync is not modelled by the bundled allocator (native only)"
         )));
     }
-    Ok(parsed.settings)
+    Ok(parsed)
 }
 
 /// A config as shown in reports: `(defaults)` for the empty one.

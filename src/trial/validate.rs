@@ -118,8 +118,9 @@ pub fn ensemble_strength(plausible: usize, agreeing: usize) -> Strength {
 pub enum Basis {
     /// The workload as recorded (a trace, an RMM log, a snapshot's trace).
     Recorded,
-    /// The recorded workload replayed, but no config made a cudaMalloc or a
-    /// cudaFree in it: nothing the configs decide differently was exercised.
+    /// The recorded workload replayed, but neither the current config nor the
+    /// answer's made a cudaMalloc or a cudaFree in it: nothing the configs
+    /// decide differently was exercised.
     Indistinct,
     /// A snapshot whose state at the trace start does not fit the card: no
     /// config could start the replay.
@@ -179,9 +180,9 @@ impl Verdict {
                  segments are placed"
                     .to_string()
             }
-            Basis::Indistinct => "uncertain: the recorded workload was replayed, but no config \
-                                  made a cudaMalloc or a cudaFree in it, so the replay cannot \
-                                  tell configs apart"
+            Basis::Indistinct => "uncertain: the recorded workload was replayed, but neither \
+                                  the current config nor the answer's made a cudaMalloc or a \
+                                  cudaFree in it, so the replay cannot tell them apart"
                 .to_string(),
             Basis::StartDoesNotFit => format!(
                 "{}: the snapshot's state at the trace start does not fit the card, so the trace \
@@ -233,7 +234,21 @@ pub fn validate(
     };
     let (verdict, workloads, placement, leaning) = match &workload.ensemble {
         Some(e) => {
-            let j = ensemble::judge(e, current.1, (name, candidate.1));
+            let mut j = ensemble::judge(e, current.1, (name, candidate.1));
+            // Only a replayed trace drops the rules' line (trial::answer): the
+            // rules' line failing on synthetic workloads, as the current config
+            // does on every one, leaves it uncertain here as in `recommend`.
+            let rules_line = diagnosis
+                .and_then(|d| d.recommendation.as_ref())
+                .is_some_and(|r| super::answer::same_config(&r.value, candidate.0));
+            if rules_line && j.verdict.exit_code == EXIT_STILL_OOM {
+                j.verdict.strength = Strength::Uncertain;
+                j.verdict.exit_code = EXIT_UNCERTAIN;
+                j.verdict.finding.push_str(
+                    "; it is the rules' line, and synthetic workloads are not strong enough \
+                     evidence to drop it (only a replayed trace is)",
+                );
+            }
             (j.verdict, j.workloads, None, j.leaning)
         }
         None if spec == DeviceSpec::Sim => {
@@ -335,20 +350,18 @@ fn recorded_verdict(before: &Run, after: &Run, capacity: u64) -> Verdict {
 /// Whether replays of a recorded workload cannot tell configs apart: no run
 /// made a cudaMalloc, a cudaFree (an expandable segment's map or unmap
 /// counts) or a failed attempt, so every request was served from the
-/// segments it started with, and nothing a config decides was exercised.
+/// segments it started with, and nothing a config decides was exercised
+/// (the condition of a "proven" claim, `advise::claims::exercised`).
 pub(crate) fn indistinct(runs: &[&RunFigures]) -> bool {
-    !runs.is_empty()
-        && runs
-            .iter()
-            .all(|r| r.device_allocs + r.device_frees == 0 && r.oom.is_none())
+    !runs.is_empty() && !crate::advise::claims::exercised(runs)
 }
 
 /// Why an [`indistinct`] replay is uncertain, in one sentence.
 pub(crate) fn indistinct_sentence(events: u64) -> String {
     format!(
-        "this is uncertain: in the trace's {events} {} no config made a cudaMalloc or a \
-         cudaFree (every request was served from the segments the snapshot already held), so \
-         the replay cannot tell configs apart",
+        "this is uncertain: in the trace's {events} {} neither the current config nor this one \
+         made a cudaMalloc or a cudaFree (every request was served from the segments the snapshot \
+         already held), so the replay cannot tell them apart",
         if events == 1 { "event" } else { "events" }
     )
 }

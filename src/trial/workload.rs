@@ -129,8 +129,11 @@ pub fn probe_target(
         .or_else(|| observations.iter().rev().find(fit));
     if let Some(o) = oom {
         let allocated = o.allocated_bytes?;
+        // 1.0-1.3 print "cached", the same gap as reserved-but-unallocated
+        // (advise::facts reads it so too).
         let reserved = o.reserved_bytes.or(o
             .reserved_unallocated_bytes
+            .or(o.cached_bytes)
             .map(|r| allocated.saturating_add(r)))?;
         // What the allocator could reach: what it held plus what the card still had free.
         let room = o

@@ -2,7 +2,14 @@
 //! result's exit code against its JSON (the one exit-code table of
 //! `allocdoc::error`), and its text against both. Used over every fixture
 //! (tests/answer.rs) and the text-only evaluation harness (tests/text_eval.rs).
+//!
+//! And the claims checker of issue 34 ([`false_claims`]): every claim a
+//! command prints ("the card is full", "no allocator setting will help", a
+//! line to set, "run nvidia-smi", "fragmentation", "what must go"…) held to
+//! the condition `advise::claims` states for it, on the diagnosis's figures,
+//! and no two claims that contradict each other.
 
+use allocdoc::advise::Diagnosis;
 use serde_json::Value;
 
 /// Every contradiction between `exit`, `json` and (when given) `text` of
@@ -72,11 +79,12 @@ pub fn contradictions(command: &str, exit: i32, json: &Value, text: Option<&str>
         }
         _ => say(format!("unknown command {command}")),
     }
-    // "proven" needs a replay that exercised what configs decide.
+    // "proven" needs a replay that exercised what configs decide, in the
+    // current config's run or the answer's (the first candidate of
+    // `recommend`, the candidate of `validate`): one rule in both commands.
     if strength == "proven" && !ensemble {
-        let runs: Vec<&Value> = [&json["current"], &json["candidate"]]
+        let runs: Vec<&Value> = [&json["current"], &json["candidate"], &json["candidates"][0]]
             .into_iter()
-            .chain(json["candidates"].as_array().into_iter().flatten())
             .filter(|r| r.is_object())
             .collect();
         let exercised = runs.iter().any(|r| {
@@ -86,7 +94,7 @@ pub fn contradictions(command: &str, exit: i32, json: &Value, text: Option<&str>
                     > 0
         });
         if !exercised {
-            say("proven, yet no config made a cudaMalloc or a cudaFree".into());
+            say("proven, yet neither the current config nor the answer's made a cudaMalloc or a cudaFree".into());
         }
     }
     // Evidence that records no OOM has none to avoid.
@@ -125,4 +133,31 @@ pub fn contradictions(command: &str, exit: i32, json: &Value, text: Option<&str>
         }
     }
     bad
+}
+
+/// Every claim `texts` make whose condition does not hold on the diagnosis
+/// `d`, and every pair of claims they make that contradict, one line each,
+/// prefixed with `what`.
+pub fn false_claims(what: &str, d: &Diagnosis, texts: &[&str]) -> Vec<String> {
+    allocdoc::advise::claims::check(texts, &d.grounds())
+        .into_iter()
+        .map(|b| format!("{what}: {b}"))
+        .collect()
+}
+
+/// What `diagnose` prints about its headline incident, as the claims are
+/// checked: the text less the other incidents' lines (they rest on their own
+/// figures), and each finding whole (the table wraps them).
+pub fn diagnose_texts(d: &Diagnosis) -> Vec<String> {
+    let text = allocdoc::report::diagnose::text(d, false);
+    let mut v = vec![
+        text.lines()
+            .filter(|l| !l.starts_with("  also: "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        d.verdict.clone(),
+    ];
+    v.extend(d.findings.iter().map(|f| f.message.clone()));
+    v.extend(d.findings.iter().filter_map(|f| f.next.clone()));
+    v
 }
