@@ -156,7 +156,7 @@ pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
     let confs = confs
         .into_iter()
         .map(|c| {
-            let s = crate::trial::run::parse_native_conf(&c, TorchVersion::DEFAULT)?;
+            let s = crate::trial::run::parse_native_conf(&c, TorchVersion::DEFAULT)?.settings;
             Ok((c, s))
         })
         .collect::<Result<Vec<_>, Error>>()?;

@@ -401,7 +401,12 @@ impl<'s, 'a> Attributor<'s, 'a> {
             }
             Action::FreeRequested | Action::Snapshot | Action::Annotate | Action::Other => {}
         }
-        // The state before the first entry (running 0) is a candidate too.
+        self.note_peak(i);
+    }
+
+    /// After entry `i`: the peak so far, the state before the first entry
+    /// (running 0, entry -1) a candidate too.
+    fn note_peak(&mut self, i: usize) {
         if self.peak.is_none() && self.running < 0 {
             self.peak = Some(-1);
         } else if self.peak.is_none() || self.running > self.best {
@@ -451,17 +456,16 @@ impl<'s, 'a> Attributor<'s, 'a> {
             },
             _ => {}
         }
-        if self.peak.is_none() || self.running > self.best {
-            self.best = self.running;
-            self.peak = Some(i);
-        }
+        self.note_peak(i);
     }
 
     /// The allocated peak's entry of a [`Self::peak_only`] attributor fed
     /// every entry: [`Attribution::peak_event_index`] as [`Self::finish`]
     /// gives it.
     pub fn peak_event_index(&self) -> Option<u64> {
-        self.peak.filter(|_| self.traced).map(|p| p as u64)
+        self.peak
+            .filter(|_| self.traced)
+            .and_then(|p| u64::try_from(p).ok())
     }
 
     /// The stack id of a frames list, classified on first sight.
