@@ -359,6 +359,44 @@ fn the_largest_fitting_size_fits_and_the_next_does_not() {
 }
 
 #[test]
+fn the_report_draws_the_predicted_peaks_against_the_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("fit.html");
+    let html_arg = html.to_string_lossy().into_owned();
+    let (code, _, err) = allocdoc(&[
+        "fit",
+        "fixtures/fit/attn-256.pickle.xz",
+        "fixtures/fit/attn-1024.pickle.xz",
+        "--sizes",
+        "256,1024",
+        "--at",
+        "2048,4096",
+        "--capacity",
+        "3GiB",
+        "--knob",
+        "seq_len",
+        "--report",
+        &html_arg,
+    ]);
+    assert_eq!(
+        code, 1,
+        "4096 runs out of memory on 3 GiB under the defaults: {err}"
+    );
+    assert!(err.contains("wrote the HTML report"), "{err}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    // One line per config and quantity, the recorded sizes and the largest
+    // fitting size marked, the card as a line.
+    assert!(page.contains("(defaults): peak reserved"), "reserved line");
+    assert!(page.contains("peak allocated"), "allocated line");
+    assert!(page.contains("recorded 256") && page.contains("recorded 1024"));
+    assert!(
+        page.contains("largest fitting: (defaults) 4063"),
+        "largest marked"
+    );
+    assert!(page.contains("capacity 3.00 GiB"), "capacity line");
+}
+
+#[test]
 fn two_workloads_are_refused_naming_the_files() {
     let dir = tempfile::tempdir().unwrap();
     let inputs = write_series(dir.path(), &[8, 16], true);
