@@ -41,9 +41,48 @@ create_exception!(
 fn py_err(e: allocdoc::Error) -> PyErr {
     match e {
         allocdoc::Error::Input(m) => InputError::new_err(m),
-        allocdoc::Error::Usage(m) => UsageError::new_err(m),
+        allocdoc::Error::Usage(m) => UsageError::new_err(keywords(&m)),
         allocdoc::Error::NoDevice(m) => NoDeviceError::new_err(m),
     }
+}
+
+/// The command line's flags and the keyword arguments that stand for them here.
+const KEYWORDS: [(&str, &str); 10] = [
+    ("--torch-version", "torch_version"),
+    ("--capacity", "capacity"),
+    ("--current", "current"),
+    ("--platform", "platform"),
+    ("--device", "device"),
+    ("--sizes", "sizes"),
+    ("--step", "step"),
+    ("--knob", "knob"),
+    ("--conf", "conf"),
+    ("--at", "at"),
+];
+
+/// A usage error's message with each flag named as the keyword argument a
+/// Python caller passed (`--torch-version two` is `torch_version two`).
+fn keywords(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    'scan: while let Some(at) = rest.find("--") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        for (flag, keyword) in KEYWORDS {
+            let whole = tail.strip_prefix(flag).is_some_and(|after| {
+                !after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            });
+            if whole {
+                out.push_str(keyword);
+                rest = &tail[flag.len()..];
+                continue 'scan;
+            }
+        }
+        out.push_str("--");
+        rest = &tail[2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// What a command produced: JSON on standard output, notes, exit code.
