@@ -397,6 +397,19 @@ fn the_report_draws_the_predicted_peaks_against_the_size() {
 }
 
 #[test]
+fn the_same_recording_at_two_sizes_is_a_warning() {
+    let a = "fixtures/fit/attn-256.pickle.xz".to_string();
+    let (code, v) = fit_json(&[a.clone(), a], "256,512", &["--at", "1024"]);
+    assert_eq!(code, 0, "{v}");
+    let warned = v["warnings"].as_array().unwrap().iter().any(|w| {
+        w.as_str()
+            .unwrap()
+            .starts_with("no paired allocation changes size between the inputs")
+    });
+    assert!(warned, "{}", v["warnings"]);
+}
+
+#[test]
 fn two_workloads_are_refused_naming_the_files() {
     let dir = tempfile::tempdir().unwrap();
     let inputs = write_series(dir.path(), &[8, 16], true);

@@ -296,6 +296,17 @@ fn warnings(series: &Series, largest: &Model) -> Vec<String> {
             ));
         }
     }
+    let grows = largest
+        .paired
+        .iter()
+        .zip(&largest.laws)
+        .any(|(&p, l)| p && l.kind != crate::snapshot::fit::law::Kind::Constant);
+    if !grows {
+        out.push(
+            "no paired allocation changes size between the inputs: nothing grows with the knob (the same step recorded twice, or a knob the recorded step did not use?)"
+                .to_string(),
+        );
+    }
     let (n, bytes) = largest.pre_trace_varying();
     if n > 0 {
         out.push(format!(
