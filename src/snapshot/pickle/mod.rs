@@ -16,17 +16,16 @@
 //!
 //! The files, by concept: this one holds the public API (the value
 //! types, [`Pickle`] and its accessors, the `decode` entry points);
-//! `decoder` the opcode loop; `hot` its tight loop over memo gets and
-//! ints; `shapes` the dicts that share a key shape and their one-step
-//! build; `read` how opcode arguments are read; `stack`, `arena` and
-//! `memo` what the opcodes make; `ints` and `proto0` the arguments that
-//! need decoding; `limits` and `error` what bounds a decode and why it
-//! stops; `json` the JSON view of small values.
+//! `decoder` the opcode loop and its tight loop over memo gets and ints;
+//! `shapes` the dicts that share a key shape and their one-step build;
+//! `read` how opcode arguments are read; `stack`, `arena` and `memo` what
+//! the opcodes make; `ints` and `proto0` the arguments that need decoding;
+//! `limits` and `error` what bounds a decode and why it stops; `json` the
+//! JSON view of small values.
 
 mod arena;
 mod decoder;
 mod error;
-mod hot;
 mod ints;
 mod json;
 mod limits;

@@ -3,8 +3,8 @@
 //! EMPTY_DICT to its SETITEMS.
 
 use super::decoder::Decoder;
+use super::decoder::simple_at;
 use super::error::Res;
-use super::hot::simple_at;
 use super::{Container, Kind, Layout, Slot, V};
 
 impl Decoder<'_> {
