@@ -51,7 +51,8 @@ pub const SIZED_VALUES: &str = "number of values for an input of this size";
 /// What a [`DecodeError::Limit`] on [`Limits::max_values`] names.
 pub const VALUES: &str = "number of values";
 
-/// Arena objects at most (ids fit in [`V`] and leave [`MEMO_VALUE`](super::memo::MEMO_VALUE) free).
+/// Arena objects at most (ids fit in [`V`](super::V) and leave the memo's
+/// `MEMO_VALUE` free).
 pub(super) const MAX_OBJECTS: usize = 1 << 29;
 
 /// Room for `more` items in `v`, or [`DecodeError::Memory`] when the system
