@@ -119,6 +119,30 @@ def _on_oom(device: int, alloc: int, allowed: int, device_free: int) -> None:
         _say(f"could not write the out-of-memory snapshot: {type(e).__name__}: {e}")
 
 
+def record_history(torch: Any, version: tuple, on: bool, max_entries: int, stacks: str) -> None:
+    """Turns PyTorch's allocator history on or off, in the call form of each
+    version (torch/cuda/memory.py). 2.0: ``_record_memory_history(enabled:
+    bool, record_context=True, trace_alloc_max_entries=1,
+    trace_alloc_record_context=False, …)``; 2.1 on:
+    ``_record_memory_history(enabled="all", context="all", stacks="all",
+    max_entries=sys.maxsize, …)``, where a bool still takes the 2.0 path."""
+    record = torch.cuda.memory._record_memory_history
+    if version == (2, 0):
+        if on:
+            record(
+                True,
+                record_context=True,
+                trace_alloc_max_entries=max_entries,
+                trace_alloc_record_context=True,
+            )
+        else:
+            record(False)
+    elif on:
+        record("all", context="all", stacks=stacks, max_entries=max_entries)
+    else:
+        record(None)
+
+
 class capture:
     """Records the CUDA caching allocator's history and writes a snapshot at the
     next out-of-memory error. A context manager; ``capture.install()`` starts one
@@ -226,26 +250,7 @@ class capture:
             _current = None
 
     def _record(self, on: bool) -> None:
-        """The call form of each version (torch/cuda/memory.py). 2.0:
-        ``_record_memory_history(enabled: bool, record_context=True,
-        trace_alloc_max_entries=1, trace_alloc_record_context=False, …)``; 2.1
-        on: ``_record_memory_history(enabled="all", context="all", stacks="all",
-        max_entries=sys.maxsize, …)``, where a bool still takes the 2.0 path."""
-        record = self._torch.cuda.memory._record_memory_history
-        if self._version == (2, 0):
-            if on:
-                record(
-                    True,
-                    record_context=True,
-                    trace_alloc_max_entries=self.max_entries,
-                    trace_alloc_record_context=True,
-                )
-            else:
-                record(False)
-        elif on:
-            record("all", context="all", stacks=self.stacks, max_entries=self.max_entries)
-        else:
-            record(None)
+        record_history(self._torch, self._version, on, self.max_entries, self.stacks)
 
     def __enter__(self) -> "capture":
         self.start()

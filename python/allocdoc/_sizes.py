@@ -20,7 +20,7 @@ import pickle
 import sys
 from typing import Any, Callable, List, Sequence
 
-from ._capture import _say, _torch_version, capture
+from ._capture import _say, _torch_version, record_history
 
 
 def record_sizes(
@@ -43,21 +43,18 @@ def record_sizes(
     if not torch.cuda.is_available() or version is None or version < (2, 0):
         _say("record_sizes needs PyTorch 2.0 or later with CUDA: nothing is recorded.")
         return []
-    # The history calls of this PyTorch version, as a capture makes them.
-    recorder = capture(directory=directory, max_entries=max_entries, stacks=stacks)
-    recorder._torch, recorder._version = torch, version
     os.makedirs(directory, exist_ok=True)
     paths = []
     for size in sizes:
         step(size)
         torch.cuda.synchronize()
-        recorder._record(True)
+        record_history(torch, version, True, max_entries, stacks)
         try:
             step(size)
             torch.cuda.synchronize()
             snapshot = torch.cuda.memory._snapshot()
         finally:
-            recorder._record(False)
+            record_history(torch, version, False, max_entries, stacks)
         path = os.path.join(directory, f"{knob}{size}.pickle")
         with open(path, "wb") as f:
             pickle.dump(snapshot, f)

@@ -8,6 +8,7 @@ use super::answer::Strength;
 use crate::conf::Settings;
 use crate::device::NO_LIMIT;
 use crate::device::sim::SimDevice;
+use crate::snapshot::fit::align::UNPAIRED;
 use crate::snapshot::fit::law::Kind;
 use crate::snapshot::fit::{Model, Peaks, Recording, Series, Step};
 use crate::workload::predicted::{self, Origin};
@@ -249,13 +250,12 @@ pub fn fit(series: &Series, ask: &FitAsk) -> Fit {
 fn pairing(series: &Series) -> Vec<Pairing> {
     let recs = &series.recordings;
     let last = recs.len() - 1;
+    let r = &recs[last];
     (0..last)
         .map(|o| {
-            let m = series.model(last, Some(&[o]));
-            let r = m.recording();
             let (mut paired, mut paired_bytes) = (0, 0);
-            for (a, &p) in r.allocs.iter().zip(&m.paired) {
-                if p {
+            for (a, &j) in r.allocs.iter().zip(series.partners(last, o)) {
+                if j != UNPAIRED {
                     paired += 1;
                     paired_bytes += a.size;
                 }
@@ -267,11 +267,7 @@ fn pairing(series: &Series) -> Vec<Pairing> {
                 allocations: r.allocs.len(),
                 paired_bytes,
                 bytes: r.allocs.iter().map(|a| a.size).sum(),
-                method: match series.method(last, o) {
-                    crate::snapshot::fit::align::Method::Identical => "identical",
-                    crate::snapshot::fit::align::Method::Aligned => "aligned",
-                    crate::snapshot::fit::align::Method::Windowed => "windowed",
-                },
+                method: series.method(last, o).name(),
             }
         })
         .collect()
@@ -300,7 +296,7 @@ fn warnings(series: &Series, largest: &Model) -> Vec<String> {
         .paired
         .iter()
         .zip(&largest.laws)
-        .any(|(&p, l)| p && l.kind != crate::snapshot::fit::law::Kind::Constant);
+        .any(|(&p, l)| p && l.kind != Kind::Constant);
     if !grows {
         out.push(
             "no paired allocation changes size between the inputs: nothing grows with the knob (the same step recorded twice, or a knob the recorded step did not use?)"
@@ -327,20 +323,7 @@ fn checks(series: &Series) -> Vec<Check> {
     (0..recs.len())
         .map(|i| {
             let others: Vec<usize> = (0..recs.len()).filter(|&o| o != i).collect();
-            // The nearest other recording, the larger when past them all.
-            let reference = if i == recs.len() - 1 {
-                i - 1
-            } else if i == 0 {
-                1
-            } else {
-                let ln = |o: usize| (recs[o].size as f64).ln();
-                let x = ln(i);
-                if (ln(i + 1) - x) <= (x - ln(i - 1)) {
-                    i + 1
-                } else {
-                    i - 1
-                }
-            };
+            let reference = series.nearest(recs[i].size, Some(i));
             let model = series.model(reference, Some(&others));
             let predicted = model.peak_allocated_at(recs[i].size);
             let recorded = recs[i].peak_allocated();

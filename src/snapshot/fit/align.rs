@@ -38,6 +38,17 @@ pub enum Method {
     Windowed,
 }
 
+impl Method {
+    /// As JSON and the text name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Identical => "identical",
+            Method::Aligned => "aligned",
+            Method::Windowed => "windowed",
+        }
+    }
+}
+
 /// For each index of `a`, the index of `b` it pairs with ([`UNPAIRED`] for
 /// none), from each side's keys with lines and without (`(fine, coarse)`):
 /// aligned on the fine keys, each stretch between two matched runs aligned

@@ -64,9 +64,8 @@ pub struct SiteLaw {
     pub law: SizeLaw,
     /// Its size in each recording (`None` where it did not pair).
     pub sizes: Vec<Option<u64>>,
-    /// Allocations of the site and how many follow a clean law.
+    /// Allocations of the site.
     pub count: usize,
-    pub clean: usize,
 }
 
 impl Series {
@@ -119,22 +118,34 @@ impl Series {
         self.methods[r][o]
     }
 
+    /// For each allocation of recording `r`, its partner in `o` (`UNPAIRED`
+    /// for none).
+    pub fn partners(&self, r: usize, o: usize) -> &[u32] {
+        &self.pairs[r][o]
+    }
+
     /// The recording whose timeline a prediction at `size` follows: the
     /// nearest by ratio, the larger of two when above both.
     pub fn reference_for(&self, size: u64) -> usize {
-        let n = self.recordings.len();
-        let last = n - 1;
-        if size >= self.recordings[last].size {
-            return last;
+        self.nearest(size, None)
+    }
+
+    /// [`Self::reference_for`] among the recordings but `left_out` (the
+    /// check of one recording by the others).
+    pub fn nearest(&self, size: u64, left_out: Option<usize>) -> usize {
+        let among = || (0..self.recordings.len()).filter(|&r| Some(r) != left_out);
+        let largest = among().last().unwrap_or(0);
+        if size >= self.recordings[largest].size {
+            return largest;
         }
         let ln = |v: u64| (v.max(1) as f64).ln();
-        (0..n)
+        among()
             .min_by(|&a, &b| {
                 let da = (ln(self.recordings[a].size) - ln(size)).abs();
                 let db = (ln(self.recordings[b].size) - ln(size)).abs();
                 da.total_cmp(&db).then(b.cmp(&a))
             })
-            .unwrap_or(last)
+            .unwrap_or(largest)
     }
 
     /// The laws of every allocation of recording `reference`, fitted on
@@ -446,18 +457,17 @@ impl Model<'_> {
     pub fn site_laws(&self, top: usize) -> Vec<SiteLaw> {
         let r = self.recording();
         let n = self.series.recordings.len();
-        let mut best: rustc_hash::FxHashMap<u32, (usize, usize, usize)> = Default::default();
+        let mut best: rustc_hash::FxHashMap<u32, (usize, usize)> = Default::default();
         for (i, a) in r.allocs.iter().enumerate() {
-            let e = best.entry(a.site).or_insert((i, 0, 0));
+            let e = best.entry(a.site).or_insert((i, 0));
             if a.size > r.allocs[e.0].size {
                 e.0 = i;
             }
             e.1 += 1;
-            e.2 += usize::from(self.laws[i].is_clean() && self.paired[i]);
         }
         let mut rows: Vec<SiteLaw> = best
             .into_iter()
-            .map(|(site, (i, count, clean))| SiteLaw {
+            .map(|(site, (i, count))| SiteLaw {
                 site: r.sites[site as usize].clone(),
                 law: self.laws[i],
                 sizes: (0..n)
@@ -470,7 +480,6 @@ impl Model<'_> {
                     })
                     .collect(),
                 count,
-                clean,
             })
             .collect();
         rows.sort_by(|a, b| {
