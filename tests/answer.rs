@@ -81,7 +81,10 @@ fn line(v: &Value) -> Option<String> {
 fn diagnosed(path: &str) -> (String, Option<String>) {
     let out = allocdoc::app::diagnose::run(&DiagnoseOptions {
         inputs: vec![path.into()],
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..DiagnoseOptions::default()
     })
     .unwrap();
@@ -304,7 +307,10 @@ fn diagnose_recommend_and_validate_agree_on_every_fixture() {
                             input: path.clone(),
                             conf: candidate.clone(),
                             device: "sim".into(),
-                            format,
+                            common: allocdoc::app::Common {
+                                format,
+                                ..Default::default()
+                            },
                             ..ValidateOptions::default()
                         })
                         .unwrap()

@@ -20,7 +20,10 @@ fn snapshot(name: &str) -> String {
 fn diagnose(input: &str) -> String {
     let out = allocdoc::app::diagnose::run(&DiagnoseOptions {
         inputs: vec![input.into()],
-        format: Format::Text,
+        common: allocdoc::app::Common {
+            format: Format::Text,
+            ..Default::default()
+        },
         ..DiagnoseOptions::default()
     })
     .unwrap();

@@ -710,7 +710,10 @@ fn variants(plain: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
 fn parse_json(path: &str) -> serde_json::Value {
     let out = allocdoc::app::parse::run(&allocdoc::app::parse::ParseOptions {
         inputs: vec![path.to_owned()],
-        format: allocdoc::app::Format::Json,
+        common: allocdoc::app::Common {
+            format: allocdoc::app::Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{path}: {e}"));

@@ -137,7 +137,10 @@ fn every_fixture_yields_exactly_its_expected_numbers() {
 fn render(name: &str, format: Format) -> String {
     let out = app::parse::run(&app::parse::ParseOptions {
         inputs: vec![format!("fixtures/text/{name}")],
-        format,
+        common: allocdoc::app::Common {
+            format,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .unwrap();

@@ -108,7 +108,10 @@ fn every_label_is_a_contract_cause() {
 fn render(input: &str, format: Format) -> String {
     let out = diagnose::run(&DiagnoseOptions {
         inputs: vec![input.to_string()],
-        format,
+        common: allocdoc::app::Common {
+            format,
+            ..Default::default()
+        },
         ..DiagnoseOptions::default()
     })
     .unwrap();
@@ -190,8 +193,11 @@ fn fragmentation_recommendation_per_version() {
 fn expandable_segments_already_on_is_not_repeated() {
     let out = diagnose::run(&DiagnoseOptions {
         inputs: vec![FRAGMENTED.to_string()],
-        format: Format::Json,
         conf: Some("expandable_segments:True".into()),
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..DiagnoseOptions::default()
     })
     .unwrap();
@@ -246,8 +252,11 @@ fn user_rules_cannot_recommend_a_setting_for_a_request_larger_than_the_card() {
     .unwrap();
     let out = diagnose::run(&DiagnoseOptions {
         inputs: vec![TOO_LARGE.to_string()],
-        format: Format::Json,
         rules_dir: Some(dir.path().to_path_buf()),
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..DiagnoseOptions::default()
     })
     .unwrap();

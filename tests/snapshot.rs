@@ -917,7 +917,10 @@ fn protocol_0_and_1_pickles_are_detected_and_parsed_like_protocol_2() {
     let parse = |name: &str| {
         let out = run(&ParseOptions {
             inputs: vec![format!("fixtures/snapshots/{name}")],
-            format: Format::Json,
+            common: allocdoc::app::Common {
+                format: Format::Json,
+                ..Default::default()
+            },
             ..Default::default()
         })
         .unwrap();
@@ -988,7 +991,10 @@ fn diagnose_json(inputs: &[&str]) -> serde_json::Value {
     use allocdoc::app::diagnose::{DiagnoseOptions, run};
     let out = run(&DiagnoseOptions {
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .unwrap();

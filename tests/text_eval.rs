@@ -32,7 +32,10 @@ fn validate(input: &str, conf: &str, format: Format) -> Outcome {
         input: input.to_string(),
         conf: conf.to_string(),
         device: "sim".to_string(),
-        format,
+        common: allocdoc::app::Common {
+            format,
+            ..Default::default()
+        },
         ..ValidateOptions::default()
     })
     .expect("validate runs")
@@ -41,7 +44,10 @@ fn validate(input: &str, conf: &str, format: Format) -> Outcome {
 fn recommend(input: &str, format: Format) -> Outcome {
     allocdoc::app::recommend::run(&RecommendOptions {
         input: input.to_string(),
-        format,
+        common: allocdoc::app::Common {
+            format,
+            ..Default::default()
+        },
         ..RecommendOptions::default()
     })
     .expect("recommend runs")
@@ -240,7 +246,10 @@ fn text_results_end_with_the_lines_that_make_a_trace() {
         conf: "expandable_segments:True".into(),
         capacity: Some(200 << 20),
         device: "sim".into(),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..ValidateOptions::default()
     })
     .expect("runs");
@@ -348,7 +357,10 @@ fn a_placement_dependent_verdict_is_flagged() {
         conf: "max_split_size_mb:200".into(),
         capacity: Some(120 << 20),
         device: "sim".into(),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..ValidateOptions::default()
     })
     .expect("runs");
@@ -368,7 +380,10 @@ fn a_placement_dependent_verdict_is_flagged() {
         conf: "max_split_size_mb:200".into(),
         capacity: Some(1 << 30),
         device: "sim".into(),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..ValidateOptions::default()
     })
     .expect("runs");
@@ -380,7 +395,10 @@ fn a_placement_dependent_verdict_is_flagged() {
     let out = allocdoc::app::recommend::run(&RecommendOptions {
         input,
         capacity: Some(120 << 20),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..RecommendOptions::default()
     })
     .expect("runs");

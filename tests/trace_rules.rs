@@ -401,8 +401,11 @@ fn diagnose(bytes: &[u8]) -> (serde_json::Value, String) {
     let run = |format| {
         diagnose::run(&diagnose::DiagnoseOptions {
             inputs: vec![file.path().to_string_lossy().into_owned()],
-            format,
             verbose: true,
+            common: allocdoc::app::Common {
+                format,
+                ..Default::default()
+            },
             ..diagnose::DiagnoseOptions::default()
         })
         .unwrap()

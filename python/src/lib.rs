@@ -155,8 +155,11 @@ fn parse(py: Python<'_>, inputs: Vec<Source>) -> PyResult<Produced> {
     let (inputs, buffers) = sources(inputs);
     let opts = app::parse::ParseOptions {
         inputs,
-        buffers,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::parse::run(&opts))
@@ -174,11 +177,14 @@ fn diagnose(
     let (inputs, buffers) = sources(inputs);
     let opts = app::diagnose::DiagnoseOptions {
         inputs,
-        buffers,
         torch_version,
         platform: self::platform(platform)?,
         conf,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::diagnose::run(&opts))
@@ -197,13 +203,16 @@ fn replay(
     let (trace, buffers) = source(trace);
     let opts = app::replay::ReplayOptions {
         trace,
-        buffers,
         confs,
         capacity: size(capacity.as_ref())?,
         device: "sim".into(),
         fidelity,
         torch_version,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::replay::run(&opts))
@@ -222,12 +231,15 @@ fn recommend(
     let (input, buffers) = source(input);
     let opts = app::recommend::RecommendOptions {
         input,
-        buffers,
         capacity: size(capacity.as_ref())?,
         current,
         torch_version,
         platform: self::platform(platform)?,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::recommend::run(&opts))
@@ -249,14 +261,17 @@ fn validate(
     let (input, buffers) = source(input);
     let opts = app::validate::ValidateOptions {
         input,
-        buffers,
         conf,
         current,
         torch_version,
         platform: self::platform(platform)?,
         capacity: size(capacity.as_ref())?,
         device,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::validate::run(&opts))
@@ -280,12 +295,15 @@ fn top(
     let (inputs, buffers) = sources(inputs);
     let opts = app::top::TopOptions {
         inputs,
-        buffers,
         at,
         by: grouping(&by)?,
         top: n,
         device,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::top::run(&opts))
@@ -308,13 +326,15 @@ fn diff(
     let opts = app::diff::DiffOptions {
         before,
         after,
-        buffers,
         at,
         by: grouping(&by)?,
         top: n,
         device,
-        format: Format::Json,
-        ..Default::default()
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
     };
     run(py, || app::diff::run(&opts))
 }
@@ -337,14 +357,17 @@ fn fit(
     let text = |v: Vec<i64>| v.iter().map(i64::to_string).collect();
     let opts = app::fit::FitOptions {
         inputs,
-        buffers,
         sizes: text(sizes),
         at: text(at),
         confs,
         capacity: size(capacity.as_ref())?,
         step,
         knob,
-        format: Format::Json,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
         ..Default::default()
     };
     run(py, || app::fit::run(&opts))

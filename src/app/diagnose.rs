@@ -39,15 +39,9 @@ pub struct DiagnoseOptions {
     /// (with --format jsonl, one JSON line naming the file), files run in parallel.
     #[cfg_attr(feature = "cli", arg(long))]
     pub each: bool,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: Limits,
+    pub common: super::Common,
 }
 
 /// What every incident of one run shares: the rules and what the flags say.
@@ -74,12 +68,12 @@ impl Shared {
     /// One incident: `inputs` read together.
     fn diagnose(&self, inputs: &[String], opts: &DiagnoseOptions) -> Result<Diagnosis, Error> {
         let mut ctx = self.ctx.clone();
-        let evidence = read_inputs(inputs, &opts.buffers, &opts.limits, &mut ctx)?;
+        let evidence = read_inputs(inputs, &opts.common.buffers, &opts.common.limits, &mut ctx)?;
         Ok(diagnose(
             evidence,
             &ctx,
             &self.rules,
-            (&opts.buffers, &opts.limits),
+            (&opts.common.buffers, &opts.common.limits),
         ))
     }
 }
@@ -87,15 +81,15 @@ impl Shared {
 pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
     let shared = Shared::new(opts)?;
     if opts.each {
-        let mut out = super::each::run(&opts.inputs, opts.format, |name| {
+        let mut out = super::each::run(&opts.inputs, opts.common.format, |name| {
             let d = shared.diagnose(&[name.to_owned()], opts)?;
-            let stdout = match opts.format {
+            let stdout = match opts.common.format {
                 Format::Json | Format::Jsonl => crate::report::common::json_of(
                     name,
                     &crate::report::diagnose::document(&d),
-                    opts.format == Format::Jsonl,
+                    opts.common.format == Format::Jsonl,
                 ),
-                _ => render(&d, opts.format, opts.verbose),
+                _ => render(&d, opts.common.format, opts.verbose),
             };
             Ok(super::each::Done {
                 stdout,
@@ -111,7 +105,11 @@ pub fn run(opts: &DiagnoseOptions) -> Result<Outcome, Error> {
         let html = crate::report::diagnose::html(&d, pictures(opts));
         notes.push(super::write_report(path, &html)?);
     }
-    let mut out = Outcome::ok(opts.format.finish(render(&d, opts.format, opts.verbose)));
+    let mut out = Outcome::ok(opts.common.format.finish(render(
+        &d,
+        opts.common.format,
+        opts.verbose,
+    )));
     notes.extend(self::notes(&d));
     out.stderr = notes;
     Ok(out)
@@ -148,11 +146,11 @@ pub fn diagnose(
 fn pictures(opts: &DiagnoseOptions) -> ReportViews {
     let mut views = ReportViews::of_snapshots();
     for name in opts.inputs.iter().filter(|n| n.as_str() != "-") {
-        let Ok(data) = opts.buffers.read(name, &opts.limits) else {
+        let Ok(data) = opts.common.buffers.read(name, &opts.common.limits) else {
             continue;
         };
         if crate::ingest::detect(&data) == crate::ingest::InputKind::Pickle
-            && let Ok(snap) = crate::snapshot::load_with(name, &data, &opts.limits)
+            && let Ok(snap) = crate::snapshot::load_with(name, &data, &opts.common.limits)
         {
             views.add_snapshot(name, &snap);
         }

@@ -4,8 +4,8 @@
 //! ([`crate::snapshot::attribute::diff`]). For example a run with and one
 //! without activation checkpointing.
 
+use super::Outcome;
 use super::top::{attribute_input, parse_at};
-use super::{Format, Outcome};
 use crate::Error;
 use crate::snapshot::attribute::{self, Ask, Attribution, Grouping, MomentKind};
 
@@ -28,15 +28,9 @@ pub struct DiffOptions {
     /// The device on both sides (default: each side's device with a trace, else its first).
     #[cfg_attr(feature = "cli", arg(long))]
     pub device: Option<u32>,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 impl Default for DiffOptions {
@@ -48,9 +42,7 @@ impl Default for DiffOptions {
             by: Grouping::Site,
             top: 20,
             device: None,
-            buffers: super::Buffers::default(),
-            format: Format::Text,
-            limits: crate::limits::Limits::default(),
+            common: super::Common::default(),
         }
     }
 }
@@ -74,7 +66,12 @@ pub fn run(opts: &DiffOptions) -> Result<Outcome, Error> {
         headline_only: false,
     };
     let side = |input: &str| -> Result<Attribution, Error> {
-        let devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+        let devices = attribute_input(
+            input,
+            (&opts.common.buffers, &opts.common.limits),
+            ask,
+            opts.device,
+        )?;
         let mut traced = devices.iter().filter(|a| a.traced);
         let pick = traced.next().or(devices.first()).cloned();
         pick.ok_or_else(|| Error::Input(format!("{input}: holds no device to attribute")))
@@ -87,8 +84,9 @@ pub fn run(opts: &DiffOptions) -> Result<Outcome, Error> {
     let d = attribute::diff((names.0, &before), (names.1, &after), kind, opts.top)
         .ok_or_else(|| Error::Input("nothing to compare: a side has no moment".to_string()))?;
     let mut out = Outcome::ok(
-        opts.format
-            .finish(crate::report::top::render_diff(&d, opts.format)),
+        opts.common
+            .format
+            .finish(crate::report::top::render_diff(&d, opts.common.format)),
     );
     // A side without the moment asked for is compared at its end: say so.
     for (name, side) in [(names.0, &before), (names.1, &after)] {

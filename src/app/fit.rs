@@ -57,15 +57,9 @@ pub struct FitOptions {
     /// Also write a self-contained HTML report: predicted peaks against the size.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 impl Default for FitOptions {
@@ -79,9 +73,7 @@ impl Default for FitOptions {
             step: 1,
             knob: "size".into(),
             report: None,
-            buffers: super::Buffers::default(),
-            format: Format::Text,
-            limits: crate::limits::Limits::default(),
+            common: super::Common::default(),
         }
     }
 }
@@ -104,14 +96,14 @@ fn knob_value(flag: &str, v: &str) -> Result<u64, Error> {
 /// Reads one input's recording.
 fn recording(opts: &FitOptions, input: &str, size: u64) -> Result<Recording, Error> {
     let name = crate::ingest::input_name(input);
-    let data = opts.buffers.read(input, &opts.limits)?;
+    let data = opts.common.buffers.read(input, &opts.common.limits)?;
     if crate::ingest::detect(&data) != InputKind::Pickle {
         return Err(Error::Input(format!(
             "{name}: not a snapshot pickle: fit reads torch memory snapshots with a trace, one per size ({})",
             crate::snapshot::attribute::RECORD_STACKS
         )));
     }
-    let snap = crate::snapshot::load_with(name, &data, &opts.limits)?;
+    let snap = crate::snapshot::load_with(name, &data, &opts.common.limits)?;
     Recording::read(name, size, &snap)
         .map_err(|e| Error::Input(format!("{name}: not a torch memory snapshot: {e}")))?
         .ok_or_else(|| {
@@ -179,7 +171,7 @@ pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
     };
     let result = fit(&series, &ask);
     let knob = crate::report::fit::Knob(&opts.knob);
-    let stdout = match opts.format {
+    let stdout = match opts.common.format {
         Format::Text => crate::report::fit::text(&result, &knob),
         Format::Json | Format::Jsonl => crate::report::fit::json_doc(&result, &knob),
         Format::Markdown => crate::report::fit::markdown(&result, &knob),
@@ -204,7 +196,7 @@ pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
         crate::error::EXIT_OK
     };
     Ok(Outcome {
-        stdout: opts.format.finish(stdout),
+        stdout: opts.common.format.finish(stdout),
         stderr,
         exit_code,
     })

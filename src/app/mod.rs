@@ -29,6 +29,23 @@ pub(crate) fn write_report(path: &std::path::Path, html: &str) -> Result<String,
     Ok(format!("note: wrote the HTML report {}", path.display()))
 }
 
+/// What every command that reads inputs takes besides its own flags: the
+/// output format, how much one input may make allocdoc read and hold, and
+/// the inputs a caller already holds in memory.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct Common {
+    /// Inputs already in memory, by name (the Python API); not on the command line.
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub buffers: Buffers,
+    /// Output format.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
+    pub format: Format,
+    /// How much one input may make allocdoc read and hold.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub limits: crate::limits::Limits,
+}
+
 /// What a command produced: text for standard output, notes for standard
 /// error, and the exit code the contract assigns.
 #[derive(Debug, Clone, Default, PartialEq)]

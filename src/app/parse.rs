@@ -13,47 +13,41 @@ pub struct ParseOptions {
     /// (with --format jsonl, one JSON line naming the file), files run in parallel.
     #[cfg_attr(feature = "cli", arg(long))]
     pub each: bool,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 pub fn run(opts: &ParseOptions) -> Result<Outcome, Error> {
     // Clues about the environment are for diagnose; parse shows the evidence alone.
     let load = |inputs: &[String]| {
         let clues = &mut crate::evidence::TextClues::default();
-        ingest::load_evidence(inputs, &opts.limits, clues, |name, limits| {
-            opts.buffers.open(name, limits)
+        ingest::load_evidence(inputs, &opts.common.limits, clues, |name, limits| {
+            opts.common.buffers.open(name, limits)
         })
     };
     if opts.each {
-        return Ok(super::each::run(&opts.inputs, opts.format, |name| {
+        return Ok(super::each::run(&opts.inputs, opts.common.format, |name| {
             let inputs = [name.to_owned()];
             let ev = load(&inputs)?;
-            let stdout = match opts.format {
+            let stdout = match opts.common.format {
                 Format::Json | Format::Jsonl => report::common::json_of(
                     name,
                     &report::parse::document(&ev),
-                    opts.format == Format::Jsonl,
+                    opts.common.format == Format::Jsonl,
                 ),
-                _ => report::parse::render(&ev, &inputs, opts.format),
+                _ => report::parse::render(&ev, &inputs, opts.common.format),
             };
             Ok(super::each::Done {
                 stdout,
-                notes: json_notes(&ev, opts.format),
+                notes: json_notes(&ev, opts.common.format),
             })
         }));
     }
     let ev = load(&opts.inputs)?;
-    let rendered = report::parse::render(&ev, &opts.inputs, opts.format);
-    let mut out = Outcome::ok(opts.format.finish(rendered));
-    out.stderr = json_notes(&ev, opts.format);
+    let rendered = report::parse::render(&ev, &opts.inputs, opts.common.format);
+    let mut out = Outcome::ok(opts.common.format.finish(rendered));
+    out.stderr = json_notes(&ev, opts.common.format);
     Ok(out)
 }
 

@@ -1,8 +1,8 @@
 //! The `recommend` command: search the candidate space by replay, rank, and
 //! bisect the winner's smallest capacity ([`crate::trial::recommend`]).
 
+use super::Outcome;
 use super::input::{conf_at, prepare};
-use super::{Format, Outcome};
 use crate::Error;
 use crate::advise::Space;
 use crate::report::recommend::{recommendation, recommendation_html, rules_only};
@@ -36,15 +36,9 @@ pub struct RecommendOptions {
     /// config's memory over the trace, the segment map, the ranked table.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 pub fn run(opts: &RecommendOptions) -> Result<Outcome, Error> {
@@ -60,8 +54,8 @@ pub fn run_with_progress(
         &opts.input,
         (opts.torch_version.as_deref(), opts.platform),
         opts.current.as_deref(),
-        (opts.capacity, &opts.limits),
-        &opts.buffers,
+        (opts.capacity, &opts.common.limits),
+        &opts.common.buffers,
     )?;
     let workload = match p.loaded {
         Loaded::Ready(w) => w,
@@ -70,9 +64,11 @@ pub fn run_with_progress(
             let only = RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why);
             return Ok(Outcome {
                 exit_code: crate::error::EXIT_NOTHING_TO_REPLAY,
-                stdout: opts
-                    .format
-                    .finish(rules_only("recommend", &only, opts.format)),
+                stdout: opts.common.format.finish(rules_only(
+                    "recommend",
+                    &only,
+                    opts.common.format,
+                )),
                 stderr: p.notes,
             });
         }
@@ -97,7 +93,7 @@ pub fn run_with_progress(
     result
         .notes
         .extend(line.and_then(|v| p.setup.rejected_in_range(v)));
-    let stdout = recommendation(&result, opts.format);
+    let stdout = recommendation(&result, opts.common.format);
     let mut stderr = Vec::new();
     if let Some(path) = &opts.report {
         // The current config against the recommended one (or the best that still ran out).
@@ -119,7 +115,7 @@ pub fn run_with_progress(
         )?);
     }
     Ok(Outcome {
-        stdout: opts.format.finish(stdout),
+        stdout: opts.common.format.finish(stdout),
         stderr,
         exit_code: result.exit_code(),
     })

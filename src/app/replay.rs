@@ -50,27 +50,25 @@ pub struct ReplayOptions {
     /// Also write a self-contained HTML report.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
     let replay = execute(opts)?;
-    let mut stdout = match opts.format {
+    let mut stdout = match opts.common.format {
         Format::Text => crate::report::replay::text(&replay),
         Format::Json | Format::Jsonl => crate::report::replay::json(&replay),
         Format::Markdown => crate::report::replay::markdown(&replay),
     };
     if let (Some(path), Some(last)) = (&opts.compare_with, replay.runs.last()) {
         let comparison = crate::trial::compare::compare_with_torch(&last.result, path)?;
-        crate::report::replay::append_torch_comparison(&mut stdout, &comparison, opts.format)?;
+        crate::report::replay::append_torch_comparison(
+            &mut stdout,
+            &comparison,
+            opts.common.format,
+        )?;
     }
     let mut stderr = replay.notes.clone();
     if let Some(path) = &opts.report {
@@ -87,7 +85,7 @@ pub fn run(opts: &ReplayOptions) -> Result<Outcome, Error> {
         _ => 0,
     };
     Ok(Outcome {
-        stdout: opts.format.finish(stdout),
+        stdout: opts.common.format.finish(stdout),
         stderr,
         exit_code,
     })
@@ -112,9 +110,9 @@ pub fn execute(opts: &ReplayOptions) -> Result<Replay, Error> {
         summary: opts.summary,
         pictures: opts.report.is_some(),
         history: opts.emit_snapshot.is_some(),
-        limits: opts.limits,
+        limits: opts.common.limits,
     };
-    let data = opts.buffers.read(&opts.trace, &opts.limits)?;
+    let data = opts.common.buffers.read(&opts.trace, &opts.common.limits)?;
     let replay = crate::trial::replay::replay(&plan, &data)?;
     if let Some(path) = &opts.report {
         super::write_report(path, &crate::report::replay::html(&replay))?;

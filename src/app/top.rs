@@ -4,7 +4,7 @@
 //! memory live before the trace began and the reserved memory no tensor
 //! holds ([`crate::snapshot::attribute`]).
 
-use super::{Format, Outcome};
+use super::Outcome;
 use crate::Error;
 use crate::ingest::InputKind;
 use crate::snapshot::attribute::{self, Ask, At, Attribution, Grouping, MomentKind, Stacks};
@@ -37,15 +37,9 @@ pub struct TopOptions {
     /// Also write a self-contained HTML report (a timeline stacked by category beside the table).
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 impl Default for TopOptions {
@@ -58,9 +52,7 @@ impl Default for TopOptions {
             top: 20,
             device: None,
             report: None,
-            buffers: super::Buffers::default(),
-            format: Format::Text,
-            limits: crate::limits::Limits::default(),
+            common: super::Common::default(),
         }
     }
 }
@@ -174,7 +166,12 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
         return ranks(opts, &inputs, ask);
     }
     let input = inputs.first().map_or("-", String::as_str);
-    let mut devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+    let mut devices = attribute_input(
+        input,
+        (&opts.common.buffers, &opts.common.limits),
+        ask,
+        opts.device,
+    )?;
     let must_go = must_go(input, opts, &devices)?;
     if let Some(kind) = only {
         keep_moment(&mut devices, kind);
@@ -185,11 +182,11 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
         let html = crate::report::top::html(name, &devices, must_go.as_ref());
         notes.push(super::write_report(path, &html)?);
     }
-    let mut out = Outcome::ok(opts.format.finish(crate::report::top::render(
+    let mut out = Outcome::ok(opts.common.format.finish(crate::report::top::render(
         name,
         &devices,
         must_go.as_ref(),
-        opts.format,
+        opts.common.format,
     )));
     out.stderr = notes;
     Ok(out)
@@ -210,7 +207,12 @@ fn keep_moment(devices: &mut [Attribution], kind: MomentKind) {
 fn ranks(opts: &TopOptions, inputs: &[String], ask: Ask) -> Result<Outcome, Error> {
     use rayon::prelude::*;
     let one = |input: &String| -> Result<(String, Attribution), Error> {
-        let devices = attribute_input(input, (&opts.buffers, &opts.limits), ask, opts.device)?;
+        let devices = attribute_input(
+            input,
+            (&opts.common.buffers, &opts.common.limits),
+            ask,
+            opts.device,
+        )?;
         // A rank's snapshot holds its own device; of several, the fullest.
         let a = devices
             .into_iter()
@@ -221,8 +223,8 @@ fn ranks(opts: &TopOptions, inputs: &[String], ask: Ask) -> Result<Outcome, Erro
     let attributed: Vec<(String, Attribution)> =
         inputs.par_iter().map(one).collect::<Result<_, _>>()?;
     let ranks = attribute::ranks(&attributed);
-    Ok(Outcome::ok(opts.format.finish(
-        crate::report::top::render_ranks(&ranks, &attributed, opts.format),
+    Ok(Outcome::ok(opts.common.format.finish(
+        crate::report::top::render_ranks(&ranks, &attributed, opts.common.format),
     )))
 }
 
@@ -248,8 +250,8 @@ fn must_go(
         input,
         (None, None),
         None,
-        (None, &opts.limits),
-        &opts.buffers,
+        (None, &opts.common.limits),
+        &opts.common.buffers,
     )?;
     // Only a full card calls for memory to go: not when `diagnose` names
     // another cause, nor, when it names none, unless the figures fall short.

@@ -3,8 +3,8 @@
 //! (CSV, snapshot) is replayed as recorded; text-only evidence (an OOM
 //! message, summaries) gets a probe fitted to its figures.
 
+use super::Outcome;
 use super::input::{conf_at, ignored_notes, prepare};
-use super::{Format, Outcome};
 use crate::Error;
 use crate::device::DeviceSpec;
 use crate::report::recommend::{rules_only, validation, validation_html};
@@ -44,15 +44,9 @@ pub struct ValidateOptions {
     /// trace overlaid, the segment map at the OOM or the peak, the verdict.
     #[cfg_attr(feature = "cli", arg(long))]
     pub report: Option<PathBuf>,
-    /// Inputs already in memory, by name (the Python API); not on the command line.
-    #[cfg_attr(feature = "cli", arg(skip))]
-    pub buffers: super::Buffers,
-    /// Output format.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t, global = true))]
-    pub format: Format,
-    /// How much one input may make allocdoc read and hold.
+    /// The output format, the inputs' limits, inputs held in memory.
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub limits: crate::limits::Limits,
+    pub common: super::Common,
 }
 
 pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
@@ -61,8 +55,8 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         &opts.input,
         (opts.torch_version.as_deref(), opts.platform),
         opts.current.as_deref(),
-        (opts.capacity, &opts.limits),
-        &opts.buffers,
+        (opts.capacity, &opts.common.limits),
+        &opts.common.buffers,
     )?;
     let candidate = conf_at("--conf", &opts.conf, &p.setup)?;
     let workload = match p.loaded {
@@ -72,9 +66,11 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
             let only = RulesOnly::new(p.diagnosis.as_ref(), &p.setup, why);
             return Ok(Outcome {
                 exit_code: crate::error::EXIT_NOTHING_TO_REPLAY,
-                stdout: opts
-                    .format
-                    .finish(rules_only("validate", &only, opts.format)),
+                stdout: opts.common.format.finish(rules_only(
+                    "validate",
+                    &only,
+                    opts.common.format,
+                )),
                 stderr: p.notes,
             });
         }
@@ -87,7 +83,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         workload.capacity(opts.capacity),
         (p.diagnosis.as_ref(), &p.setup),
     )?;
-    let stdout = validation(&v, opts.format);
+    let stdout = validation(&v, opts.common.format);
     let mut stderr = p.notes;
     stderr.extend(ignored_notes("--conf", &opts.conf, &p.setup));
     stderr.extend(
@@ -105,7 +101,7 @@ pub fn run(opts: &ValidateOptions) -> Result<Outcome, Error> {
         stderr.push(super::write_report(path, &validation_html(&v, &views))?);
     }
     Ok(Outcome {
-        stdout: opts.format.finish(stdout),
+        stdout: opts.common.format.finish(stdout),
         stderr,
         exit_code: v.verdict.exit_code,
     })

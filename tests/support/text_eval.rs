@@ -134,7 +134,10 @@ pub fn evaluate(family: TraceFamily, seed: u64, dir: &Path) -> Option<Case> {
     let (_, truth) = run_app(allocdoc::app::recommend::run(&RecommendOptions {
         input: csv_path.to_string_lossy().into_owned(),
         capacity: Some(capacity),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..RecommendOptions::default()
     }));
     let avoiding: Vec<String> = truth["candidates"]
@@ -154,13 +157,19 @@ pub fn evaluate(family: TraceFamily, seed: u64, dir: &Path) -> Option<Case> {
         input: text.clone(),
         conf: ES.to_string(),
         device: "sim".to_string(),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..ValidateOptions::default()
     }));
     let validate = answer(code, json, true);
     let (code, json) = run_app(allocdoc::app::recommend::run(&RecommendOptions {
         input: text.clone(),
-        format: Format::Json,
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
         ..RecommendOptions::default()
     }));
     let recommend = answer(code, json, false);

@@ -134,7 +134,7 @@ impl Series {
     /// check of one recording by the others).
     pub fn nearest(&self, size: u64, left_out: Option<usize>) -> usize {
         let among = || (0..self.recordings.len()).filter(|&r| Some(r) != left_out);
-        let largest = among().last().unwrap_or(0);
+        let largest = among().next_back().unwrap_or(0);
         if size >= self.recordings[largest].size {
             return largest;
         }
