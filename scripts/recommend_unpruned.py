@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-# Usage: scripts/recommend_unpruned.py BIN TRACE RECOMMEND_JSON (from `BIN recommend TRACE --capacity 80GiB --format json`)
+# Usage: scripts/recommend_unpruned.py BIN TRACE RECOMMEND_JSON [CAPACITY] (from `BIN recommend TRACE --capacity CAPACITY --format json`;
+# CAPACITY defaults to 80GiB)
 # Every config of a recommend JSON replayed on its own (allocdoc replay, unbounded), ranked like
 # RunFigures::rank then fewer keys; compared with recommend's ranking.
 import json, subprocess, sys, functools
 binary, trace, rec = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+capacity = sys.argv[4] if len(sys.argv) > 4 else '80GiB'
 confs = [c['conf'] for c in rec['candidates']]
 runs = {}
 for c in confs:
-    out = subprocess.run([binary, 'replay', trace, '--capacity', '80GiB', '--conf', c, '--format', 'json'],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([binary, 'replay', trace, '--capacity', capacity, '--conf', c, '--format', 'json'],
+                         capture_output=True, text=True).stdout  # exit 1: the run ran out of memory
     r = json.loads(out)['runs'][0]
     runs[c] = r
 def keys(c): return 0 if c == '' else len(c.split(','))

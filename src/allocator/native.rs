@@ -153,6 +153,16 @@ impl<D: Device> CachingAllocator<D> {
         self.split_flips
     }
 
+    /// Continues this run under a `max_split_size` of `threshold` as if it
+    /// had been set from the start, which holds while the threshold's bit of
+    /// [`Self::max_split_flips`] is clear: no decision so far would have gone
+    /// the other way. Only the oversize stats, which count blocks against the
+    /// threshold, stay as this run counted them.
+    pub fn continue_under_threshold(&mut self, threshold: u64) {
+        self.settings.max_split_size = threshold;
+        self.stats.max_split_size = threshold as i64;
+    }
+
     /// Bytes currently obtained from the device (`total_allocated_memory`).
     pub fn total_allocated_memory(&self) -> u64 {
         self.total_allocated_memory

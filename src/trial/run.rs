@@ -9,8 +9,11 @@ use crate::device::sim::{Placement, SimDevice};
 use crate::device::{Device, DeviceSpec};
 use crate::evidence::Backend;
 use crate::workload::snapshot_trace::SnapshotTrace;
-use crate::workload::{OomEvent, ReplayOptions, RunFigures, RunResult, Trace};
+use crate::workload::{
+    Fork, OomEvent, ReplayOptions, RunFigures, RunResult, StreamedReplay, Trace,
+};
 use serde::Serialize;
+use std::sync::{Arc, Mutex};
 
 /// One config's run: the config as given ('' = PyTorch's defaults) and the
 /// run's figures (the contract's replay fields plus the driver work the
@@ -58,6 +61,89 @@ pub fn replay_bounded(
         SimDevice::new(capacity),
         stop_above_reserved,
     )
+}
+
+/// First-fit trace replays on the simulated card that start a run under a
+/// power-of-two `max_split_size` from the run without it, where one is kept
+/// ([`Fork`]): the config search replays that run first (its waves,
+/// [`super::search::search`]), and what both runs share, up to the event at
+/// which the threshold first turns a decision, is not replayed again. The
+/// figures are those of the whole replay ([`Fork::run_under`]).
+pub(crate) struct ForkingReplays<'t> {
+    trace: &'t Trace,
+    kept: Mutex<Vec<Kept>>,
+}
+
+/// The forks of a run without a threshold, by its settings and capacity.
+struct Kept {
+    settings: Settings,
+    capacity: u64,
+    forks: Arc<Vec<Fork<SimDevice>>>,
+}
+
+impl<'t> ForkingReplays<'t> {
+    pub fn new(trace: &'t Trace) -> Self {
+        ForkingReplays {
+            trace,
+            kept: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// [`replay_bounded`], forked where it can be.
+    pub fn replay(
+        &self,
+        settings: &Settings,
+        conf: &str,
+        capacity: u64,
+        stop_above_reserved: Option<u64>,
+    ) -> Run {
+        let trace = self.trace;
+        if settings.max_split_size == u64::MAX {
+            let options = ReplayOptions {
+                stop_above_reserved,
+                ..ReplayOptions::default()
+            };
+            let device = SimDevice::new(capacity);
+            let mut run =
+                StreamedReplay::new(settings, device, options, trace.len(), trace.ids() as usize);
+            // A checkpoint every 1/64 of the trace: a fork replays at most that
+            // much twice.
+            let every = (trace.len() / 128).max(1024);
+            let forks = run.feed_keeping_forks(trace.events(), every);
+            if !forks.is_empty() {
+                let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+                kept.push(Kept {
+                    settings: settings.clone(),
+                    capacity,
+                    forks: Arc::new(forks),
+                });
+            }
+            return Run::new(conf, run.finish(trace.len() as u64));
+        }
+        let unset = Settings {
+            max_split_size: u64::MAX,
+            ..settings.clone()
+        };
+        let forks = {
+            let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            kept.iter()
+                .find(|k| k.settings == unset && k.capacity == capacity)
+                .map(|k| Arc::clone(&k.forks))
+        };
+        let forked = forks.and_then(|forks| {
+            let fork = forks
+                .iter()
+                .find(|f| f.thresholds & settings.max_split_size != 0)?;
+            fork.run_under(trace, settings, stop_above_reserved)
+        });
+        match forked {
+            Some(figures) => Run {
+                conf: conf.to_string(),
+                figures,
+            },
+            None => replay_bounded(trace, settings, conf, capacity, stop_above_reserved),
+        }
+    }
 }
 
 /// [`replay`] with segments placed by `placement`.
@@ -214,4 +300,41 @@ pub fn parse_native_conf(
 /// A config as shown in reports: `(defaults)` for the empty one.
 pub fn conf_name(conf: &str) -> &str {
     if conf.is_empty() { "(defaults)" } else { conf }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::advise::space::{MAX_SPLIT_MB, all as space};
+    use crate::trial::search::search;
+
+    /// The config search gives the same ranking, figures and smallest card
+    /// with forked replays as with whole ones, with and without OOMs; and
+    /// forks were there to serve thresholds (the run without one kept some).
+    #[test]
+    fn the_search_is_the_same_with_forked_replays() {
+        // The thresholds the space searches, as bits of `max_split_flips`.
+        let searched: u64 = MAX_SPLIT_MB.iter().map(|mb| mb << 20).sum();
+        let mut served = 0;
+        for seed in [2, 5, 11] {
+            let trace = Trace::random(seed, 500);
+            for capacity in [16 << 30, 3 << 30] {
+                let forking = ForkingReplays::new(&trace);
+                let run = |s: &Settings, cap, stop| forking.replay(s, "", cap, stop).figures;
+                let whole =
+                    |s: &Settings, cap, stop| replay_bounded(&trace, s, "", cap, stop).figures;
+                let base = Settings::default();
+                let forked = search(space(false), &base, capacity, None, (run, true), |_| {});
+                let plain = search(space(false), &base, capacity, None, (whole, true), |_| {});
+                assert_eq!(forked, plain, "seed {seed} at {capacity}");
+                let kept = forking.kept.lock().expect("not poisoned");
+                served += kept
+                    .iter()
+                    .flat_map(|k| k.forks.iter())
+                    .map(|f| (f.thresholds & searched).count_ones())
+                    .sum::<u32>();
+            }
+        }
+        assert!(served > 20, "{served} searched thresholds had a fork");
+    }
 }

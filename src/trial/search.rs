@@ -482,41 +482,10 @@ mod tests {
     #[test]
     fn a_threshold_that_turns_no_decision_gives_the_same_run() {
         use crate::device::sim::SimDevice;
-        use crate::workload::{Event, Trace, replay};
+        use crate::workload::{Trace, replay};
         let (mut proven, mut changed) = (0, 0);
         for seed in 1..40u64 {
-            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut next = move || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
-            // Mixed sizes (small pool, 1–10 MiB, up to 300 MiB) and frees in
-            // random order, so free blocks of every size meet requests.
-            let (mut events, mut live, mut id) = (Vec::new(), Vec::new(), 0u32);
-            for _ in 0..300 {
-                if live.is_empty() || next() % 100 < 55 {
-                    let size = match next() % 10 {
-                        0..4 => 1 + next() % MIB,
-                        4..7 => MIB + next() % (9 * MIB),
-                        _ => 10 * MIB + next() % (290 * MIB),
-                    };
-                    events.push(Event::Alloc {
-                        id,
-                        size,
-                        stream: 0,
-                    });
-                    live.push(id);
-                    id += 1;
-                } else {
-                    let at = (next() % live.len() as u64) as usize;
-                    events.push(Event::Free {
-                        id: live.swap_remove(at),
-                    });
-                }
-            }
-            let trace = Trace::from_events(events).expect("ids stay live");
+            let trace = Trace::random(seed, 300);
             for es in [false, true] {
                 for capacity in [16 << 30, 2 << 30] {
                     let unset = Settings {

@@ -4,7 +4,7 @@
 //! where the capacity of its runs comes from; and the config it is compared
 //! against.
 
-use super::run::{Replayer, replay, replay_bounded, replay_placed, replay_snapshot};
+use super::run::{ForkingReplays, Replayer, replay, replay_placed, replay_snapshot};
 use crate::Error;
 use crate::advise::Diagnosis;
 use crate::conf::Settings;
@@ -391,10 +391,13 @@ impl Workload {
         match &self.source {
             // A bound is kept only with first-fit placement: the other
             // policies check a verdict, so they run to the end.
-            Source::Trace(trace) => Ok(f(&|s, conf, cap, stop, placement| match placement {
-                Placement::FirstFit => replay_bounded(trace, s, conf, cap, stop),
-                other => replay_placed(trace, s, conf, cap, other),
-            })),
+            Source::Trace(trace) => {
+                let forking = ForkingReplays::new(trace);
+                Ok(f(&|s, conf, cap, stop, placement| match placement {
+                    Placement::FirstFit => forking.replay(s, conf, cap, stop),
+                    other => replay_placed(trace, s, conf, cap, other),
+                }))
+            }
             Source::Snapshot(data, limits) => {
                 with_snapshot_trace(&self.input, data, limits, |st, _| {
                     // The start state sits at its recorded addresses; later

@@ -9,7 +9,7 @@ pub mod snapshot_trace;
 pub mod trace;
 
 pub use replay::{
-    OomEvent, ReplayOptions, RunFigures, RunResult, StreamedReplay, TimelinePoint, replay,
+    Fork, OomEvent, ReplayOptions, RunFigures, RunResult, StreamedReplay, TimelinePoint, replay,
     replay_with,
 };
 pub use trace::{Event, Trace};

@@ -8,6 +8,7 @@ use crate::device::{Device, DeviceCounters};
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The OOM that ended a run (the contract's `oom` object).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -386,6 +387,139 @@ impl<D: Device> StreamedReplay<D> {
     }
 }
 
+impl<D: Device + Clone> StreamedReplay<D> {
+    /// [`Self::feed`] that also keeps where a run under another power-of-two
+    /// `max_split_size` can start: the run as it stood at most `every` events
+    /// before the event at which that threshold first turned a decision
+    /// ([`CachingAllocator::max_split_flips`]), one [`Fork`] per such event.
+    /// Up to there the two runs take the same decisions, so the other run
+    /// need not replay that prefix. Checkpoints stop once every threshold has
+    /// turned one.
+    ///
+    /// Where `events` allocate each id once, a checkpoint leaves out the
+    /// table from ids to blocks (most of what it would copy) and the forks
+    /// share this run's last table instead: an id allocated before the
+    /// checkpoint kept its block since (a free does not write the table), and
+    /// one allocated after is written by the fork before it is read.
+    pub fn feed_keeping_forks(&mut self, events: &[Event], every: usize) -> Vec<Fork<D>> {
+        let share_ids = allocates_each_id_once(events);
+        let mut forks = Vec::new();
+        let mut seen = self.allocator.max_split_flips();
+        let mut rest = events;
+        while !rest.is_empty() && seen != u64::MAX {
+            let (chunk, tail) = rest.split_at(every.max(1).min(rest.len()));
+            let ids = if share_ids {
+                std::mem::take(&mut self.blocks)
+            } else {
+                self.blocks.clone()
+            };
+            let before = self.clone();
+            self.blocks = ids;
+            let going = self.feed(chunk);
+            let flips = self.allocator.max_split_flips();
+            if flips != seen {
+                forks.push(Fork {
+                    thresholds: flips & !seen,
+                    replay: before,
+                    ids: None,
+                });
+                seen = flips;
+            }
+            if !going {
+                break;
+            }
+            rest = tail;
+        }
+        if seen == u64::MAX {
+            self.feed(rest);
+        }
+        if share_ids {
+            let last = Arc::new(self.blocks.clone());
+            for fork in &mut forks {
+                fork.ids = Some(Arc::clone(&last));
+            }
+        }
+        forks
+    }
+}
+
+/// Whether no id is allocated twice (a free does not end an id).
+fn allocates_each_id_once(events: &[Event]) -> bool {
+    let mut seen: Vec<u64> = Vec::new();
+    events.iter().all(|e| match *e {
+        Event::Alloc { id, .. } => {
+            let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+            if word >= seen.len() {
+                seen.resize(word + 1, 0);
+            }
+            let fresh = seen[word] & bit == 0;
+            seen[word] |= bit;
+            fresh
+        }
+        _ => true,
+    })
+}
+
+/// A run under `max_split_size` unset, as it stood before the events at
+/// which the thresholds in [`Fork::thresholds`] first turned one of its
+/// decisions ([`StreamedReplay::feed_keeping_forks`]).
+#[derive(Clone)]
+pub struct Fork<D: Device> {
+    /// Bit `k`: a threshold of `2^k` bytes turns its first decision after
+    /// this point (the bits of [`CachingAllocator::max_split_flips`]).
+    pub thresholds: u64,
+    /// The run; without its table from ids to blocks where `ids` has it.
+    replay: StreamedReplay<D>,
+    /// The forked run's last table from ids to blocks, shared by its forks
+    /// ([`StreamedReplay::feed_keeping_forks`]).
+    ids: Option<Arc<Vec<BlockId>>>,
+}
+
+impl<D: Device + Clone> Fork<D> {
+    /// Reserved bytes at their highest so far.
+    pub fn peak_reserved(&self) -> u64 {
+        self.replay.peaks.peak_reserved as u64
+    }
+
+    /// The figures of the run of `trace` (the one forked) under `settings`,
+    /// which differ from the forked run's only in a `max_split_size` of a
+    /// bit in [`Self::thresholds`], bounded by `stop_above_reserved`: the
+    /// prefix as it was, the rest replayed. `None` when the settings differ
+    /// otherwise, or the prefix already passed the bound (where it passed
+    /// is not kept). Only the figures: the oversize counters of
+    /// `memory_stats()` were counted under the forked run's threshold.
+    pub fn run_under(
+        &self,
+        trace: &Trace,
+        settings: &Settings,
+        stop_above_reserved: Option<u64>,
+    ) -> Option<RunFigures> {
+        let own = self.replay.allocator.settings();
+        let threshold = settings.max_split_size;
+        let stop_above = stop_above_reserved.unwrap_or(u64::MAX);
+        if own.max_split_size != u64::MAX
+            || *own
+                != (Settings {
+                    max_split_size: u64::MAX,
+                    ..settings.clone()
+                })
+            || !threshold.is_power_of_two()
+            || self.thresholds & threshold == 0
+            || self.peak_reserved() > stop_above
+        {
+            return None;
+        }
+        let mut replay = self.replay.clone();
+        if let Some(ids) = &self.ids {
+            replay.blocks = Vec::clone(ids);
+        }
+        replay.allocator.continue_under_threshold(threshold);
+        replay.stop_above = stop_above;
+        replay.feed(&trace.events()[replay.index as usize..]);
+        Some(replay.finish(trace.len() as u64).figures)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,6 +643,106 @@ mod tests {
                 .is_some(),
             "the 100 MiB card runs out"
         );
+    }
+
+    /// A run under a power-of-two `max_split_size` started from a fork of the
+    /// run without it has the figures of its own whole replay, with and
+    /// without an OOM or a bound; and forks serve most thresholds, late in
+    /// the trace as often as not (so the test is not passed by declining).
+    #[test]
+    fn a_run_forked_from_the_run_without_a_threshold_is_its_whole_replay() {
+        let (mut forked, mut late, mut declined) = (0, 0, 0);
+        for seed in 1..25u64 {
+            let trace = Trace::random(seed, 400);
+            for (es, capacity, every) in [
+                (false, 16 << 30, 7),
+                (true, 16 << 30, 50),
+                (false, 2 << 30, 1),
+                (true, 2 << 30, 13),
+            ] {
+                let unset = Settings {
+                    expandable_segments: es,
+                    ..Settings::default()
+                };
+                for bound in [None, Some(1 << 30)] {
+                    let options = ReplayOptions {
+                        stop_above_reserved: bound,
+                        ..ReplayOptions::default()
+                    };
+                    let mut base = StreamedReplay::new(
+                        &unset,
+                        SimDevice::new(capacity),
+                        options,
+                        trace.len(),
+                        trace.ids() as usize,
+                    );
+                    let forks = base.feed_keeping_forks(trace.events(), every);
+                    let whole = base.finish(trace.len() as u64).figures;
+                    let plain = replay_with(&trace, &unset, SimDevice::new(capacity), options);
+                    assert_eq!(whole, plain.figures, "keeping forks changes nothing");
+                    for k in 20..31 {
+                        let t = Settings {
+                            max_split_size: 1 << k,
+                            ..unset.clone()
+                        };
+                        let expected = replay_with(&trace, &t, SimDevice::new(capacity), options);
+                        let fork = forks.iter().find(|f| f.thresholds & (1 << k) != 0);
+                        match fork.and_then(|f| f.run_under(&trace, &t, bound)) {
+                            Some(figures) => {
+                                assert_eq!(
+                                    figures, expected.figures,
+                                    "seed {seed} es {es} cap {capacity} bound {bound:?}: 2^{k}"
+                                );
+                                forked += 1;
+                                late += usize::from(fork.is_some_and(|f| f.replay.index > 100));
+                            }
+                            None => declined += 1,
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            forked > 500 && late > 100 && forked > declined,
+            "forked {forked} (late {late}), declined {declined}"
+        );
+    }
+
+    /// A fork serves only settings that differ from its run's in a
+    /// threshold it lists.
+    #[test]
+    fn a_fork_declines_other_settings() {
+        let trace = Trace::random(3, 300);
+        let mut base = StreamedReplay::new(
+            &Settings::default(),
+            SimDevice::new(16 << 30),
+            ReplayOptions::default(),
+            trace.len(),
+            trace.ids() as usize,
+        );
+        let forks = base.feed_keeping_forks(trace.events(), 10);
+        let fork = forks.first().expect("some threshold turns a decision");
+        let bit = 1u64 << fork.thresholds.trailing_zeros();
+        let ok = Settings {
+            max_split_size: bit,
+            ..Settings::default()
+        };
+        assert!(fork.run_under(&trace, &ok, None).is_some());
+        let other = [
+            Settings {
+                roundup_power2_divisions: [4; 16],
+                ..ok.clone()
+            },
+            Settings {
+                max_split_size: bit + MIB,
+                ..ok.clone()
+            },
+            Settings::default(),
+        ];
+        for s in other {
+            assert!(fork.run_under(&trace, &s, None).is_none(), "{s:?}");
+        }
+        assert!(fork.run_under(&trace, &ok, Some(0)).is_none() || fork.peak_reserved() == 0);
     }
 
     #[test]

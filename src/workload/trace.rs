@@ -64,6 +64,44 @@ impl Trace {
         })
     }
 
+    /// Random allocations (small, 1–10 MiB, up to 300 MiB) freed in random
+    /// order, so that free blocks of every size meet requests: for tests of
+    /// the allocator's decisions.
+    #[cfg(test)]
+    pub(crate) fn random(seed: u64, events: usize) -> Trace {
+        const MIB: u64 = 1 << 20;
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut out, mut live, mut id) = (Vec::new(), Vec::new(), 0u32);
+        for _ in 0..events {
+            if live.is_empty() || next() % 100 < 55 {
+                let size = match next() % 10 {
+                    0..4 => 1 + next() % MIB,
+                    4..7 => MIB + next() % (9 * MIB),
+                    _ => 10 * MIB + next() % (290 * MIB),
+                };
+                out.push(Event::Alloc {
+                    id,
+                    size,
+                    stream: 0,
+                });
+                live.push(id);
+                id += 1;
+            } else {
+                let at = (next() % live.len() as u64) as usize;
+                out.push(Event::Free {
+                    id: live.swap_remove(at),
+                });
+            }
+        }
+        Trace::from_events(out).expect("ids stay live")
+    }
+
     /// The same trace, saying which card it was recorded on.
     pub fn with_capacity_hint(mut self, capacity: Option<u64>) -> Trace {
         self.capacity_hint = capacity;
