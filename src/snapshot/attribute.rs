@@ -29,8 +29,8 @@ use super::trace_metrics::{Feed, StepScan};
 use crate::allocator::sizes::round_size;
 use crate::conf::Settings;
 pub use crate::evidence::fills::{
-    Attribution, Category, CategoryRow, Diff, DiffRow, FreeReserved, Grouping, Growth, Moment,
-    MomentKind, PreTrace, RankFill, Ranks, Rest, Row, Side, Stacks, Timeline,
+    Attribution, Category, CategoryPart, CategoryRow, Diff, DiffRow, FreeReserved, Grouping,
+    Growth, Moment, MomentKind, PreTrace, RankFill, Ranks, Rest, Row, Side, Stacks, Timeline,
 };
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -998,11 +998,20 @@ impl<'s, 'a> Attributor<'s, 'a> {
 
     /// The site id a life is grouped under (site or user grouping).
     fn site_of(&self, l: &Life) -> u32 {
-        let s = self.stacks.get(l.stack as usize);
         match self.ask.by {
-            Grouping::User => s.map_or(SITE_NO_STACK, |s| s.user),
-            _ => s.map_or(SITE_NO_STACK, |s| s.site),
+            Grouping::User => self
+                .stacks
+                .get(l.stack as usize)
+                .map_or(SITE_NO_STACK, |s| s.user),
+            _ => self.site(l),
         }
+    }
+
+    /// A life's site under the site grouping (growth is read by it).
+    fn site(&self, l: &Life) -> u32 {
+        self.stacks
+            .get(l.stack as usize)
+            .map_or(SITE_NO_STACK, |s| s.site)
     }
 
     /// The interned sites of a stack's Python frames, innermost first.
@@ -1038,13 +1047,15 @@ impl<'s, 'a> Attributor<'s, 'a> {
         (stack_of_key, ranges): (&FxHashMap<u32, u32>, &[(u64, u64)]),
         share: f64,
     ) -> Row {
+        let (category, mix) = acc.categories();
         let mut row = Row {
             key: String::new(),
             filename: None,
             line: None,
             function: None,
             frames: Vec::new(),
-            category: acc.dominant(),
+            category,
+            mix,
             bytes: acc.bytes,
             block_bytes: acc.block,
             count: acc.count,
@@ -1152,11 +1163,6 @@ impl<'s, 'a> Attributor<'s, 'a> {
         let every = states.len().div_ceil(MAX_BOUNDARIES).max(1);
         let states: Vec<i64> = states.into_iter().step_by(every).collect();
         // Live bytes per site at each state, by a sweep over births and deaths.
-        let site = |l: &Life| {
-            self.stacks
-                .get(l.stack as usize)
-                .map_or(SITE_NO_STACK, |s| s.site)
-        };
         // Each site's live bytes, and its longest rise read state by state:
         // only the sites whose bytes changed since the last state are looked
         // at (a site left alone repeats its value, which ends a rise).
@@ -1175,7 +1181,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         let (mut born, mut died) = (0usize, 0usize);
         for (j, &s) in states.iter().enumerate() {
             while let Some(l) = self.lives.get(born).filter(|l| i64::from(l.born) <= s) {
-                let sid = site(l);
+                let sid = self.site(l);
                 if let Some(v) = live.get_mut(sid as usize) {
                     *v += i128::from(l.bytes);
                     touch(sid, &mut touched, &mut is_touched);
@@ -1189,7 +1195,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 .filter(|l| i64::from(l.died) <= s)
             {
                 {
-                    let sid = site(l);
+                    let sid = self.site(l);
                     if let Some(v) = live.get_mut(sid as usize) {
                         *v -= i128::from(l.bytes);
                         touch(sid, &mut touched, &mut is_touched);
@@ -1208,7 +1214,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             }
         }
         let step = |j: usize| (j * every) as u64;
-        let mut out: Vec<(u32, Growth)> = rises
+        let mut out: Vec<(u32, i64, Growth)> = rises
             .into_iter()
             .enumerate()
             .skip(SPECIAL_SITES as usize)
@@ -1218,9 +1224,11 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 let sid = index32(sid);
                 Some((
                     sid,
+                    states.get(to).copied().unwrap_or(-1),
                     Growth {
                         site: self.site_text(sid),
                         category: Category::Unknown,
+                        mix: Vec::new(),
                         first_step: step(from),
                         last_step: step(to),
                         first_bytes: a,
@@ -1230,31 +1238,38 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 ))
             })
             .collect();
-        out.sort_by(|(_, a), (_, b)| {
+        out.sort_by(|(_, _, a), (_, _, b)| {
             let total = |g: &Growth| g.last_bytes - g.first_bytes;
             total(b).cmp(&total(a)).then_with(|| a.site.cmp(&b.site))
         });
         out.truncate(10);
-        // Each listed site's category reads every life: only for those listed.
+        // Each listed site's category as the peak's table gives it, by the
+        // same rule over the same allocations (what it holds then); one that
+        // holds nothing at the peak, by what it holds at its last step start.
+        // Each reads every life: only for those listed.
+        let peak = self.peak.unwrap_or(-1);
         out.into_iter()
-            .map(|(sid, g)| Growth {
-                category: self.site_category(sid),
-                ..g
+            .map(|(sid, last, g)| {
+                let mut acc = self.site_at(sid, peak);
+                if acc.count == 0 {
+                    acc = self.site_at(sid, last);
+                }
+                let (category, mix) = acc.categories();
+                Growth { category, mix, ..g }
             })
             .collect()
     }
 
-    /// The category most of a site's allocations have.
-    fn site_category(&self, site: u32) -> Category {
+    /// What the site `site` (site grouping) holds after entry `s`.
+    fn site_at(&self, site: u32, s: i64) -> Acc {
         let mut acc = Acc::default();
-        for l in self.lives.iter().filter(|l| {
-            self.stacks
-                .get(l.stack as usize)
-                .is_some_and(|s| s.site == site)
-        }) {
-            acc.add(l, true);
+        for l in self
+            .all_lives()
+            .filter(|l| l.alive(s) && self.site(l) == site)
+        {
+            acc.add(l, self.traced);
         }
-        acc.dominant()
+        acc
     }
 
     /// Allocated bytes by category over the trace, at most
@@ -1394,7 +1409,8 @@ struct Acc {
     block: u64,
     count: u64,
     pre: u64,
-    by_category: [u64; 7],
+    /// Requested bytes and allocations per category, in [`Category::ALL`] order.
+    by_category: [(u64, u64); 7],
 }
 
 impl Acc {
@@ -1407,18 +1423,34 @@ impl Acc {
         if l.pre_trace() && traced {
             self.pre = self.pre.saturating_add(l.bytes);
         }
-        if let Some(c) = self.by_category.get_mut(l.category.index()) {
-            *c = c.saturating_add(l.bytes.max(1));
+        if let Some((bytes, count)) = self.by_category.get_mut(l.category.index()) {
+            *bytes = bytes.saturating_add(l.bytes);
+            *count += 1;
         }
     }
 
-    fn dominant(&self) -> Category {
-        Category::ALL
+    /// The group's category, the one rule for a row of any moment and for
+    /// a growing site: the category holding most of its bytes (of equal
+    /// ones, the most allocations, then the first in [`Category::ALL`]),
+    /// with every category's part when its allocations fall in several.
+    fn categories(&self) -> (Category, Vec<CategoryPart>) {
+        let mut parts: Vec<(Category, u64, u64)> = Category::ALL
             .into_iter()
             .zip(self.by_category)
-            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-            .filter(|(_, b)| *b > 0)
-            .map_or(Category::Unknown, |(c, _)| c)
+            .filter(|(_, (_, count))| *count > 0)
+            .map(|(c, (bytes, count))| (c, bytes, count))
+            .collect();
+        parts.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+        let category = parts.first().map_or(Category::Unknown, |p| p.0);
+        let mix = if parts.len() > 1 {
+            parts
+                .into_iter()
+                .map(|(category, bytes, _)| CategoryPart { category, bytes })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (category, mix)
     }
 }
 
@@ -1877,18 +1909,21 @@ pub fn diff(
             reserved_bytes: m.reserved_bytes,
             live_allocations: m.live_allocations,
             pre_trace_bytes: m.pre_trace.bytes,
+            pre_trace: m.pre_trace.clone(),
             peak_allocated_bytes: peak.map(|p| p.allocated_bytes),
             peak_event_index: peak.and_then(|p| p.event_index),
         }
     };
-    let compare = |left: Vec<(String, Category, u64, u64)>,
-                   right: Vec<(String, Category, u64, u64)>| {
+    // A group's key, category (and mix), bytes and count on one side.
+    type Group = (String, Category, Vec<CategoryPart>, u64, u64);
+    let compare = |left: Vec<Group>, right: Vec<Group>| {
         let mut rows: BTreeMap<String, DiffRow> = BTreeMap::new();
         for (side, list) in [(0, left), (1, right)] {
-            for (key, category, bytes, count) in list {
+            for (key, category, mix, bytes, count) in list {
                 let r = rows.entry(key.clone()).or_insert(DiffRow {
                     key,
                     category,
+                    mix: Vec::new(),
                     before_bytes: 0,
                     after_bytes: 0,
                     delta_bytes: 0,
@@ -1898,10 +1933,12 @@ pub fn diff(
                 if side == 0 {
                     r.before_bytes = bytes;
                     r.before_count = count;
+                    r.mix = mix;
                 } else {
                     r.after_bytes = bytes;
                     r.after_count = count;
                     r.category = category;
+                    r.mix = mix;
                 }
             }
         }
@@ -1925,7 +1962,7 @@ pub fn diff(
     let groups = |m: &Moment| {
         m.rows
             .iter()
-            .map(|r| (r.key.clone(), r.category, r.bytes, r.count))
+            .map(|r| (r.key.clone(), r.category, r.mix.clone(), r.bytes, r.count))
             .collect::<Vec<_>>()
     };
     let cats = |m: &Moment| {
@@ -1935,6 +1972,7 @@ pub fn diff(
                 (
                     c.category.as_str().to_string(),
                     c.category,
+                    Vec::new(),
                     c.bytes,
                     c.count,
                 )
@@ -1948,6 +1986,7 @@ pub fn diff(
         let mut r = DiffRow {
             key: format!("{} other groups", cut.len()),
             category: Category::Unknown,
+            mix: Vec::new(),
             before_bytes: 0,
             after_bytes: 0,
             delta_bytes: 0,
