@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-/// What an allocation holds, from its stack (`snapshot::attribute::classify`
+/// What an allocation holds, from its stack (`snapshot::attribute::frames`
 /// gives the rules; docs/ARCHITECTURE.md says where they differ from Mosaic's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
