@@ -17,6 +17,12 @@ of loss tensors never cleared). --no-leak gives the control: the same workload, 
 Addresses come from a small model of the caching allocator (512-byte rounding, 2 MiB small /
 20 MiB large segments, best fit, splits and merges), so addresses are reused across steps.
 
+--eval-in-log: `log_metrics` also runs the model on an evaluation batch each step, under
+`torch.nn.Module.__call__` (32 MiB of activations from `train.py:88`, freed before it returns): the
+site then makes activations and keeps tensors of no category, and over the trace the activations
+are most of its bytes, while at the peak (the training step's forward pass) it holds only what it
+kept. The growth table and the peak table must give it the same category (issue 34, item 9).
+
 Expected growth: the live bytes of `train.py:88:log_metrics` at the first alloc of steps
 0..n-1 are 0, k, 2k, ... (n-1)k: k bytes per step over steps 0..n-1; nothing else grows (Adam's
 state rises once, after step 0). Commands for the committed fixtures: fixtures/snapshots/README.md.
@@ -24,6 +30,7 @@ state rises once, after step 0). Commands for the committed fixtures: fixtures/s
     scripts/gen_growth_snapshot.py -o fixtures/snapshots/gen-growth-leak.pickle
     scripts/gen_growth_snapshot.py --no-leak -o fixtures/snapshots/gen-growth-control.pickle
     scripts/gen_growth_snapshot.py --no-annotations -o fixtures/snapshots/gen-growth-leak-cycles.pickle
+    scripts/gen_growth_snapshot.py --eval-in-log -o fixtures/snapshots/gen-growth-leak-eval.pickle
 """
 
 import argparse
@@ -154,6 +161,8 @@ def main():
     ap.add_argument("--leak-bytes", type=int, default=3 * MIB + 1234, help="k: bytes kept alive per step")
     ap.add_argument("--no-leak", action="store_true", help="the control: log_metrics keeps nothing")
     ap.add_argument("--no-annotations", action="store_true", help="no ProfilerStep#N annotations")
+    ap.add_argument("--eval-in-log", action="store_true",
+                    help="log_metrics also runs an evaluation forward pass (activations freed before it returns)")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
 
@@ -184,6 +193,7 @@ def main():
                  frame(optimizer, 493, "wrapper"), step_line(68)] + main_
     zero_grad = [frame(optimizer, 975, "zero_grad"), step_line(69)] + main_
     leak = [frame(f"{PROJ}/train.py", 88, "log_metrics"), step_line(70)] + main_
+    evaluation = [frame(f"{torch}/nn/functional.py", 2380, "linear")] + call + leak
     step_end = [step_line(71)] + main_
 
     r = Recorder()
@@ -217,6 +227,8 @@ def main():
             r.free(t, adam_temp)
         for g in grads:
             r.free(g, zero_grad)
+        if a.eval_in_log:
+            r.free(r.malloc(32 * MIB, evaluation), evaluation)
         if not a.no_leak:
             r.malloc(a.leak_bytes, leak)  # kept: never freed
         r.free(out, step_end)

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 #[path = "support/comparisons.rs"]
 mod comparisons;
 use crate::verdicts::contradictions as contradicts;
-use crate::verdicts::{diagnose_texts, false_claims};
+use crate::verdicts::{category_contradictions, diagnose_texts, false_claims};
 use comparisons::contradictions;
 
 /// Fails with every contradiction found in `texts`.
@@ -395,6 +395,20 @@ fn every_printed_claim_holds_on_every_fixture() {
                 .stdout;
                 bad.extend(false_claims(&format!("{} top", f.path), d, &[&top]));
                 texts.push(top);
+                let json = allocdoc::app::top::run(&allocdoc::app::top::TopOptions {
+                    inputs: vec![f.path.clone()],
+                    common: allocdoc::app::Common {
+                        format: Format::Json,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })
+                .unwrap()
+                .stdout;
+                bad.extend(category_contradictions(
+                    &format!("{} top", f.path),
+                    &serde_json::from_str(&json).unwrap(),
+                ));
             }
             let mut made = made.lock().unwrap();
             for c in Claim::ALL {

@@ -393,11 +393,11 @@ fn a_stats_dump_without_all_rows_names_its_metrics() {
     .stdout;
     says(
         &out,
-        "│ Non-releasable memory ┆ large_pool ┆ 512.00 MiB ┆ 768.00 MiB",
+        "│ Non-releasable memory ┆ large_pool ┆  512.00 MiB ┆ 768.00 MiB",
     );
     says(
         &out,
-        "│ GPU reserved memory   ┆ large_pool ┆   3.00 GiB ┆   5.00 GiB",
+        "│ GPU reserved memory   ┆ large_pool ┆    3.00 GiB ┆   5.00 GiB",
     );
 }
 
@@ -413,4 +413,49 @@ fn an_unreadable_request_is_named() {
         &out.stderr.join("\n"),
         "issue34_request_overflow.log:6: the request \"99999999999999999999.00 GiB\" is past what a 64-bit byte count holds; the message is read without it",
     );
+}
+
+/// Item 11: `parse` and `diagnose` print a figure of the input alike, as
+/// PyTorch's message prints it (they once said "1.00 GiB" and "1024.00 MiB"
+/// for one card), in every format that shows it.
+#[test]
+fn parse_and_diagnose_print_a_figure_alike() {
+    let input = text("issue34_units_one_gib_card.log");
+    let parse = |format| {
+        allocdoc::app::parse::run(&allocdoc::app::parse::ParseOptions {
+            inputs: vec![input.clone()],
+            common: allocdoc::app::Common {
+                format,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap()
+        .stdout
+    };
+    says(
+        &parse(Format::Text),
+        "│ line 9 ┆ cuda:0 ┆  2.00 MiB ┆ 1024.00 MiB ┆ 1024.00 KiB ┆ 785.51 MiB ┆ 812.00 MiB ┆ 1.4-2.0 │",
+    );
+    says(
+        &parse(Format::Markdown),
+        "| 2.00 MiB | 1024.00 MiB | 1024.00 KiB | 785.51 MiB | 812.00 MiB |",
+    );
+    says(
+        &diagnose(&input),
+        "requested 2.00 MiB · capacity 1024.00 MiB · free 1024.00 KiB · allocated 785.51 MiB · reserved 812.00 MiB",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.html");
+    allocdoc::app::diagnose::run(&DiagnoseOptions {
+        inputs: vec![input.clone()],
+        report: Some(report.clone()),
+        ..DiagnoseOptions::default()
+    })
+    .unwrap();
+    let html = std::fs::read_to_string(&report).unwrap();
+    for figure in ["1024.00 MiB", "1024.00 KiB"] {
+        says(&html, figure);
+    }
+    never(&html, "1.00 GiB");
 }

@@ -318,6 +318,77 @@ fn a_leaking_site_is_named_with_its_bytes_per_step_and_the_control_has_none() {
 }
 
 #[test]
+fn a_row_that_mixes_categories_says_so_and_both_tables_name_a_site_alike() {
+    // gen-growth-leak's peak: train.py:66 (loss.backward()) holds a 64 MiB
+    // backward temporary beside 8 MiB of gradients.
+    let doc = json(&["top", &snap("gen-growth-leak"), "--format", "json"]);
+    let row = moment(&doc, "peak")["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "train.py:66:train_step")
+        .unwrap()
+        .clone();
+    assert_eq!(row["category"], "backward_temporaries");
+    assert_eq!(
+        row["mix"],
+        serde_json::json!([
+            {"category": "backward_temporaries", "bytes": 67108864u64},
+            {"category": "gradients", "bytes": 8392704u64},
+        ])
+    );
+    let (_, text, _) = allocdoc(&["top", &snap("gen-growth-leak"), "--format", "markdown"]);
+    assert!(
+        text.contains(
+            "| train.py:66:train_step | mixed: backward temporaries 88.9 %, gradients 11.1 % | 72.00 MiB |"
+        ),
+        "{text}"
+    );
+    // In a terminal, a part a line under "mixed:".
+    let (_, text, _) = allocdoc(&["top", &snap("gen-growth-leak")]);
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("train.py:66:train_step"))
+        .unwrap();
+    assert!(lines[at].contains("┆ mixed: "), "{text}");
+    assert!(
+        lines[at + 1].contains("┆ backward temporaries 88.9 %, "),
+        "{text}"
+    );
+    assert!(lines[at + 2].contains("┆ gradients 11.1 % "), "{text}");
+    // A row of one category has no mix.
+    let forward = &moment(&doc, "peak")["rows"][0];
+    assert_eq!(forward["key"], "model.py:41:forward");
+    assert!(forward.get("mix").is_none(), "{forward}");
+
+    // gen-growth-leak-eval: log_metrics also runs an evaluation forward pass
+    // (32 MiB of activations a step, freed at once) beside what it keeps.
+    // Over the trace its bytes are mostly activations, at the peak it holds
+    // only what it kept: the Growing table once said "activations" beside
+    // the peak table's "unknown".
+    let doc = json(&["top", &snap("gen-growth-leak-eval"), "--format", "json"]);
+    let g = &doc["devices"][0]["growth"][0];
+    assert_eq!(g["site"], "train.py:88:log_metrics");
+    let peak_row = moment(&doc, "peak")["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == g["site"])
+        .unwrap()
+        .clone();
+    assert_eq!(g["category"], "unknown");
+    assert_eq!(peak_row["category"], g["category"]);
+    assert_eq!(peak_row.get("mix"), g.get("mix"));
+    let (_, text, _) = allocdoc(&["top", &snap("gen-growth-leak-eval"), "--format", "markdown"]);
+    assert!(
+        text.contains("| train.py:88:log_metrics | unknown | 3.00 MiB | 0–7 | 0 B | 21.01 MiB |"),
+        "{text}"
+    );
+    assert!(!text.contains("log_metrics | activations"), "{text}");
+}
+
+#[test]
 fn inputs_mosaic_crashes_on_are_attributed() {
     // No time_us (maphsge4), blocks without an address (yiyi), empty traces
     // and no stacks (muduard dump, maphsge4 dev1), a plain segment list (muduard .pkl).
@@ -470,6 +541,45 @@ fn diff_compares_sites_categories_and_pre_trace_memory_on_both_sides() {
     };
     assert_eq!(side("before_bytes"), 1736962048);
     assert_eq!(side("after_bytes"), 13923997700);
+}
+
+#[test]
+fn diff_says_what_live_before_the_trace_holds_as_top_does() {
+    // gen-trace-frees-first: 8 MiB live before the trace at its peak, 4 MiB of
+    // it in a block with a recorded stack (under model.py:17:forward), so the
+    // `<live before the trace began>` row holds 4 MiB beside the 8 MiB total.
+    let (b, a) = (snap("gen-trace-frees-first"), snap("gen-growth-leak"));
+    let figures = "8.00 MiB, 100.0 % of what is allocated (2 allocations): 4.00 MiB still live at the end, 4.00 MiB freed later in the trace, 4.00 MiB of it in blocks with a recorded stack, shown by site.";
+    let (code, text, err) = allocdoc(&["diff", &b, &a]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        text.contains(&format!("Live before the trace began, before: {figures}")),
+        "{text}"
+    );
+    // The after side has none: no line for it.
+    assert!(
+        !text.contains("Live before the trace began, after"),
+        "{text}"
+    );
+    let (_, top, _) = allocdoc(&["top", &b]);
+    assert!(
+        top.contains(&format!("Live before the trace began: {figures}")),
+        "{top}"
+    );
+    let d = json(&["diff", &b, &a, "--format", "json"]);
+    let pre = &d["before"]["pre_trace"];
+    assert_eq!(pre["bytes"], d["before"]["pre_trace_bytes"]);
+    assert_eq!(pre["with_stack_bytes"], 4u64 << 20);
+    let row = d["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "<live before the trace began>")
+        .unwrap();
+    assert_eq!(
+        row["before_bytes"].as_u64().unwrap(),
+        pre["bytes"].as_u64().unwrap() - pre["with_stack_bytes"].as_u64().unwrap()
+    );
 }
 
 #[test]

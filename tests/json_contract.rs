@@ -504,6 +504,27 @@ fn every_command_output_follows_docs_json_md() {
             ],
         ),
         (
+            // Rows and a growing site whose allocations mix categories.
+            "top",
+            &[
+                "top",
+                "--format",
+                "json",
+                "fixtures/snapshots/gen-growth-leak.pickle",
+            ],
+        ),
+        (
+            // Mixed rows, and memory live before one side's trace.
+            "diff",
+            &[
+                "diff",
+                "--format",
+                "json",
+                "fixtures/snapshots/gen-trace-frees-first.pickle",
+                "fixtures/snapshots/gen-growth-leak.pickle",
+            ],
+        ),
+        (
             "top-ranks",
             &[
                 "top",

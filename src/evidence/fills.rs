@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-/// What an allocation holds, from its stack (`snapshot::attribute::classify`
+/// What an allocation holds, from its stack (`snapshot::attribute::frames`
 /// gives the rules; docs/ARCHITECTURE.md says where they differ from Mosaic's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -152,6 +152,10 @@ pub struct Row {
     pub frames: Vec<String>,
     /// The category holding most of the row's bytes.
     pub category: Category,
+    /// Every category of the row's allocations, the largest first, when
+    /// they are more than one: the row mixes categories.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<CategoryPart>,
     /// Σ requested bytes (the trace entries' `size`).
     pub bytes: u64,
     /// Σ block bytes: the requests as the allocator rounded them.
@@ -161,6 +165,13 @@ pub struct Row {
     pub share: f64,
     /// The part of `bytes` live since before the trace began.
     pub pre_trace_bytes: u64,
+}
+
+/// The part of a group's bytes in one category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CategoryPart {
+    pub category: Category,
+    pub bytes: u64,
 }
 
 /// Groups past the top N, summed.
@@ -247,7 +258,11 @@ pub struct Moment {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Growth {
     pub site: String,
+    /// The site's category as the peak's table gives it (what it holds
+    /// then), so the two tables never name it differently.
     pub category: Category,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<CategoryPart>,
     /// Steps are numbered from 0, the first step of the trace.
     pub first_step: u64,
     pub last_step: u64,
@@ -327,6 +342,9 @@ pub struct Side {
     pub reserved_bytes: u64,
     pub live_allocations: u64,
     pub pre_trace_bytes: u64,
+    /// What `pre_trace_bytes` holds, as `top` splits it: a part may be
+    /// shown by site, so the `<live before the trace began>` row can be less.
+    pub pre_trace: PreTrace,
     /// The side's peak of allocated memory (its trace's), when it has a trace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_allocated_bytes: Option<u64>,
@@ -339,6 +357,8 @@ pub struct Side {
 pub struct DiffRow {
     pub key: String,
     pub category: Category,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<CategoryPart>,
     pub before_bytes: u64,
     pub after_bytes: u64,
     /// after − before.

@@ -235,26 +235,12 @@ pub fn one_line(pretty: &str) -> String {
     out
 }
 
-/// A size with two decimals in binary units ("186.00 MiB", "191.45 GiB",
-/// "512 B"): the precision PyTorch's messages print, so figures can be matched.
+/// A size an input states, as PyTorch's messages print it
+/// ([`crate::units::format_size`]: "186.00 MiB", "1024.00 MiB", "3421.00 GiB",
+/// "512 bytes"), so each figure reads as in the log it came from, and alike
+/// in `parse`'s tables and `diagnose`'s evidence line; [`ABSENT`] for none.
 pub fn size(bytes: Option<u64>) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    let Some(b) = bytes else {
-        return ABSENT.to_owned();
-    };
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    format!("{v:.2} {unit}")
+    bytes.map_or_else(|| ABSENT.to_owned(), crate::units::format_size)
 }
 
 /// A signed byte count from `memory_stats()` (current values can be negative in theory).
@@ -299,9 +285,13 @@ mod tests {
     fn sizes_and_absent_values() {
         assert_eq!(size(Some(2 << 30)), "2.00 GiB");
         assert_eq!(size(None), ABSENT);
-        assert_eq!(size(Some(1023)), "1023 B");
+        assert_eq!(size(Some(1023)), "1023 bytes");
         assert_eq!(size(Some(195_035_136)), "186.00 MiB");
-        assert_eq!(signed_size(Some(-1024)), "-1.00 KiB");
+        // As PyTorch prints them (a 1 GiB card: "1024.00 MiB total capacity";
+        // TH's "you tried to allocate 3421GB"), not one unit up.
+        assert_eq!(size(Some(1 << 30)), "1024.00 MiB");
+        assert_eq!(size(Some(3421 << 30)), "3421.00 GiB");
+        assert_eq!(signed_size(Some(-1025)), "-1.00 KiB");
         assert_eq!(opt(Some(3)), "3");
     }
 }

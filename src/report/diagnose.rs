@@ -325,7 +325,7 @@ fn sizes(o: &Observation) -> Vec<String> {
     ];
     fields
         .iter()
-        .filter_map(|(n, v)| v.map(|v| format!("{n} {}", format_size(v))))
+        .filter_map(|(n, v)| v.map(|v| format!("{n} {}", super::common::size(Some(v)))))
         .collect()
 }
 
@@ -467,7 +467,6 @@ pub fn markdown(d: &Diagnosis) -> String {
 /// per-rank table and every observation.
 pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
     use super::html::{self, Figure, ReportData, TableRow, Tone, Verdict};
-    use crate::units::human;
     let tone = if d.recommendation.is_some() {
         Tone::Good
     } else if d.cause.rules_out_settings() {
@@ -490,7 +489,7 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
                 .filter_map(|(label, v)| {
                     v.map(|v| Figure {
                         label: (*label).into(),
-                        value: human(v),
+                        value: super::common::size(Some(v)),
                     })
                 })
                 .collect()
@@ -516,7 +515,8 @@ pub fn html(d: &Diagnosis, views: super::views::ReportViews) -> String {
                         crate::rules::expr::Value::Num(n)
                             if !count && n.fract() == 0.0 && *n >= 1048576.0 =>
                         {
-                            format!("{} ({} bytes)", human(*n as u64), *n as u64)
+                            let n = *n as u64;
+                            format!("{} ({n} bytes)", super::common::size(Some(n)))
                         }
                         crate::rules::expr::Value::Num(n) => format!("{n}"),
                         crate::rules::expr::Value::Bool(b) => b.to_string(),

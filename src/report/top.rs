@@ -6,7 +6,9 @@ use super::Format;
 use super::common::{Grid, json};
 use super::html::escape;
 use crate::advise::fills::MustGo;
-use crate::evidence::fills::{Attribution, Category, Grouping, Moment, MomentKind, Row, Stacks};
+use crate::evidence::fills::{
+    Attribution, Category, CategoryPart, Grouping, Moment, MomentKind, PreTrace, Row, Stacks,
+};
 use crate::units::human;
 use serde::Serialize;
 use std::fmt::Write;
@@ -277,7 +279,7 @@ pub fn render_diff(d: &crate::evidence::fills::Diff, format: Format) -> String {
                 if category_names || summed {
                     super::common::ABSENT.to_string()
                 } else {
-                    r.category.label().to_string()
+                    category_cell(r.category, &r.mix)
                 },
                 human(r.before_bytes),
                 human(r.after_bytes),
@@ -288,6 +290,15 @@ pub fn render_diff(d: &crate::evidence::fills::Diff, format: Format) -> String {
         g.drop_empty_columns()
     };
     let mut s = grid_text(&t, md);
+    // What each side's figure holds, as `top` says it under its table.
+    for (which, side) in [("before", b), ("after", a)] {
+        if let Some(figures) = pre_trace_figures(&side.pre_trace) {
+            if md {
+                s.push('\n');
+            }
+            let _ = writeln!(s, "Live before the trace began, {which}: {figures}.");
+        }
+    }
     s.push('\n');
     s.push_str(&grid_text(
         &rows(
@@ -357,6 +368,36 @@ pub fn moment_headline(m: &Moment) -> String {
     )
 }
 
+/// A group's category as its cell in every table: the category, or, when
+/// its allocations fall in several, "mixed:" with each one's part of its
+/// bytes, so that no row names one category for memory of several. A part
+/// a line, so the column stays narrow in a terminal (Markdown and HTML
+/// read the line breaks as spaces).
+pub fn category_cell(category: Category, mix: &[CategoryPart]) -> String {
+    if mix.is_empty() {
+        return category.label().to_string();
+    }
+    let total = mix.iter().map(|p| p.bytes).fold(0u64, u64::saturating_add);
+    let parts: Vec<String> = mix
+        .iter()
+        .map(|p| {
+            let share = if total == 0 {
+                0.0
+            } else {
+                p.bytes as f64 / total as f64
+            };
+            // A sliver is not "0.0 %": it is there.
+            let share = if p.bytes > 0 && share < 0.0005 {
+                "<0.1 %".to_string()
+            } else {
+                percent(share)
+            };
+            format!("{} {share}", p.category.label())
+        })
+        .collect();
+    format!("mixed:\n{}", parts.join(",\n"))
+}
+
 /// A share as a percentage with one decimal.
 pub fn percent(share: f64) -> String {
     format!("{:.1} %", share * 100.0)
@@ -390,8 +431,10 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
         .rows
         .iter()
         .any(|r| r.pre_trace_bytes > 0 && r.key != crate::snapshot::attribute::PRE_TRACE_ROW);
-    let categorised =
-        m.by != Grouping::Category && m.rows.iter().any(|r| r.category != Category::Unknown);
+    let categorised = m.by != Grouping::Category
+        && m.rows
+            .iter()
+            .any(|r| r.category != Category::Unknown || !r.mix.is_empty());
     let mut header = vec![by_label(m.by)];
     if categorised {
         header.push("category");
@@ -407,7 +450,7 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
     let mut g = Grid::new(moment_headline(m), &header)
         .numeric(&(first_number..header.len()).collect::<Vec<_>>());
     let mut line = |key: String,
-                    cat: Option<&str>,
+                    cat: Option<String>,
                     bytes: u64,
                     count: u64,
                     share: f64,
@@ -415,7 +458,7 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
                     pre: Option<u64>| {
         let mut cells = vec![key];
         if categorised {
-            cells.push(cat.unwrap_or("").to_string());
+            cells.push(cat.unwrap_or_default());
         }
         cells.extend([human(bytes), count.to_string(), percent(share)]);
         if rounded {
@@ -446,7 +489,7 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
     for r in &shown {
         line(
             row_key(r, m.by),
-            Some(r.category.label()),
+            Some(category_cell(r.category, &r.mix)),
             r.bytes,
             r.count,
             r.share,
@@ -498,39 +541,48 @@ pub fn moment_grid(m: &Moment, limit: usize) -> Grid {
     g
 }
 
+/// Memory live before the trace began, in figures: the total, its share,
+/// and what it holds (a part may be shown by site, so the
+/// `<live before the trace began>` row can be less); `None` when there is none.
+pub fn pre_trace_figures(p: &PreTrace) -> Option<String> {
+    if p.bytes == 0 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if p.live_at_end_bytes > 0 {
+        parts.push(format!(
+            "{} still live at the end",
+            human(p.live_at_end_bytes)
+        ));
+    }
+    if p.freed_in_trace_bytes > 0 {
+        parts.push(format!(
+            "{} freed later in the trace",
+            human(p.freed_in_trace_bytes)
+        ));
+    }
+    if p.with_stack_bytes > 0 {
+        parts.push(format!(
+            "{} of it in blocks with a recorded stack, shown by site",
+            human(p.with_stack_bytes)
+        ));
+    }
+    Some(format!(
+        "{}, {} of what is allocated ({} allocation{}): {}",
+        human(p.bytes),
+        percent(p.share),
+        p.count,
+        if p.count == 1 { "" } else { "s" },
+        parts.join(", ")
+    ))
+}
+
 /// The lines under a moment's table: pre-trace memory, free reserved
 /// memory, the categories.
 pub fn moment_lines(m: &Moment) -> Vec<String> {
     let mut out = Vec::new();
-    let p = &m.pre_trace;
-    if p.bytes > 0 {
-        let mut parts = Vec::new();
-        if p.live_at_end_bytes > 0 {
-            parts.push(format!(
-                "{} still live at the end",
-                human(p.live_at_end_bytes)
-            ));
-        }
-        if p.freed_in_trace_bytes > 0 {
-            parts.push(format!(
-                "{} freed later in the trace",
-                human(p.freed_in_trace_bytes)
-            ));
-        }
-        if p.with_stack_bytes > 0 {
-            parts.push(format!(
-                "{} of it in blocks with a recorded stack, shown by site",
-                human(p.with_stack_bytes)
-            ));
-        }
-        out.push(format!(
-            "Live before the trace began: {}, {} of what is allocated ({} allocation{}): {}.",
-            human(p.bytes),
-            percent(p.share),
-            p.count,
-            if p.count == 1 { "" } else { "s" },
-            parts.join(", ")
-        ));
+    if let Some(figures) = pre_trace_figures(&m.pre_trace) {
+        out.push(format!("Live before the trace began: {figures}."));
     }
     let f = &m.free_reserved;
     if m.reserved_bytes > 0 {
@@ -593,7 +645,7 @@ fn growth_grid(a: &Attribution) -> Grid {
     for x in &a.growth {
         g.row(vec![
             x.site.clone(),
-            x.category.label().to_string(),
+            category_cell(x.category, &x.mix),
             human(x.bytes_per_step),
             format!("{}–{}", x.first_step, x.last_step),
             human(x.first_bytes),

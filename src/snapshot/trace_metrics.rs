@@ -77,8 +77,9 @@ const NONE: u32 = u32::MAX;
 /// Slots of [`TraceScan::seg_cache`].
 const SEG_CACHE: usize = 1024;
 
-/// An entry index as stored in a [`Seg`] (a trace of 4 G entries cannot be held).
-fn index32(i: usize) -> u32 {
+/// An entry index as stored in a [`Seg`] or an attribution's lives (a trace
+/// of 4 G entries cannot be held): never `u32::MAX`, which stands for none.
+pub(super) fn index32(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(NONE - 1)
 }
 

@@ -7,7 +7,9 @@
 //! command prints ("the card is full", "no allocator setting will help", a
 //! line to set, "run nvidia-smi", "fragmentation", "what must go"…) held to
 //! the condition `advise::claims` states for it, on the diagnosis's figures,
-//! and no two claims that contradict each other.
+//! and no two claims that contradict each other; and [`category_contradictions`]:
+//! `top`'s categories against each other (a row of several categories names
+//! them, a site has one category in the Growing table and the peak table).
 
 use allocdoc::advise::Diagnosis;
 use serde_json::Value;
@@ -160,4 +162,55 @@ pub fn diagnose_texts(d: &Diagnosis) -> Vec<String> {
     v.extend(d.findings.iter().map(|f| f.message.clone()));
     v.extend(d.findings.iter().filter_map(|f| f.next.clone()));
     v
+}
+
+/// Every category `top --format json` gives that another part of the same
+/// output contradicts, one line each, prefixed with `what`: a row whose
+/// `mix` does not add up to its bytes or does not lead with its category (so
+/// a row of several categories that names one), and a site that the Growing
+/// table and the peak table name differently.
+pub fn category_contradictions(what: &str, top: &Value) -> Vec<String> {
+    let mut bad = Vec::new();
+    let empty = Vec::new();
+    let list = |v: &Value| v.as_array().unwrap_or(&empty).clone();
+    for device in list(&top["devices"]) {
+        for m in list(&device["moments"]) {
+            for r in list(&m["rows"]) {
+                let Some(mix) = r.get("mix").map(list) else {
+                    continue;
+                };
+                let sum: u64 = mix.iter().filter_map(|p| p["bytes"].as_u64()).sum();
+                let sorted = mix
+                    .windows(2)
+                    .all(|w| w[0]["bytes"].as_u64() >= w[1]["bytes"].as_u64());
+                if mix.len() < 2
+                    || Some(sum) != r["bytes"].as_u64()
+                    || mix[0]["category"] != r["category"]
+                    || !sorted
+                {
+                    bad.push(format!(
+                        "{what}: {} row {}: category {} with mix {}",
+                        m["moment"], r["key"], r["category"], r["mix"]
+                    ));
+                }
+            }
+        }
+        let peak = list(&device["moments"])
+            .into_iter()
+            .find(|m| m["moment"] == "peak" && m["by"] == "site");
+        for g in list(&device["growth"]) {
+            let row = peak
+                .as_ref()
+                .and_then(|m| list(&m["rows"]).into_iter().find(|r| r["key"] == g["site"]));
+            if let Some(r) = row
+                && (r["category"] != g["category"] || r.get("mix") != g.get("mix"))
+            {
+                bad.push(format!(
+                    "{what}: {} is {} ({}) in the peak table but {} ({}) in the Growing table",
+                    g["site"], r["category"], r["mix"], g["category"], g["mix"]
+                ));
+            }
+        }
+    }
+    bad
 }
