@@ -418,6 +418,64 @@ fn recommend_json_and_exit_code() {
     assert!(v["recommendation"].is_null());
 }
 
+/// One answer across commands: each config `recommend` ranked to its end has
+/// the figures `replay --conf` gives it, synchronisations included (each
+/// retry's `release_cached_blocks` syncs every stream), with and without an OOM.
+#[test]
+fn recommend_and_replay_give_a_config_the_same_figures() {
+    let csv = fixture("interleaved_16mib.csv");
+    for (capacity, code) in [("60MiB", 1), ("84MiB", 0)] {
+        let v = json_of(
+            &[
+                "recommend",
+                &csv,
+                "--capacity",
+                capacity,
+                "--format",
+                "json",
+            ],
+            code,
+        );
+        let candidates = v["candidates"].as_array().expect("candidates");
+        let mut synced = 0;
+        for c in candidates
+            .iter()
+            .filter(|c| c.get("stopped_early_at_event").is_none())
+        {
+            let conf = c["conf"].as_str().expect("conf");
+            let ran_out = c["oom"].is_object();
+            let r = json_of(
+                &[
+                    "replay",
+                    &csv,
+                    "--capacity",
+                    capacity,
+                    "--conf",
+                    conf,
+                    "--format",
+                    "json",
+                ],
+                i32::from(ran_out),
+            );
+            let run = &r["runs"][0];
+            for key in [
+                "oom",
+                "events",
+                "peak_reserved_bytes",
+                "peak_allocated_bytes",
+                "device_allocs",
+                "device_frees",
+                "alloc_retries",
+                "synchronizations",
+            ] {
+                assert_eq!(run[key], c[key], "{conf:?} at {capacity}: {key}");
+            }
+            synced += usize::from(int(run, "synchronizations") > 0);
+        }
+        assert!(synced > 10, "{synced} configs at {capacity} synchronised");
+    }
+}
+
 /// On a GPU: the same trace on the CUDA device and on the simulated card makes
 /// the same decisions (peak reserved, driver calls, OOM), and the device gives
 /// everything back.

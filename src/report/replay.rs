@@ -259,7 +259,7 @@ pub fn json(replay: &Replay) -> String {
                 "device_frees": r.figures.device_frees,
                 "alloc_retries": r.figures.alloc_retries,
                 "stats": r.stats,
-                "synchronizations": r.counters.synchronizations,
+                "synchronizations": r.figures.synchronizations,
                 "driver_time_us": r.counters.driver_time_us,
                 "fragmentation_at_peak": r.figures.fragmentation_at_peak(),
             });
