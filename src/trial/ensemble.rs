@@ -5,7 +5,7 @@
 //! from how many agree ([`super::validate::ensemble_strength`]).
 
 use super::placement::{self, Fate};
-use super::run::{replay, replay_placed};
+use super::run::{ForkingReplays, replay, replay_placed};
 use super::search::{self, Progress};
 use super::validate::{Basis, EXIT_UNCERTAIN, Strength, Verdict, ensemble_strength, peak_change};
 use crate::advise::space::Candidate;
@@ -574,6 +574,7 @@ pub fn search(
         .iter()
         .map(|m| {
             let sizes = super::workload::distinct_request_sizes(&m.judged);
+            let forking = ForkingReplays::new(&m.judged);
             let r = search::search(
                 candidates.clone(),
                 current,
@@ -583,7 +584,7 @@ pub fn search(
                 // a workload; no bisection per workload (the capacity is
                 // bisected across them below).
                 (
-                    |s: &Settings, c, _| replay(&m.judged, s, "", c).figures,
+                    |s: &Settings, c, _| forking.replay(s, "", c, None).figures,
                     false,
                 ),
                 |p| {
