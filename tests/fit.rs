@@ -595,3 +595,33 @@ proptest! {
         }
     }
 }
+
+/// `cargo fuzz run fit` found (5 December) a series whose allocated peak
+/// shrinks as the size grows, which made the largest-size search subtract
+/// a larger figure from a smaller one. The fuzz target's steps on its input
+/// (fixtures/fit/fuzz-shrinking-law.pickle): the search ends, with a size or
+/// none, for every card.
+#[test]
+fn a_series_whose_peak_shrinks_with_the_size_is_searched_without_panic() {
+    use allocdoc::snapshot::fit::{Recording, Series};
+    use allocdoc::trial::fit::{FitAsk, fit};
+    let data = std::fs::read("fixtures/fit/fuzz-shrinking-law.pickle").unwrap();
+    let snap = allocdoc::snapshot::load("fuzz", &data).expect("a snapshot");
+    let a = Recording::read("a", 2, &snap).unwrap().expect("allocations");
+    let mut b = a.clone();
+    b.input = "b".into();
+    b.size = 3 + u64::from(*data.last().unwrap());
+    for (x, byte) in b.allocs.iter_mut().zip(data.iter().cycle()) {
+        x.size = x.size.saturating_mul(u64::from(*byte % 5));
+    }
+    let series = Series::new(vec![a, b]).expect("one workload");
+    for capacity in [1 << 20, 1 << 30, 1 << 40] {
+        let ask = FitAsk {
+            at: vec![1, 7, 1000],
+            confs: vec![(String::new(), allocdoc::conf::Settings::default())],
+            capacity: Some(capacity),
+            step: 1,
+        };
+        let _ = fit(&series, &ask);
+    }
+}

@@ -748,7 +748,8 @@ impl Search<'_, '_> {
                         if lo == 0 { 0 } else { self.allocated(lo) },
                         self.allocated(hi),
                     );
-                    guess = self.bound(lo, hi, a + (b - a) / 2);
+                    // A law may shrink: allocated need not rise with n.
+                    guess = self.bound(lo, hi, a.midpoint(b));
                 }
             }
         }
