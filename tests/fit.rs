@@ -607,7 +607,9 @@ fn a_series_whose_peak_shrinks_with_the_size_is_searched_without_panic() {
     use allocdoc::trial::fit::{FitAsk, fit};
     let data = std::fs::read("fixtures/fit/fuzz-shrinking-law.pickle").unwrap();
     let snap = allocdoc::snapshot::load("fuzz", &data).expect("a snapshot");
-    let a = Recording::read("a", 2, &snap).unwrap().expect("allocations");
+    let a = Recording::read("a", 2, &snap)
+        .unwrap()
+        .expect("allocations");
     let mut b = a.clone();
     b.input = "b".into();
     b.size = 3 + u64::from(*data.last().unwrap());
