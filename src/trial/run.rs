@@ -13,7 +13,7 @@ use crate::workload::{
     Fork, OomEvent, ReplayOptions, RunFigures, RunResult, StreamedReplay, Trace,
 };
 use serde::Serialize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One config's run: the config as given ('' = PyTorch's defaults) and the
 /// run's figures (the contract's replay fields plus the driver work the
@@ -71,6 +71,8 @@ pub fn replay_bounded(
 /// figures are those of the whole replay ([`Fork::run_under`]).
 pub(crate) struct ForkingReplays<'t> {
     trace: &'t Trace,
+    /// [`Trace::allocates_each_id_once`], read once, at the first run that forks.
+    ids_once: OnceLock<bool>,
     kept: Mutex<Vec<Kept>>,
 }
 
@@ -85,6 +87,7 @@ impl<'t> ForkingReplays<'t> {
     pub fn new(trace: &'t Trace) -> Self {
         ForkingReplays {
             trace,
+            ids_once: OnceLock::new(),
             kept: Mutex::new(Vec::new()),
         }
     }
@@ -109,7 +112,8 @@ impl<'t> ForkingReplays<'t> {
             // A checkpoint every 1/64 of the trace: a fork replays at most that
             // much twice.
             let every = (trace.len() / 128).max(1024);
-            let forks = run.feed_keeping_forks(trace.events(), every);
+            let ids_once = *self.ids_once.get_or_init(|| trace.allocates_each_id_once());
+            let forks = run.feed_keeping_forks(trace.events(), every, ids_once);
             if !forks.is_empty() {
                 let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
                 kept.push(Kept {

@@ -396,25 +396,31 @@ impl<D: Device + Clone> StreamedReplay<D> {
     /// need not replay that prefix. Checkpoints stop once every threshold has
     /// turned one.
     ///
-    /// Where `events` allocate each id once, a checkpoint leaves out the
-    /// table from ids to blocks (most of what it would copy) and the forks
-    /// share this run's last table instead: an id allocated before the
+    /// With `share_ids`, which only a trace that allocates each id once
+    /// may pass ([`Trace::allocates_each_id_once`]), a checkpoint leaves out
+    /// the table from ids to blocks (most of what it would copy) and the
+    /// forks share this run's last table instead: an id allocated before the
     /// checkpoint kept its block since (a free does not write the table), and
     /// one allocated after is written by the fork before it is read.
-    pub fn feed_keeping_forks(&mut self, events: &[Event], every: usize) -> Vec<Fork<D>> {
-        let share_ids = allocates_each_id_once(events);
+    pub fn feed_keeping_forks(
+        &mut self,
+        events: &[Event],
+        every: usize,
+        share_ids: bool,
+    ) -> Vec<Fork<D>> {
         let mut forks = Vec::new();
         let mut seen = self.allocator.max_split_flips();
         let mut rest = events;
         while !rest.is_empty() && seen != u64::MAX {
             let (chunk, tail) = rest.split_at(every.max(1).min(rest.len()));
-            let ids = if share_ids {
-                std::mem::take(&mut self.blocks)
+            let before = if share_ids {
+                let ids = std::mem::take(&mut self.blocks);
+                let before = self.clone();
+                self.blocks = ids;
+                before
             } else {
-                self.blocks.clone()
+                self.clone()
             };
-            let before = self.clone();
-            self.blocks = ids;
             let going = self.feed(chunk);
             let flips = self.allocator.max_split_flips();
             if flips != seen {
@@ -430,9 +436,8 @@ impl<D: Device + Clone> StreamedReplay<D> {
             }
             rest = tail;
         }
-        if seen == u64::MAX {
-            self.feed(rest);
-        }
+        // The rest, unless the run ended (`feed` then does nothing).
+        self.feed(rest);
         if share_ids {
             let last = Arc::new(self.blocks.clone());
             for fork in &mut forks {
@@ -441,23 +446,6 @@ impl<D: Device + Clone> StreamedReplay<D> {
         }
         forks
     }
-}
-
-/// Whether no id is allocated twice (a free does not end an id).
-fn allocates_each_id_once(events: &[Event]) -> bool {
-    let mut seen: Vec<u64> = Vec::new();
-    events.iter().all(|e| match *e {
-        Event::Alloc { id, .. } => {
-            let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
-            if word >= seen.len() {
-                seen.resize(word + 1, 0);
-            }
-            let fresh = seen[word] & bit == 0;
-            seen[word] |= bit;
-            fresh
-        }
-        _ => true,
-    })
 }
 
 /// A run under `max_split_size` unset, as it stood before the events at
@@ -654,6 +642,7 @@ mod tests {
         let (mut forked, mut late, mut declined) = (0, 0, 0);
         for seed in 1..25u64 {
             let trace = Trace::random(seed, 400);
+            assert!(trace.allocates_each_id_once(), "fresh ids throughout");
             for (es, capacity, every) in [
                 (false, 16 << 30, 7),
                 (true, 16 << 30, 50),
@@ -676,7 +665,9 @@ mod tests {
                         trace.len(),
                         trace.ids() as usize,
                     );
-                    let forks = base.feed_keeping_forks(trace.events(), every);
+                    // Both ways of keeping the id table: shared, and copied.
+                    let share = trace.allocates_each_id_once() && seed % 2 == 0;
+                    let forks = base.feed_keeping_forks(trace.events(), every, share);
                     let whole = base.finish(trace.len() as u64).figures;
                     let plain = replay_with(&trace, &unset, SimDevice::new(capacity), options);
                     assert_eq!(whole, plain.figures, "keeping forks changes nothing");
@@ -720,7 +711,7 @@ mod tests {
             trace.len(),
             trace.ids() as usize,
         );
-        let forks = base.feed_keeping_forks(trace.events(), 10);
+        let forks = base.feed_keeping_forks(trace.events(), 10, true);
         let fork = forks.first().expect("some threshold turns a decision");
         let bit = 1u64 << fork.thresholds.trailing_zeros();
         let ok = Settings {
@@ -743,6 +734,19 @@ mod tests {
             assert!(fork.run_under(&trace, &s, None).is_none(), "{s:?}");
         }
         assert!(fork.run_under(&trace, &ok, Some(0)).is_none() || fork.peak_reserved() == 0);
+        // A fork whose prefix already reserved memory declines a bound below
+        // that (where the run passed it is not kept), and serves one at it.
+        let late = forks
+            .iter()
+            .find(|f| f.peak_reserved() > 0)
+            .expect("a threshold turns a decision after the first cudaMalloc");
+        let at = Settings {
+            max_split_size: 1 << late.thresholds.trailing_zeros(),
+            ..Settings::default()
+        };
+        let peak = late.peak_reserved();
+        assert!(late.run_under(&trace, &at, Some(peak - 1)).is_none());
+        assert!(late.run_under(&trace, &at, Some(peak)).is_some());
     }
 
     #[test]

@@ -102,6 +102,24 @@ impl Trace {
         Trace::from_events(out).expect("ids stay live")
     }
 
+    /// Whether no id is allocated twice (a free does not end an id; a trace
+    /// CSV may reuse one).
+    pub fn allocates_each_id_once(&self) -> bool {
+        let mut seen = vec![0u64; (self.ids as usize).div_ceil(64)];
+        self.events.iter().all(|e| match *e {
+            Event::Alloc { id, .. } => {
+                let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+                if word >= seen.len() {
+                    seen.resize(word + 1, 0);
+                }
+                let fresh = seen[word] & bit == 0;
+                seen[word] |= bit;
+                fresh
+            }
+            _ => true,
+        })
+    }
+
     /// The same trace, saying which card it was recorded on.
     pub fn with_capacity_hint(mut self, capacity: Option<u64>) -> Trace {
         self.capacity_hint = capacity;
@@ -764,6 +782,10 @@ mod tests {
             ]
         );
         assert_eq!(t.ids(), 2);
+        assert!(
+            !t.allocates_each_id_once(),
+            "an id allocated, freed and allocated again"
+        );
         assert!(is_trace_csv(csv));
     }
 
