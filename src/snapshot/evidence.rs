@@ -196,6 +196,23 @@ fn detail(
     settings_note: Option<&str>,
     fills: Fills,
 ) -> Result<(SnapshotDetail, PoolTotals), ModelError> {
+    // The trace's passes are made first: their tables' pages are populated
+    // (`grow::populating`) while this thread walks the segments.
+    let settings = recorded_settings(snap);
+    let ask = Ask {
+        headline_only: true,
+        ..Ask::default()
+    };
+    let passes = Passes {
+        scan: (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone())),
+        // The trace's peak entry is evidence; the rest of the attribution is
+        // for diagnose.
+        fills: match fills {
+            Fills::Headline => Attributor::new(snap, device, settings, ask),
+            Fills::Skip => Attributor::peak_only(snap, device),
+        },
+    };
+
     // A handful of pools, and runs of segments in the same one: a list
     // searched from the last hit beats a map.
     let mut pools: Vec<(PoolKey, PoolTotals)> = Vec::new();
@@ -299,20 +316,6 @@ fn detail(
     // millions of entries), oom entries kept, and the trace metrics fed.
     let mut counts: Vec<(Action, u64)> = Vec::new();
     let mut ooms = Vec::new();
-    let settings = recorded_settings(snap);
-    let ask = Ask {
-        headline_only: true,
-        ..Ask::default()
-    };
-    let passes = Passes {
-        scan: (snap.trace_len(device) > 0).then(|| TraceScan::new(snap, device, settings.clone())),
-        // The trace's peak entry is evidence; the rest of the attribution is
-        // for diagnose.
-        fills: match fills {
-            Fills::Headline => Attributor::new(snap, device, settings, ask),
-            Fills::Skip => Attributor::peak_only(snap, device),
-        },
-    };
     // A long trace is scanned and attributed on a second thread, beside this pass.
     let passes = std::thread::scope(|threads| -> Result<Passes<TraceScan>, ModelError> {
         let mut feeding = Feeding::new(threads, passes, snap.trace_len(device));

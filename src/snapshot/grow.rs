@@ -1,6 +1,10 @@
 //! Growing big vectors cheaply: reserve address space up front (untouched
 //! pages cost no memory) and fault pages in ahead of the writes.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc::Sender;
+
 /// A vector with room for `items`, or for fewer if that much address space
 /// is refused.
 pub fn reserved<T>(items: usize) -> Vec<T> {
@@ -19,15 +23,21 @@ pub fn reserved<T>(items: usize) -> Vec<T> {
 /// call is refused, pages fault in as usual.
 #[derive(Default)]
 pub struct Prefault {
-    /// Bytes from the vector's start already populated (`usize::MAX` once
-    /// the kernel refused).
+    /// Bytes from the vector's start past which the next write asks for more
+    /// (`usize::MAX` once the kernel refused).
     ready: usize,
+    /// Bytes from the vector's start populated, or asked of a [`populating`]
+    /// thread.
+    asked: usize,
 }
 
 impl Prefault {
     /// One that never populates: for a buffer that is filled again and again.
     pub fn off() -> Self {
-        Prefault { ready: usize::MAX }
+        Prefault {
+            ready: usize::MAX,
+            asked: usize::MAX,
+        }
     }
 
     /// Room for `more` items past `v.len()`.
@@ -42,31 +52,117 @@ impl Prefault {
     #[cold]
     #[inline(never)]
     fn populate<T>(&mut self, v: &mut Vec<T>, need: usize) {
-        const PAGE: usize = 4096;
-        const CHUNK: usize = 2 << 20;
         let base = v.as_mut_ptr() as usize;
         let capacity = v.capacity().saturating_mul(size_of::<T>());
-        let start = base.saturating_add(self.ready).next_multiple_of(PAGE);
-        let end = base.saturating_add(need.saturating_add(CHUNK).min(capacity)) & !(PAGE - 1);
+        // A populating thread is asked a chunk further ahead, and asked again
+        // a chunk before the writes reach what it was asked, so that it
+        // works beside them rather than under them.
+        let lead = if helped() { 2 * CHUNK } else { CHUNK };
+        let start = base.saturating_add(self.asked).next_multiple_of(PAGE);
+        let end = base.saturating_add(need.saturating_add(lead).min(capacity)) & !(PAGE - 1);
         if end <= start {
             // Nothing whole left within the capacity: try again once it grows.
             self.ready = need;
             return;
         }
-        self.ready = if populate_write(start, end - start) {
-            end - base
-        } else {
-            usize::MAX
-        };
+        if !populate_soon(start, end - start) {
+            *self = Prefault::off();
+            return;
+        }
+        self.asked = end - base;
+        self.ready = self.asked.saturating_sub(lead - CHUNK).max(need);
     }
 }
 
-/// `madvise(MADV_POPULATE_WRITE)` on `len` bytes at page-aligned `addr`.
+const PAGE: usize = 4096;
+/// How far ahead of the writes pages are populated, and the most one call asks.
+const CHUNK: usize = 2 << 20;
+
+/// `madvise(MADV_POPULATE_WRITE)` on `len` bytes at page-aligned `addr`;
+/// false once the kernel has refused it (before Linux 5.14).
 #[cfg(target_os = "linux")]
 fn populate_write(addr: usize, len: usize) -> bool {
-    // SAFETY: callers pass whole pages inside a vector's own allocation;
-    // populating only faults the pages in and never changes their contents.
-    unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0 }
+    if REFUSED.load(Relaxed) {
+        return false;
+    }
+    // SAFETY: whole pages inside a vector's own allocation. Populating only
+    // faults pages in and never changes their contents, so a range a
+    // populating thread reaches after its vector moved or was freed is
+    // harmless: unmapped, the call fails; mapped again, its bytes stay.
+    let done =
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0 };
+    if !done && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        REFUSED.store(true, Relaxed);
+    }
+    done
+}
+
+/// Set once `MADV_POPULATE_WRITE` is refused as unknown: pages fault in as usual.
+static REFUSED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Where this thread's population requests go inside [`populating`].
+    static HELPER: RefCell<Option<Sender<(usize, usize)>>> = const { RefCell::new(None) };
+}
+
+fn helped() -> bool {
+    HELPER.with(|h| h.borrow().is_some())
+}
+
+/// Populates `len` bytes at page-aligned `addr`: on this thread's
+/// [`populating`] thread when it has one (true: asked), here otherwise.
+fn populate_soon(addr: usize, len: usize) -> bool {
+    if REFUSED.load(Relaxed) {
+        return false;
+    }
+    // Asked a little at a time: each call holds the address space's lock,
+    // which this thread's growing and freeing of memory (`brk`, `mremap`)
+    // waits for. At 2 MiB a call (half a millisecond), `parse`'s reading
+    // thread waited 29 ms in all on a 185 MB snapshot.
+    const PIECE: usize = 256 << 10;
+    let sent = HELPER.with(|h| {
+        h.borrow().as_ref().is_some_and(|to| {
+            (addr..addr.saturating_add(len))
+                .step_by(PIECE)
+                .all(|at| to.send((at, PIECE.min(addr + len - at))).is_ok())
+        })
+    });
+    sent || populate_write(addr, len)
+}
+
+/// Runs `f` with the page population this thread asks for ([`Prefault`],
+/// [`populate_all`]) done on a thread of its own, ahead of the writes,
+/// when `worth` it (a large input): on `parse` of a 185 MB snapshot the
+/// kernel's page work was a fifth of the reading thread's time, with the
+/// second core idle until the trace pass (BENCHMARKS.md, issue 33).
+/// Without a thread (refused, or nested) it runs `f` as it is.
+pub fn populating<R>(worth: bool, f: impl FnOnce() -> R) -> R {
+    if !worth || REFUSED.load(Relaxed) || helped() {
+        return f();
+    }
+    std::thread::scope(|threads| {
+        let (to, requests) = std::sync::mpsc::channel::<(usize, usize)>();
+        let spawned = std::thread::Builder::new()
+            .name("populate".into())
+            .spawn_scoped(threads, move || {
+                for (addr, len) in requests {
+                    populate_write(addr, len);
+                }
+            });
+        if spawned.is_err() {
+            return f();
+        }
+        /// Ends the thread's requests however `f` ends, so the scope's join returns.
+        struct Done;
+        impl Drop for Done {
+            fn drop(&mut self) {
+                HELPER.with(|h| h.borrow_mut().take());
+            }
+        }
+        HELPER.with(|h| *h.borrow_mut() = Some(to));
+        let _done = Done;
+        f()
+    })
 }
 
 /// Asks for 2 MiB pages behind a big vector's capacity (`MADV_HUGEPAGE`,
@@ -108,12 +204,11 @@ pub fn zeroed_table(len: usize) -> Vec<u32> {
 /// other thread, each 4 KiB): the trace reader's id table, read before
 /// written, spent a tenth of its thread's time that way.
 pub fn populate_all<T>(v: &mut [T]) {
-    const PAGE: usize = 4096;
     let start = (v.as_mut_ptr() as usize).next_multiple_of(PAGE);
     let end = (v.as_mut_ptr() as usize).saturating_add(size_of_val(v)) & !(PAGE - 1);
     if end > start {
         // Refused (before Linux 5.14): the pages fault in as before.
-        let _ = populate_write(start, end - start);
+        let _ = populate_soon(start, end - start);
     }
 }
 
@@ -135,6 +230,7 @@ fn huge_pages(_addr: usize, _len: usize) {}
 
 #[cfg(not(target_os = "linux"))]
 fn populate_write(_addr: usize, _len: usize) -> bool {
+    REFUSED.store(true, Relaxed);
     false
 }
 
@@ -155,6 +251,56 @@ mod tests {
         assert!(refused.first().is_none_or(|&x| x == 0));
         assert!(refused.last().is_none_or(|&x| x == 0));
         assert!(zeroed_table(0).is_empty());
+    }
+
+    /// Inside `populating`, the pages ahead of the writes are populated by
+    /// its thread (resident once it has joined, though never written here),
+    /// what is written is kept, and a nested call runs on the same thread.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_populating_thread_faults_pages_in_ahead_of_the_writes() {
+        let mut v: Vec<u64> = reserved(8 << 20);
+        let mut ahead = Prefault::default();
+        let written = populating(true, || {
+            assert!(helped());
+            populating(true, || assert!(helped()));
+            for i in 0..1000u64 {
+                ahead.ahead(&mut v, 1);
+                v.push(i);
+            }
+            v.len()
+        });
+        assert!(!helped());
+        assert_eq!(written, 1000);
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
+        // Asked once, at the first push, 2 chunks past it (to a page's end),
+        // and every page up to there resident.
+        let base = v.as_ptr() as usize;
+        assert_eq!(ahead.asked, ((base + 8 + 2 * CHUNK) & !(PAGE - 1)) - base);
+        assert_eq!(
+            resident(base, ahead.asked),
+            (base + ahead.asked).div_ceil(PAGE) - base / PAGE
+        );
+        // Without one: a chunk ahead, populated here.
+        let mut w: Vec<u64> = reserved(8 << 20);
+        let mut ahead = Prefault::default();
+        ahead.ahead(&mut w, 1);
+        let base = w.as_ptr() as usize;
+        assert_eq!(ahead.asked, ((base + 8 + CHUNK) & !(PAGE - 1)) - base);
+    }
+
+    /// How many of the pages from page-aligned-down `addr` over `len` bytes
+    /// are resident (`mincore`).
+    #[cfg(target_os = "linux")]
+    fn resident(addr: usize, len: usize) -> usize {
+        let start = addr & !(PAGE - 1);
+        let pages = (addr + len - start).div_ceil(PAGE);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the range lies in a live allocation; `vec` has a byte per page.
+        let rc =
+            unsafe { libc::mincore(start as *mut libc::c_void, pages * PAGE, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        vec.iter().filter(|&&b| b & 1 == 1).count()
     }
 
     #[test]

@@ -4,12 +4,12 @@
 //! A trace of a million allocations that live to its end keeps a million
 //! addresses, tens of MB of table, and each lookup is a cache miss. This is
 //! an open-addressing table of 16-byte slots (address, size; linear probing,
-//! backward-shift deletion), sized once for the trace and faulted in on 2 MiB
-//! pages, so a lookup costs one cache line and no page walk; [`LiveMap::touch`]
+//! backward-shift deletion), sized once for the trace and faulted in before
+//! its first use, so a lookup costs one cache line; [`LiveMap::touch`]
 //! lets the caller look up a window of addresses before it changes them, so
 //! their misses overlap instead of waiting on each other.
 
-use super::grow::{advise_huge, populate_all};
+use super::grow::populate_all;
 
 /// Address → size; the address 0 marks an empty slot (and is kept aside).
 pub struct LiveMap {
@@ -44,7 +44,6 @@ impl LiveMap {
 
     fn grow_to(&mut self, slots: usize) {
         let mut table = vec![[0u64; 2]; slots];
-        advise_huge(&mut table);
         // Written before read: no zero page mapped, then copied (see populate_all).
         populate_all(&mut table);
         let old = std::mem::replace(&mut self.slots, table);

@@ -138,10 +138,10 @@ pub fn load_releasing<'a>(
         sized: limits.max_objects == Limits::default().max_objects,
         ..pickle::Limits::default()
     };
-    let decoded = match release {
+    let decoded = grow::populating(data.len() >= POPULATING_INPUT, || match release {
         Some(r) => pickle::decode_releasing(data, decode_limits, r),
         None => pickle::decode_with(data, decode_limits),
-    };
+    });
     let p = decoded.map_err(|e| match e {
         pickle::DecodeError::Limit {
             offset,
@@ -206,8 +206,15 @@ pub fn observations_releasing(
     release: Option<pickle::Release<'_>>,
     fills: Fills,
 ) -> Result<Vec<Observation>, Error> {
-    let snap = load_releasing(input_name, data, limits, release)?;
-    evidence::device_observations(input_name, &snap, fills)
-        .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
+    grow::populating(data.len() >= POPULATING_INPUT, || {
+        let snap = load_releasing(input_name, data, limits, release)?;
+        evidence::device_observations(input_name, &snap, fills)
+            .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
+    })
 }
+
+/// Inputs from which the pages a snapshot's decoding and model fill are
+/// populated on a thread of their own ([`grow::populating`]): below, the
+/// thread would cost more than it saves.
+const POPULATING_INPUT: usize = 32 << 20;
 pub mod writer;

@@ -1,5 +1,6 @@
 //! One read of a trace feeds the attribution and a scan: on this thread,
-//! or, for a long trace, on a second one handed the entries in batches.
+//! or, for a long trace, the attribution on a second one handed the
+//! entries in batches while the scan stays beside the reading.
 
 use super::Attributor;
 use crate::snapshot::model::{ModelError, TraceEntry};
@@ -19,12 +20,14 @@ impl<S: Feed> Passes<'_, '_, S> {
         }
         self.fills.entry(i, e);
     }
+}
 
+impl Attributor<'_, '_> {
     /// A batch's entries in order, [`WARM`] at a time after their addresses
     /// are looked up ([`Attributor::warm`]).
     fn batch(&mut self, batch: &[(usize, TraceEntry)]) {
         for window in batch.chunks(WARM) {
-            self.fills.warm(window);
+            self.warm(window);
             for (i, e) in window {
                 self.entry(*i, e);
             }
@@ -35,25 +38,29 @@ impl<S: Feed> Passes<'_, '_, S> {
 /// Entries whose addresses are looked up together before they are fed.
 const WARM: usize = 16;
 
-/// Where a trace's passes are fed: on this thread, entry by entry, or on a
-/// thread of their own, in batches of the entries this thread has read
-/// (each entry is decoded once; the batches' buffers go back and forth).
-/// Reading an entry out of the decoded pickle costs about what the passes
-/// cost, so this thread only reads.
+/// Where a trace's passes are fed: on this thread, entry by entry, or the
+/// attribution on a thread of its own, in batches of the entries this
+/// thread has read (each entry is decoded once; the batches' buffers go back
+/// and forth), the scan here. Reading an entry out of the decoded pickle
+/// costs about what the scan costs, and the attribution (an address lookup
+/// per entry) about both: with the scan on the second thread too, this one
+/// waited on it for 60 % of the trace pass (`parse` of a 185 MB snapshot,
+/// BENCHMARKS.md, issue 33).
 pub(crate) enum Feeding<'t, 's, 'a, S> {
     Inline(Box<Passes<'s, 'a, S>>),
     Thread {
+        scan: Option<S>,
         batch: Vec<(usize, TraceEntry)>,
         full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
         empty: std::sync::mpsc::Receiver<Vec<(usize, TraceEntry)>>,
-        worker: std::thread::ScopedJoinHandle<'t, Passes<'s, 'a, S>>,
+        worker: std::thread::ScopedJoinHandle<'t, Attributor<'s, 'a>>,
     },
 }
 
 /// Entries handed to the passes' thread at a time.
 const FEED_BATCH: usize = 4096;
 
-impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
+impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
     /// Inline for a short trace; a trace of [`THREADED_TRACE`] entries or
     /// more is fed on a thread of `threads`.
     pub(crate) fn new(
@@ -70,18 +77,20 @@ impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
         // Two batches in flight: one being read here, one fed there.
         let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
         let (back, empty) = std::sync::mpsc::channel();
+        let Passes { scan, fills } = passes;
         let worker = threads.spawn(move || {
-            let mut passes = passes;
+            let mut fills = fills;
             for mut batch in batches {
-                passes.batch(&batch);
+                fills.batch(&batch);
                 batch.clear();
                 // This side may have stopped early (an error): nothing to hand back to.
                 let _ = back.send(batch);
             }
-            passes.fills.settle();
-            passes
+            fills.settle();
+            fills
         });
         Feeding::Thread {
+            scan,
             batch: Vec::with_capacity(FEED_BATCH),
             full,
             empty,
@@ -93,8 +102,15 @@ impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
         match self {
             Feeding::Inline(a) => a.entry(i, e),
             Feeding::Thread {
-                batch, full, empty, ..
+                scan,
+                batch,
+                full,
+                empty,
+                ..
             } => {
+                if let Some(scan) = scan {
+                    scan.entry(i, e);
+                }
                 batch.push((i, e.clone()));
                 if batch.len() == FEED_BATCH {
                     let next = empty
@@ -111,6 +127,7 @@ impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
         match self {
             Feeding::Inline(p) => Ok(*p),
             Feeding::Thread {
+                scan,
                 batch,
                 full,
                 worker,
@@ -120,10 +137,11 @@ impl<'t, 's, 'a, S: Feed + Send + 's> Feeding<'t, 's, 'a, S> {
                     let _ = full.send(batch);
                 }
                 drop(full);
-                worker.join().map_err(|_| ModelError {
+                let fills = worker.join().map_err(|_| ModelError {
                     path: format!("device_traces[{device}]"),
-                    problem: "its attribution or step scan failed".to_string(),
-                })
+                    problem: "its attribution failed".to_string(),
+                })?;
+                Ok(Passes { scan, fills })
             }
         }
     }
