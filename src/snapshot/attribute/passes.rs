@@ -57,7 +57,7 @@ pub(crate) enum Feeding<'t, 's, 'a, S> {
     },
 }
 
-/// Entries handed to the passes' thread at a time.
+/// Entries handed to the attribution's thread at a time.
 const FEED_BATCH: usize = 4096;
 
 impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
@@ -150,3 +150,86 @@ impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
 /// Trace entries from which a device's trace is attributed on a second
 /// thread (below, the thread would cost more than it saves).
 const THREADED_TRACE: usize = 100_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::CachingAllocator;
+    use crate::device::sim::SimDevice;
+    use crate::snapshot::Snapshot;
+    use crate::snapshot::attribute::Ask;
+    use crate::snapshot::trace_metrics::TraceScan;
+
+    /// A recorded snapshot of about 30 000 trace entries (several feeding
+    /// batches), from random allocations and frees on a simulated card.
+    fn recorded() -> Vec<u8> {
+        let mut a = CachingAllocator::new(Default::default(), SimDevice::new(8 << 30));
+        a.record_history();
+        let (mut live, mut x) = (Vec::new(), 0x9e37_79b9_7f4a_7c15u64);
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if live.len() < 8 || (live.len() < 200 && x % 2 == 0) {
+                let most = if x % 3 == 0 { 1 << 20 } else { 24 << 20 };
+                live.push(a.malloc(1 + (x >> 8) % most, 0).unwrap());
+            } else {
+                a.free(live.swap_remove((x >> 20) as usize % live.len()))
+                    .unwrap();
+            }
+        }
+        let trace = a.take_trace();
+        let written =
+            crate::snapshot::writer::Snapshot::from_allocator(&a.segments(), &trace, None);
+        crate::snapshot::writer::to_bytes(&written)
+    }
+
+    /// Feeds `snap`'s trace with `entries` as the trace length `Feeding`
+    /// is told: 0 feeds here, `usize::MAX` on a second thread.
+    fn fed<'s, 'a>(
+        snap: &'s Snapshot<'a>,
+        passes: Passes<'s, 'a, TraceScan<'s, 'a>>,
+        entries: usize,
+    ) -> Passes<'s, 'a, TraceScan<'s, 'a>> {
+        std::thread::scope(|threads| {
+            let mut feeding = Feeding::new(threads, passes, entries);
+            assert_eq!(matches!(feeding, Feeding::Inline(_)), entries == 0);
+            for (i, e) in snap.trace(0).enumerate() {
+                feeding.entry(i, &e.unwrap());
+            }
+            feeding.finish(0).unwrap()
+        })
+    }
+
+    /// The scan and the attribution come out the same whether the
+    /// attribution is fed on a second thread (the scan staying on the
+    /// reading one) or both here: the whole attribution and the peak alone.
+    #[test]
+    fn feeding_on_a_second_thread_gives_what_feeding_here_gives() {
+        let bytes = recorded();
+        let snap = crate::snapshot::load("t.pickle", &bytes).unwrap();
+        assert!(snap.trace_len(0) > 3 * FEED_BATCH, "{}", snap.trace_len(0));
+        let settings = crate::snapshot::evidence::recorded_settings(&snap);
+        let whole = |entries| {
+            let passes = Passes {
+                scan: Some(TraceScan::new(&snap, 0, settings.clone())),
+                fills: Attributor::new(&snap, 0, settings.clone(), Ask::default()),
+            };
+            let p = fed(&snap, passes, entries);
+            let (metrics, steps) = p.scan.unwrap().finish_with_steps();
+            (metrics, p.fills.finish(&steps))
+        };
+        let (here, there) = (whole(0), whole(usize::MAX));
+        assert!(here.0.peak.allocated_bytes > 0);
+        assert_eq!(here, there);
+        let peak = |entries| {
+            let passes = Passes {
+                scan: None,
+                fills: Attributor::peak_only(&snap, 0),
+            };
+            fed(&snap, passes, entries).fills.peak_event_index()
+        };
+        assert_eq!(peak(0), peak(usize::MAX));
+        assert!(peak(0).is_some());
+    }
+}
