@@ -129,7 +129,7 @@ fn headless(data: &[u8], line: HitLine, at: usize, input: &str) -> Found {
 
 /// Looks on the two lines above `hit` for a "CUDA out of memory." that a wrap
 /// split (anywhere, even inside "CUDA"), joining the pieces the way
-/// [`continue_lines`] will.
+/// `message::continue_lines` will.
 fn wrapped_head(data: &[u8], hit: usize, input: &str) -> Option<Found> {
     static HEAD: LazyLock<Regex> = LazyLock::new(|| pattern(r"(CUDA|HIP|XPU) out of memory \.? $"));
     let ls = line_start(data, hit);
