@@ -12,6 +12,7 @@ use allocdoc::app::Format;
 use allocdoc::app::diagnose::{DiagnoseOptions, context, read_one};
 use allocdoc::app::validate::ValidateOptions;
 use allocdoc::conf::{Platform, TorchVersion};
+use allocdoc::evidence::fills::Grouping;
 use allocdoc::ingest::InputKind;
 use allocdoc::rules::RuleSet;
 use allocdoc::trial::recommend::{Search, recommend};
@@ -395,20 +396,23 @@ fn every_printed_claim_holds_on_every_fixture() {
                 .stdout;
                 bad.extend(false_claims(&format!("{} top", f.path), d, &[&top]));
                 texts.push(top);
-                let json = allocdoc::app::top::run(&allocdoc::app::top::TopOptions {
-                    inputs: vec![f.path.clone()],
-                    common: allocdoc::app::Common {
-                        format: Format::Json,
+                for by in [Grouping::Site, Grouping::User] {
+                    let json = allocdoc::app::top::run(&allocdoc::app::top::TopOptions {
+                        inputs: vec![f.path.clone()],
+                        by,
+                        common: allocdoc::app::Common {
+                            format: Format::Json,
+                            ..Default::default()
+                        },
                         ..Default::default()
-                    },
-                    ..Default::default()
-                })
-                .unwrap()
-                .stdout;
-                bad.extend(category_contradictions(
-                    &format!("{} top", f.path),
-                    &serde_json::from_str(&json).unwrap(),
-                ));
+                    })
+                    .unwrap()
+                    .stdout;
+                    bad.extend(category_contradictions(
+                        &format!("{} top --by {by:?}", f.path),
+                        &serde_json::from_str(&json).unwrap(),
+                    ));
+                }
             }
             let mut made = made.lock().unwrap();
             for c in Claim::ALL {

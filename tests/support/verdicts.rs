@@ -168,7 +168,8 @@ pub fn diagnose_texts(d: &Diagnosis) -> Vec<String> {
 /// output contradicts, one line each, prefixed with `what`: a row whose
 /// `mix` does not add up to its bytes or does not lead with its category (so
 /// a row of several categories that names one), and a site that the Growing
-/// table and the peak table name differently.
+/// table and the peak table name differently (grouped by site, or by your
+/// code, where a row's key is the growing site's).
 pub fn category_contradictions(what: &str, top: &Value) -> Vec<String> {
     let mut bad = Vec::new();
     let empty = Vec::new();
@@ -197,7 +198,7 @@ pub fn category_contradictions(what: &str, top: &Value) -> Vec<String> {
         }
         let peak = list(&device["moments"])
             .into_iter()
-            .find(|m| m["moment"] == "peak" && m["by"] == "site");
+            .find(|m| m["moment"] == "peak" && (m["by"] == "site" || m["by"] == "user"));
         for g in list(&device["growth"]) {
             let row = peak
                 .as_ref()
