@@ -316,7 +316,7 @@ fn detail(
     // millions of entries), oom entries kept, and the trace metrics fed.
     let mut counts: Vec<(Action, u64)> = Vec::new();
     let mut ooms = Vec::new();
-    // A long trace is scanned and attributed on a second thread, beside this pass.
+    // A long trace is attributed on a second thread while this one reads and scans it.
     let passes = std::thread::scope(|threads| -> Result<Passes<TraceScan>, ModelError> {
         let mut feeding = Feeding::new(threads, passes, snap.trace_len(device));
         for (i, e) in snap.trace(device).enumerate() {

@@ -5,7 +5,9 @@
 //! addresses, tens of MB of table, and each lookup is a cache miss. This is
 //! an open-addressing table of 16-byte slots (address, size; linear probing,
 //! backward-shift deletion), sized once for the trace and faulted in before
-//! its first use, so a lookup costs one cache line; [`LiveMap::touch`]
+//! its first use, so a lookup costs one cache line (and a page walk: on 2 MiB
+//! pages it would not, but one run of `parse` in six then stalled for up to
+//! 0.7 s, BENCHMARKS.md, issue 33); [`LiveMap::touch`]
 //! lets the caller look up a window of addresses before it changes them, so
 //! their misses overlap instead of waiting on each other.
 
