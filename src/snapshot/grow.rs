@@ -19,8 +19,9 @@ pub fn reserved<T>(items: usize) -> Vec<T> {
 /// Pre-faults a growing vector's spare capacity ahead of its writes, 2 MiB
 /// at a time, with `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+): one kernel
 /// entry per 2 MiB instead of a page fault per 4 KiB: 5–10 % of `parse`'s CPU
-/// time on a 200 MB snapshot (BENCHMARKS.md, "Snapshot decoding"). Where the
-/// call is refused, pages fault in as usual.
+/// time on a 200 MB snapshot (BENCHMARKS.md, "Snapshot decoding"). Inside
+/// [`populating`] its thread makes the calls, 4 MiB ahead. Where the call is
+/// refused, pages fault in as usual.
 #[derive(Default)]
 pub struct Prefault {
     /// Bytes from the vector's start past which the next write asks for more
