@@ -138,7 +138,7 @@ pub fn load_releasing<'a>(
         sized: limits.max_objects == Limits::default().max_objects,
         ..pickle::Limits::default()
     };
-    let decoded = grow::populating(data.len() >= POPULATING_INPUT, || match release {
+    let decoded = populating(data, || match release {
         Some(r) => pickle::decode_releasing(data, decode_limits, r),
         None => pickle::decode_with(data, decode_limits),
     });
@@ -206,15 +206,22 @@ pub fn observations_releasing(
     release: Option<pickle::Release<'_>>,
     fills: Fills,
 ) -> Result<Vec<Observation>, Error> {
-    grow::populating(data.len() >= POPULATING_INPUT, || {
+    populating(data, || {
         let snap = load_releasing(input_name, data, limits, release)?;
         evidence::device_observations(input_name, &snap, fills)
             .map_err(|e| Error::Input(format!("{input_name}: not a torch memory snapshot: {e}")))
     })
 }
 
+/// Runs `f` with its pages populated on a thread of their own
+/// ([`grow::populating`]) when the snapshot `data` is of
+/// [`POPULATING_INPUT`] bytes or more.
+fn populating<R>(data: &[u8], f: impl FnOnce() -> R) -> R {
+    grow::populating(data.len() >= POPULATING_INPUT, f)
+}
+
 /// Inputs from which the pages a snapshot's decoding and model fill are
-/// populated on a thread of their own ([`grow::populating`]): below, the
-/// thread would cost more than it saves.
+/// populated on a thread of their own: below, the thread would cost more
+/// than it saves.
 const POPULATING_INPUT: usize = 32 << 20;
 pub mod writer;

@@ -110,8 +110,8 @@ impl<'t> ForkingReplays<'t> {
             let mut run =
                 StreamedReplay::new(settings, device, options, trace.len(), trace.ids() as usize);
             // A checkpoint every 1/64 of the trace: a fork replays at most that
-            // much twice.
-            let every = (trace.len() / 128).max(1024);
+            // much twice (1/16 to 1/128 measured: BENCHMARKS.md, issue 33).
+            let every = (trace.len() / 64).max(1024);
             let ids_once = *self.ids_once.get_or_init(|| trace.allocates_each_id_once());
             let forks = run.feed_keeping_forks(trace.events(), every, ids_once);
             if !forks.is_empty() {
