@@ -236,7 +236,7 @@ fn populate_write(_addr: usize, _len: usize) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A zeroed table is all zeros, and populating part of it changes nothing;
@@ -293,7 +293,7 @@ mod tests {
     /// How many of the pages from page-aligned-down `addr` over `len` bytes
     /// are resident (`mincore`).
     #[cfg(target_os = "linux")]
-    fn resident(addr: usize, len: usize) -> usize {
+    pub(crate) fn resident(addr: usize, len: usize) -> usize {
         let start = addr & !(PAGE - 1);
         let pages = (addr + len - start).div_ceil(PAGE);
         let mut vec = vec![0u8; pages];

@@ -154,7 +154,8 @@ fn a_list_appended_between_other_objects_keeps_its_order() {
 /// Decoding with the pages populated on a thread of their own
 /// (`grow::populating`, as snapshots of 32 MiB or more are) gives the
 /// decode without it: 200 000 dicts, a value pool of several MiB, asked
-/// for ahead of the writes chunk after chunk.
+/// for ahead of the writes chunk after chunk; and the decoder did ask: the
+/// pool's pages are resident at least a chunk (2 MiB) past its last value.
 #[test]
 fn decoding_beside_a_populating_thread_is_the_plain_decode() {
     let data = trace_like(200_000, false);
@@ -170,4 +171,16 @@ fn decoding_beside_a_populating_thread_is_the_plain_decode() {
         (helped.slots.len(), helped.pool.len())
     );
     assert_eq!(plain.to_json(plain.root, 8), helped.to_json(helped.root, 8));
+    #[cfg(target_os = "linux")]
+    {
+        let value = size_of::<V>();
+        let end = helped.pool.as_ptr() as usize + helped.pool.len() * value;
+        let ahead = (2 << 20) - 4096;
+        assert!((helped.pool.capacity() - helped.pool.len()) * value > 2 << 20);
+        let pages = crate::snapshot::grow::tests::resident(end, ahead);
+        assert!(
+            pages * 4096 >= ahead,
+            "{pages} pages resident past the pool's end"
+        );
+    }
 }
