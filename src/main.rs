@@ -52,6 +52,12 @@ enum Command {
         after_help = "Examples:\n  allocdoc fit b8.pickle b16.pickle --sizes 8,16 --capacity 79.11GiB --knob batch\n  allocdoc fit s512.pickle s1024.pickle --sizes 512,1024 --at 2048,4096 --conf expandable_segments:True\n  allocdoc fit a.pickle b.pickle c.pickle --sizes 1,2,4 --capacity 24GiB --step 2 --format json\n  allocdoc fit b8.pickle b16.pickle --sizes 8,16 --at 32 --report fit.html"
     )]
     Fit(app::fit::FitOptions),
+    /// A whole run of steps whose size varies: the step that runs out of memory, the config and the size cap that carry the run.
+    #[command(
+        long_about = "A whole run, not one step: from the same recordings fit takes (snapshots of one workload at two or more values of one knob), replay a run of many steps whose size varies (variable sequence lengths, the last partial batch, evaluation) as one process through the bundled allocator, under PyTorch's defaults and each --conf. The cache keeps blocks between steps, so reserved memory ratchets above any single step's peak and a card that holds every step alone can run out of memory hours in, at a long step after short ones: forecast says at which step, what strands the memory, which config carries the run, and (with --capacity) the largest cap on the size under which the run survives the card.\n\nThe run is a file of step sizes (--run, one per line, # comments), or is built from a file of per-sample sizes shuffled into padded batches (--lengths FILE --batch N [--steps M] [--seed S] [--pad-to K], written out with --write-run). Each step follows fit's predicted trace at its size; what a step leaves live is freed by the next step where the recording shows it freed (shared/forecast/README.md's semantics).",
+        after_help = "Examples:\n  allocdoc forecast s128.pickle s512.pickle --sizes 128,512 --run run.txt --capacity 24GiB --knob context_length\n  allocdoc forecast s128.pickle s512.pickle --sizes 128,512 --lengths token_lengths.txt --batch 8 --pad-to 64 --steps 5000 --capacity 80GiB\n  allocdoc forecast a.pickle b.pickle --sizes 256,1024 --run run.txt --conf expandable_segments:True --format json\n  allocdoc forecast a.pickle b.pickle --sizes 256,1024 --run run.txt --capacity 12GiB --report forecast.html"
+    )]
+    Forecast(app::forecast::ForecastOptions),
     /// Work with PYTORCH_CUDA_ALLOC_CONF values.
     #[command(
         after_help = "Examples:\n  allocdoc conf check 'expandable_segments:True' --torch-version 2.1\n  allocdoc conf check \"$PYTORCH_CUDA_ALLOC_CONF\" --format json"
@@ -152,6 +158,11 @@ impl SearchBar {
                 self.bar.set_length(step as u64);
                 self.bar.set_position(step as u64);
             }
+            Progress::Steps { done, total } => {
+                self.bar.set_message("replaying the run's steps");
+                self.bar.set_length(total as u64);
+                self.bar.set_position(done as u64);
+            }
         }
     }
 
@@ -167,6 +178,12 @@ fn run(cli: Cli) -> Result<Outcome, allocdoc::Error> {
         Command::Top(opts) => app::top::run(&opts),
         Command::Diff(opts) => app::diff::run(&opts),
         Command::Fit(opts) => app::fit::run(&opts),
+        Command::Forecast(opts) => {
+            let bar = SearchBar::new();
+            let out = app::forecast::run_with_progress(&opts, &|p| bar.update(p));
+            bar.finish();
+            out
+        }
         Command::Conf {
             action: ConfAction::Check(opts),
         } => app::conf_check::run(&opts),
@@ -203,6 +220,11 @@ impl Command {
             Command::Top(o) => o.inputs.iter().any(|i| i == "-"),
             Command::Diff(o) => o.before == "-" || o.after == "-",
             Command::Fit(o) => o.inputs.iter().any(|i| i == "-"),
+            Command::Forecast(o) => {
+                o.inputs.iter().any(|i| i == "-")
+                    || o.run.as_deref() == Some("-")
+                    || o.lengths.as_deref() == Some("-")
+            }
             Command::Recommend(o) => o.input == "-",
             Command::Validate(o) => o.input == "-",
             Command::Conf { .. } | Command::Rules(_) | Command::Completions { .. } => false,

@@ -15,6 +15,7 @@ mod conf;
 mod conventions;
 mod fills;
 mod fit;
+mod forecast;
 mod hostile;
 mod ingest;
 mod json_contract;

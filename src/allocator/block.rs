@@ -108,6 +108,10 @@ impl Arena {
     pub fn get_mut(&mut self, id: BlockId) -> &mut Block {
         &mut self.blocks[id as usize]
     }
+    /// Slots, live or recycled.
+    pub fn slots(&self) -> usize {
+        self.blocks.len()
+    }
     /// Every live block.
     pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> {
         self.blocks
@@ -270,6 +274,11 @@ pub struct FreeSet {
 }
 
 impl FreeSet {
+    /// Bytes a copy of the set holds, about: the bucket tables and entries.
+    pub fn approx_bytes(&self) -> usize {
+        self.streams.len() * (BUCKETS * size_of::<Vec<Entry>>() + BITMAP_WORDS * 8)
+            + self.len * size_of::<Entry>()
+    }
     fn stream(&self, stream: u64) -> Option<&StreamFree> {
         self.streams.iter().find(|s| s.stream == stream)
     }

@@ -7,7 +7,7 @@
 
 use super::{Format, Outcome};
 use crate::Error;
-use crate::conf::TorchVersion;
+use crate::conf::{Settings, TorchVersion};
 use crate::ingest::InputKind;
 use crate::snapshot::fit::{Recording, Series};
 use crate::trial::answer::Strength;
@@ -79,7 +79,7 @@ impl Default for FitOptions {
 }
 
 /// A knob value: a whole number above 0.
-fn knob_value(flag: &str, v: &str) -> Result<u64, Error> {
+pub(crate) fn knob_value(flag: &str, v: &str) -> Result<u64, Error> {
     let t = v.trim();
     match t.parse::<u64>() {
         Ok(0) => Err(Error::Usage(format!("{flag} {t}: sizes start at 1"))),
@@ -94,16 +94,16 @@ fn knob_value(flag: &str, v: &str) -> Result<u64, Error> {
 }
 
 /// Reads one input's recording.
-fn recording(opts: &FitOptions, input: &str, size: u64) -> Result<Recording, Error> {
+fn recording(common: &super::Common, input: &str, size: u64) -> Result<Recording, Error> {
     let name = crate::ingest::input_name(input);
-    let data = opts.common.buffers.read(input, &opts.common.limits)?;
+    let data = common.buffers.read(input, &common.limits)?;
     if crate::ingest::detect(&data) != InputKind::Pickle {
         return Err(Error::Input(format!(
             "{name}: not a snapshot pickle: fit reads torch memory snapshots with a trace, one per size ({})",
             crate::snapshot::attribute::RECORD_STACKS
         )));
     }
-    let snap = crate::snapshot::load_with(name, &data, &opts.common.limits)?;
+    let snap = crate::snapshot::load_with(name, &data, &common.limits)?;
     Recording::read(name, size, &snap)
         .map_err(|e| Error::Input(format!("{name}: not a torch memory snapshot: {e}")))?
         .ok_or_else(|| {
@@ -113,24 +113,61 @@ fn recording(opts: &FitOptions, input: &str, size: u64) -> Result<Recording, Err
         })
 }
 
-pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
-    if opts.sizes.len() != opts.inputs.len() {
+/// The defaults and each config given (once each), parsed.
+pub(crate) fn configs(given: &[String]) -> Result<Vec<(String, Settings)>, Error> {
+    let mut confs = vec![String::new()];
+    for c in given {
+        let c = c.trim().to_string();
+        if !confs.contains(&c) {
+            confs.push(c);
+        }
+    }
+    confs
+        .into_iter()
+        .map(|c| {
+            let s = crate::trial::run::parse_native_conf(&c, TorchVersion::DEFAULT)?.settings;
+            Ok((c, s))
+        })
+        .collect()
+}
+
+/// The size of each input: one each, whole numbers above 0.
+pub(crate) fn recorded_sizes(inputs: &[String], sizes: &[String]) -> Result<Vec<u64>, Error> {
+    if sizes.len() != inputs.len() {
         return Err(Error::Usage(format!(
             "--sizes gives {} value{} for {} input{}: one size per input, in the same order",
-            opts.sizes.len(),
-            if opts.sizes.len() == 1 { "" } else { "s" },
-            opts.inputs.len(),
-            if opts.inputs.len() == 1 { "" } else { "s" }
+            sizes.len(),
+            if sizes.len() == 1 { "" } else { "s" },
+            inputs.len(),
+            if inputs.len() == 1 { "" } else { "s" }
         )));
+    }
+    sizes.iter().map(|s| knob_value("--sizes", s)).collect()
+}
+
+/// The recordings of `inputs` at `sizes`, read and paired into a series.
+pub(crate) fn series(
+    common: &super::Common,
+    inputs: &[String],
+    sizes: &[String],
+) -> Result<Series, Error> {
+    let sizes = recorded_sizes(inputs, sizes)?;
+    let recordings = inputs
+        .par_iter()
+        .zip(&sizes)
+        .map(|(input, &size)| recording(common, input, size))
+        .collect::<Result<Vec<_>, Error>>()?;
+    Series::new(recordings).map_err(|e| Error::Input(e.to_string()))
+}
+
+pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
+    if opts.sizes.len() != opts.inputs.len() {
+        recorded_sizes(&opts.inputs, &opts.sizes)?;
     }
     if opts.step == 0 {
         return Err(Error::Usage("--step 0: the step is 1 or more".into()));
     }
-    let sizes = opts
-        .sizes
-        .iter()
-        .map(|s| knob_value("--sizes", s))
-        .collect::<Result<Vec<u64>, Error>>()?;
+    recorded_sizes(&opts.inputs, &opts.sizes)?;
     let mut at = opts
         .at
         .iter()
@@ -138,27 +175,8 @@ pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
         .collect::<Result<Vec<u64>, Error>>()?;
     at.sort_unstable();
     at.dedup();
-    let mut confs = vec![String::new()];
-    for c in &opts.confs {
-        let c = c.trim().to_string();
-        if !confs.contains(&c) {
-            confs.push(c);
-        }
-    }
-    let confs = confs
-        .into_iter()
-        .map(|c| {
-            let s = crate::trial::run::parse_native_conf(&c, TorchVersion::DEFAULT)?.settings;
-            Ok((c, s))
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    let recordings = opts
-        .inputs
-        .par_iter()
-        .zip(&sizes)
-        .map(|(input, &size)| recording(opts, input, size))
-        .collect::<Result<Vec<_>, Error>>()?;
-    let series = Series::new(recordings).map_err(|e| Error::Input(e.to_string()))?;
+    let confs = configs(&opts.confs)?;
+    let series = series(&opts.common, &opts.inputs, &opts.sizes)?;
     if at.is_empty() && opts.capacity.is_none() {
         let largest = series.recordings.iter().map(|r| r.size).max().unwrap_or(1);
         at.push(largest.saturating_mul(2));

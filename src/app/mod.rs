@@ -9,6 +9,7 @@ pub mod diagnose;
 pub mod diff;
 pub mod each;
 pub mod fit;
+pub mod forecast;
 pub mod input;
 pub mod parse;
 pub mod recommend;

@@ -60,6 +60,12 @@ pub trait Device {
     fn process_memory(&mut self) -> Vec<ProcessUse> {
         Vec::new()
     }
+    /// A hash of the device's state that the allocator's next decisions can
+    /// depend on (where its next segment goes, what it holds), counters left
+    /// out; `None` when it cannot be known (a real GPU).
+    fn state_hash(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A boxed device is a device (lets callers pick sim or CUDA at run time).
@@ -96,6 +102,9 @@ impl<T: Device + ?Sized> Device for Box<T> {
     }
     fn process_memory(&mut self) -> Vec<ProcessUse> {
         (**self).process_memory()
+    }
+    fn state_hash(&self) -> Option<u64> {
+        (**self).state_hash()
     }
 }
 

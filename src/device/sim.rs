@@ -419,6 +419,27 @@ impl Device for SimDevice {
         out.extend(self.other_processes.iter().cloned());
         out
     }
+
+    /// Where the next segment goes follows from the ranges held (first fit),
+    /// the high-water mark (rising), the generator (random) and the recorded
+    /// addresses left (fidelity); the capacity and what it holds decide the
+    /// next failure.
+    fn state_hash(&self) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        (self.capacity, self.context_bytes, self.used).hash(&mut h);
+        for (start, len) in &self.ranges {
+            (start, len).hash(&mut h);
+        }
+        let placement = match self.placement {
+            Placement::FirstFit => (0u8, 0),
+            Placement::Rising => (1, self.high_water),
+            Placement::Random(_) => (2, self.rng),
+        };
+        placement.hash(&mut h);
+        self.recorded.hash(&mut h);
+        Some(h.finish())
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ pub mod common;
 pub mod conf;
 pub mod diagnose;
 pub mod fit;
+pub mod forecast;
 pub mod html;
 pub mod markdown;
 pub mod parse;

@@ -662,6 +662,24 @@ pub fn size_chart(
     capacity: Option<u64>,
     x_label: &str,
 ) -> String {
+    line_chart(
+        lines,
+        marks,
+        capacity,
+        ("predicted peak memory by size", x_label),
+        true,
+    )
+}
+
+/// [`size_chart`]'s drawing with its title and x axis named, and a dot per
+/// point when `dots` (a run of thousands of steps draws lines only).
+pub fn line_chart(
+    lines: &[SizeLine],
+    marks: &[(u64, String)],
+    capacity: Option<u64>,
+    (title, x_label): (&str, &str),
+    dots: bool,
+) -> String {
     let max_x = lines
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.0))
@@ -676,7 +694,7 @@ pub fn size_chart(
         .unwrap_or(0);
     let (axes, on_axis) = Axes::new(max_x, data_peak, capacity);
     let (sx, sy) = (|x| axes.sx(x), |y| axes.sy(y));
-    let mut s = axes.open("predicted peak memory by size", x_label);
+    let mut s = axes.open(title, x_label);
     capacity_mark(&mut s, capacity, on_axis, sy);
     for (i, (x, label)) in marks.iter().enumerate() {
         let px = sx(*x as f64);
@@ -700,7 +718,7 @@ pub fn size_chart(
             let _ = write!(s, "{:.1},{:.1}", sx(x as f64), sy(y as f64));
         }
         let _ = write!(s, r#""><title>{}</title></polyline>"#, escape(&l.name));
-        for &(x, y) in &l.points {
+        for &(x, y) in l.points.iter().filter(|_| dots) {
             let _ = write!(
                 s,
                 r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{colour}"><title>{}: {} at {x}</title></circle>"#,

@@ -159,18 +159,7 @@ pub struct Largest {
 /// Predicts every size asked for and the largest that fits.
 pub fn fit(series: &Series, ask: &FitAsk) -> Fit {
     let recs = &series.recordings;
-    let inputs = recs
-        .iter()
-        .map(|r| FitInput {
-            input: r.input.clone(),
-            size: r.size,
-            device: r.device,
-            trace_entries: r.entries,
-            allocations: r.allocs.len(),
-            pre_trace_bytes: r.pre_trace_bytes(),
-            peak_allocated_bytes: r.peak_allocated(),
-        })
-        .collect();
+    let inputs = inputs(series);
     let models: Vec<Model> = (0..recs.len())
         .into_par_iter()
         .map(|r| series.model(r, None))
@@ -246,8 +235,25 @@ pub fn fit(series: &Series, ask: &FitAsk) -> Fit {
     }
 }
 
+/// The recordings, as the output lists them.
+pub(crate) fn inputs(series: &Series) -> Vec<FitInput> {
+    series
+        .recordings
+        .iter()
+        .map(|r| FitInput {
+            input: r.input.clone(),
+            size: r.size,
+            device: r.device,
+            trace_entries: r.entries,
+            allocations: r.allocs.len(),
+            pre_trace_bytes: r.pre_trace_bytes(),
+            peak_allocated_bytes: r.peak_allocated(),
+        })
+        .collect()
+}
+
 /// How each recording pairs with the largest.
-fn pairing(series: &Series) -> Vec<Pairing> {
+pub(crate) fn pairing(series: &Series) -> Vec<Pairing> {
     let recs = &series.recordings;
     let last = recs.len() - 1;
     let r = &recs[last];
@@ -315,7 +321,7 @@ fn warnings(series: &Series, largest: &Model) -> Vec<String> {
 }
 
 /// With three recordings or more, each one's peak predicted from the others.
-fn checks(series: &Series) -> Vec<Check> {
+pub(crate) fn checks(series: &Series) -> Vec<Check> {
     let recs = &series.recordings;
     if recs.len() < 3 {
         return Vec::new();
@@ -396,24 +402,21 @@ fn predict(
 /// A config whose decisions depend on the card's size (the garbage
 /// collection threshold, a memory fraction): replayed at the capacity even
 /// when its peak fits.
-fn capacity_matters(s: &Settings) -> bool {
+pub(crate) fn capacity_matters(s: &Settings) -> bool {
     s.garbage_collection_threshold > 0.0 || s.per_process_memory_fraction.is_some()
 }
 
 /// The call site of event `index` of the predicted trace.
 fn site_of(rec: &Recording, index: u64) -> String {
-    let site = match predicted::origin(rec, index) {
-        Origin::Pre(j) => rec.pre.get(j as usize).map_or(0, |p| p.site),
-        Origin::Step(k) => match rec.timeline.get(k as usize) {
-            Some(Step::Alloc(i)) => rec.allocs.get(*i as usize).map_or(0, |a| a.site),
-            _ => 0,
-        },
-    };
-    rec.sites.get(site as usize).cloned().unwrap_or_default()
+    match predicted::origin(rec, index) {
+        Origin::Pre(j) => rec.pre_site(j as usize),
+        Origin::Step(k) => rec.step_site(k as usize),
+    }
+    .to_string()
 }
 
 /// Why a prediction at `size` is uncertain (none: likely).
-fn reasons(
+pub(crate) fn reasons(
     series: &Series,
     model: &Model,
     size: u64,

@@ -23,6 +23,7 @@ pub mod compare;
 pub mod ensemble;
 pub mod fills;
 pub mod fit;
+pub mod forecast;
 pub mod placement;
 pub mod recommend;
 pub mod replay;

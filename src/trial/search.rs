@@ -21,6 +21,8 @@ pub enum Progress {
     Candidates { done: usize, total: usize },
     /// One more bisection step for the smallest capacity.
     Bisect { step: usize },
+    /// `done` of `total` steps of a run replayed, over every config (`forecast`).
+    Steps { done: usize, total: usize },
 }
 
 /// A ranked search.

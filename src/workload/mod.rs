@@ -5,6 +5,7 @@ pub mod predicted;
 pub mod probe;
 pub mod replay;
 pub mod rmm;
+pub mod run;
 pub mod snapshot_trace;
 pub mod trace;
 

@@ -194,6 +194,38 @@ impl RunResult {
     }
 }
 
+/// Driver work of a run so far ([`StreamedReplay::work`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DriverWork {
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub alloc_retries: u64,
+    pub synchronizations: u64,
+    pub driver_time_us: f64,
+}
+
+impl DriverWork {
+    /// What was done between `before` and `self`.
+    pub fn since(&self, before: &DriverWork) -> DriverWork {
+        DriverWork {
+            device_allocs: self.device_allocs - before.device_allocs,
+            device_frees: self.device_frees - before.device_frees,
+            alloc_retries: self.alloc_retries - before.alloc_retries,
+            synchronizations: self.synchronizations - before.synchronizations,
+            driver_time_us: self.driver_time_us - before.driver_time_us,
+        }
+    }
+
+    /// `self` followed by `more`.
+    pub fn add(&mut self, more: &DriverWork) {
+        self.device_allocs += more.device_allocs;
+        self.device_frees += more.device_frees;
+        self.alloc_retries += more.alloc_retries;
+        self.synchronizations += more.synchronizations;
+        self.driver_time_us += more.driver_time_us;
+    }
+}
+
 /// What a replay loop keeps after every event: the event where allocated
 /// memory first peaked, the allocated figure at the reserved peak, and the
 /// optional per-event timeline.
@@ -202,6 +234,8 @@ pub(crate) struct Peaks {
     peak_allocated: i64,
     peak_reserved: i64,
     pub peak_event_index: Option<u64>,
+    /// The event after which reserved memory first reached its peak.
+    pub peak_reserved_event_index: Option<u64>,
     pub allocated_at_peak_reserved: u64,
     record_timeline: bool,
     pub timeline: Vec<TimelinePoint>,
@@ -213,10 +247,20 @@ impl Peaks {
             peak_allocated: 0,
             peak_reserved: 0,
             peak_event_index: None,
+            peak_reserved_event_index: None,
             allocated_at_peak_reserved: 0,
             record_timeline,
             timeline: Vec::with_capacity(if record_timeline { events } else { 0 }),
         }
+    }
+
+    /// Peaks from here on, starting at the state now.
+    pub fn restart(&mut self, allocated: u64, reserved: u64) {
+        self.peak_allocated = allocated as i64;
+        self.peak_reserved = reserved as i64;
+        self.peak_event_index = None;
+        self.peak_reserved_event_index = None;
+        self.allocated_at_peak_reserved = allocated;
     }
 
     /// Takes the figures after event `index`; returns the reserved peak so far.
@@ -230,6 +274,7 @@ impl Peaks {
         }
         if reserved > self.peak_reserved {
             self.peak_reserved = reserved;
+            self.peak_reserved_event_index = Some(index);
             self.allocated_at_peak_reserved = allocated as u64;
         }
         if self.record_timeline {
@@ -364,6 +409,82 @@ impl<D: Device> StreamedReplay<D> {
             }
         }
         !self.ended()
+    }
+
+    /// Allocated and reserved bytes now.
+    pub fn current(&self) -> (u64, u64) {
+        let s = self.allocator.stats();
+        (
+            s.allocated_bytes.all().current.max(0) as u64,
+            s.reserved_bytes.all().current.max(0) as u64,
+        )
+    }
+
+    /// Starts the peaks over from the state now: [`Self::peaks`] then gives
+    /// the peaks of what is fed after (one step of a run).
+    pub fn restart_peaks(&mut self) {
+        let (allocated, reserved) = self.current();
+        self.peaks.restart(allocated, reserved);
+    }
+
+    /// Allocated and reserved bytes at their highest since the start or the
+    /// last [`Self::restart_peaks`], and the event that first raised
+    /// reserved memory to its peak (`None`: it did not rise).
+    pub fn peaks(&self) -> (u64, u64, Option<u64>) {
+        let p = &self.peaks;
+        (
+            p.peak_allocated.max(0) as u64,
+            p.peak_reserved.max(0) as u64,
+            p.peak_reserved_event_index,
+        )
+    }
+
+    /// Events fed so far (the index of the next one).
+    pub fn events_fed(&self) -> u64 {
+        self.index
+    }
+
+    /// The OOM that ended the run, if one did.
+    pub fn oom(&self) -> Option<&OomEvent> {
+        self.oom.as_ref()
+    }
+
+    /// The driver work so far: cudaMalloc and cudaFree calls, retries after a
+    /// failed cudaMalloc, synchronisations, modelled driver time.
+    pub fn work(&self) -> DriverWork {
+        let s = self.allocator.stats();
+        let c = self.allocator.device().counters();
+        DriverWork {
+            device_allocs: s.num_device_alloc.max(0) as u64,
+            device_frees: s.num_device_free.max(0) as u64,
+            alloc_retries: s.num_alloc_retries.max(0) as u64,
+            synchronizations: s.num_sync_all_streams.max(0) as u64 + c.synchronizations,
+            driver_time_us: c.driver_time_us,
+        }
+    }
+
+    /// The allocator's state ([`CachingAllocator::state_hash`]) with the
+    /// addresses of the allocations of `ids` in that order (what the next
+    /// events free by id); `None` on a device that cannot say its state.
+    pub fn state_hash(&self, ids: impl Iterator<Item = u32>) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        self.allocator.state_hash()?.hash(&mut h);
+        for id in ids {
+            let block = self.blocks.get(id as usize).copied().unwrap_or(NIL);
+            self.allocator.block_addr(block).hash(&mut h);
+        }
+        Some(h.finish())
+    }
+
+    /// Bytes a copy of this replay holds, about.
+    pub fn approx_bytes(&self) -> usize {
+        self.allocator.approx_bytes() + self.blocks.len() * size_of::<BlockId>()
+    }
+
+    /// The segments as a snapshot shows them, now.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.allocator.segments()
     }
 
     /// The run ran out of memory, passed the bound, or reached `stop_after`.

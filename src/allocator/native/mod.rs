@@ -2,6 +2,7 @@
 //! with its slow path, free, deferred frees through stream events, release of
 //! cached blocks and garbage collection. Spec: allocator.md §2–§3.
 
+mod fingerprint;
 mod free;
 mod malloc;
 mod release;

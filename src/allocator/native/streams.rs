@@ -10,8 +10,8 @@ use crate::device::Device;
 /// ([`CachingAllocator::synchronize_stream`]) or at a full synchronisation.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PendingEvent {
-    block: BlockId,
-    ready: bool,
+    pub(super) block: BlockId,
+    pub(super) ready: bool,
 }
 
 impl<D: Device> CachingAllocator<D> {

@@ -8,6 +8,7 @@
 //! size, every allocation of the recording closest to it at its law's size.
 
 pub mod align;
+pub mod carry;
 pub mod law;
 mod series;
 
@@ -257,6 +258,25 @@ impl Recording {
         let sizes: Vec<u64> = self.allocs.iter().map(|a| a.size).collect();
         let pre: Vec<u64> = self.pre.iter().map(|p| p.size).collect();
         self.peak_with(&sizes, &pre)
+    }
+
+    /// The call site of the allocation made at timeline step `k` (the
+    /// pre-trace row for a step that allocates nothing).
+    pub fn step_site(&self, k: usize) -> &str {
+        let site = match self.timeline.get(k) {
+            Some(Step::Alloc(i)) => self.allocs.get(*i as usize).map_or(0, |a| a.site),
+            _ => 0,
+        };
+        self.site_label(site)
+    }
+
+    /// The call site of pre-trace allocation `j`.
+    pub fn pre_site(&self, j: usize) -> &str {
+        self.site_label(self.pre.get(j).map_or(0, |p| p.site))
+    }
+
+    fn site_label(&self, site: u32) -> &str {
+        self.sites.get(site as usize).map_or("", String::as_str)
     }
 
     /// Bytes live before the trace began.

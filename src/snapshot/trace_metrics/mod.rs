@@ -59,6 +59,7 @@ use segments::{Initial, Seg};
 use std::collections::{BTreeMap, HashMap};
 pub use steps::StepScan;
 use steps::starts;
+pub(crate) use steps::step_starts;
 
 /// Frames kept for a site (innermost first).
 const SITE_FRAMES: usize = 8;

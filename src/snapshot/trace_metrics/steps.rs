@@ -110,7 +110,7 @@ pub(super) fn starts(cuts: &[usize]) -> Vec<u32> {
 /// rise, such as loading the weights, joins the first step). The usual range
 /// runs from the 5th to the 95th percentile of the levels (at most 4096 of
 /// them, evenly spaced, are sorted), so a one-time ramp does not set it.
-fn step_starts(lives: &[i64], end: i64) -> Vec<u32> {
+pub(crate) fn step_starts(lives: &[i64], end: i64) -> Vec<u32> {
     const SAMPLES: usize = 4096;
     let every = (lives.len() / SAMPLES).max(1);
     let mut sample: Vec<i64> = lives

@@ -1,0 +1,363 @@
+//! The `forecast` command: a whole run of steps whose size varies, from the
+//! same recordings `fit` reads. The run is a file of step sizes (`--run`),
+//! or is built from a file of per-sample sizes shuffled into padded batches
+//! (`--lengths`, as a DataLoader makes them); it is replayed as one process
+//! under each config ([`crate::trial::forecast`]) and rendered by
+//! [`crate::report::forecast`].
+
+use super::{Format, Outcome};
+use crate::Error;
+use crate::trial::answer::Strength;
+use crate::trial::forecast::{ForecastAsk, forecast};
+use crate::trial::search::Progress;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct ForecastOptions {
+    /// Torch memory snapshots of one workload (`_dump_snapshot()` with a trace), one per
+    /// size of the knob, as `fit` takes them.
+    #[cfg_attr(feature = "cli", arg(required = true, num_args = 2..))]
+    pub inputs: Vec<String>,
+    /// The knob's value each input was recorded at, in the inputs' order: `--sizes 128,512`.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            value_delimiter = ',',
+            required = true,
+            allow_hyphen_values = true
+        )
+    )]
+    pub sizes: Vec<String>,
+    /// The run: a text file with one step's size per line, in the knob's unit (`#` starts a
+    /// comment).
+    #[cfg_attr(feature = "cli", arg(long, conflicts_with = "lengths"))]
+    pub run: Option<String>,
+    /// Build the run from a file of per-sample sizes (a dataset's token lengths, one a
+    /// line): shuffled into batches of --batch, each step's size the batch's longest
+    /// sample rounded up to --pad-to.
+    #[cfg_attr(feature = "cli", arg(long, requires = "batch"))]
+    pub lengths: Option<String>,
+    /// Samples per batch (with --lengths).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub batch: Option<u64>,
+    /// Steps to build (with --lengths; default: one epoch, the last partial batch included;
+    /// more than an epoch reshuffles for each).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub steps: Option<u64>,
+    /// The shuffle's seed (with --lengths).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
+    pub seed: u64,
+    /// Each step's size is rounded up to a multiple of this (with --lengths: padding to a
+    /// multiple of 8 or 64).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
+    pub pad_to: u64,
+    /// Write the run that --lengths built to this file (one size per line).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub write_run: Option<PathBuf>,
+    /// A config to replay the run under besides PyTorch's defaults (repeatable; default:
+    /// expandable_segments:True).
+    #[cfg_attr(feature = "cli", arg(long = "conf"))]
+    pub confs: Vec<String>,
+    /// The card, e.g. 80GiB: the step that runs out of memory on it under each config, and
+    /// the largest cap on the size that carries the run.
+    #[cfg_attr(feature = "cli", arg(long, value_parser = crate::units::parse_device_size))]
+    pub capacity: Option<u64>,
+    /// The cap on the size is a multiple of this (default: --pad-to).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub cap_step: Option<u64>,
+    /// The knob's name in the output (`seq_len`, `context_length`).
+    #[cfg_attr(feature = "cli", arg(long, default_value = "size"))]
+    pub knob: String,
+    /// Also write a self-contained HTML report: reserved memory against the step.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub report: Option<PathBuf>,
+    /// Replay every step event by event, without looking up steps seen before (the
+    /// answer is the same; slower).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub no_skip: bool,
+    /// The output format, the inputs' limits, inputs held in memory.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub common: super::Common,
+}
+
+impl Default for ForecastOptions {
+    fn default() -> Self {
+        ForecastOptions {
+            inputs: Vec::new(),
+            sizes: Vec::new(),
+            run: None,
+            lengths: None,
+            batch: None,
+            steps: None,
+            seed: 0,
+            pad_to: 1,
+            write_run: None,
+            confs: Vec::new(),
+            capacity: None,
+            cap_step: None,
+            knob: "size".into(),
+            report: None,
+            no_skip: false,
+            common: super::Common::default(),
+        }
+    }
+}
+
+/// The most steps a run may hold.
+pub const MAX_STEPS: usize = 1_000_000;
+/// Bytes the copies of seen states may hold, over the configs replayed at once.
+const MEMO_BUDGET: usize = 768 << 20;
+/// No card holds more than this (`--capacity`'s bound): a step whose laws
+/// predict more is outside what they can hold.
+const MAX_BYTES: u64 = 1 << 50;
+
+/// The sizes of a file of one whole number above 0 per line, `#` comments
+/// and blank lines allowed; `what` names them in errors.
+fn read_sizes(opts: &ForecastOptions, path: &str, what: &str) -> Result<Vec<u64>, Error> {
+    let name = crate::ingest::input_name(path);
+    let data = opts.common.buffers.read(path, &opts.common.limits)?;
+    let text = std::str::from_utf8(&data)
+        .map_err(|e| Error::Input(format!("{name}: not UTF-8 text ({e}): {what}")))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let v = line.split('#').next().unwrap_or("").trim();
+        if v.is_empty() {
+            continue;
+        }
+        match v.parse::<u64>() {
+            Ok(z) if z > 0 => out.push(z),
+            _ => {
+                return Err(Error::Input(format!(
+                    "{name}:{}: {v:?} is not a whole number above 0 ({what})",
+                    n + 1
+                )));
+            }
+        }
+        if out.len() > MAX_STEPS {
+            return Err(Error::Input(format!(
+                "{name}:{}: more than {MAX_STEPS} {what}: the most a run holds",
+                n + 1
+            )));
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::Input(format!(
+            "{name}: no {what} (one whole number above 0 per line; # starts a comment)"
+        )));
+    }
+    Ok(out)
+}
+
+/// splitmix64: the shuffle's generator (allocdoc's own; not torch's).
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The run a padded DataLoader makes of `lengths`: each epoch a shuffle
+/// (Fisher–Yates), cut into batches of `batch` (the last partial batch
+/// kept), each step's size the batch's longest sample rounded up to a
+/// multiple of `pad_to`; `steps` steps (default: one epoch).
+pub fn batches(
+    lengths: &[u64],
+    batch: u64,
+    steps: Option<u64>,
+    seed: u64,
+    pad_to: u64,
+) -> Vec<u64> {
+    let mut state = seed;
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    let per_epoch = lengths.len().div_ceil(batch as usize);
+    let want = steps.map_or(per_epoch, |s| s as usize);
+    let mut out = Vec::with_capacity(want);
+    while out.len() < want {
+        for i in (1..order.len()).rev() {
+            let j = (next(&mut state) % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        for chunk in order.chunks(batch as usize) {
+            if out.len() == want {
+                break;
+            }
+            let longest = chunk.iter().map(|&i| lengths[i]).max().unwrap_or(1);
+            out.push(longest.div_ceil(pad_to).saturating_mul(pad_to));
+        }
+    }
+    out
+}
+
+/// The run's step sizes, from `--run` or built from `--lengths`, and a
+/// note when it was written out.
+fn the_run(opts: &ForecastOptions) -> Result<(Vec<u64>, Option<String>), Error> {
+    if opts.pad_to == 0 {
+        return Err(Error::Usage("--pad-to 0: the padding is 1 or more".into()));
+    }
+    match (&opts.run, &opts.lengths) {
+        (Some(run), None) => Ok((read_sizes(opts, run, "step sizes")?, None)),
+        (None, Some(path)) => {
+            let batch = opts.batch.ok_or_else(|| {
+                Error::Usage("--lengths needs --batch N (samples per batch)".into())
+            })?;
+            if batch == 0 {
+                return Err(Error::Usage("--batch 0: a batch holds 1 sample or more".into()));
+            }
+            if opts.steps == Some(0) {
+                return Err(Error::Usage("--steps 0: a run has 1 step or more".into()));
+            }
+            if opts.steps.is_some_and(|s| s > MAX_STEPS as u64) {
+                return Err(Error::Usage(format!(
+                    "--steps {}: more than {MAX_STEPS} steps, the most a run holds",
+                    opts.steps.unwrap_or(0)
+                )));
+            }
+            let lengths = read_sizes(opts, path, "sample sizes")?;
+            if (lengths.len() as u64) < batch {
+                return Err(Error::Input(format!(
+                    "{}: {} sample sizes, fewer than one batch of {batch}",
+                    crate::ingest::input_name(path),
+                    lengths.len()
+                )));
+            }
+            let run = batches(&lengths, batch, opts.steps, opts.seed, opts.pad_to);
+            if run.len() > MAX_STEPS {
+                return Err(Error::Usage(format!(
+                    "{}: one epoch is {} steps, more than {MAX_STEPS}, the most a run holds: give --steps",
+                    crate::ingest::input_name(path),
+                    run.len()
+                )));
+            }
+            let note = match &opts.write_run {
+                Some(out) => {
+                    let mut text = format!(
+                        "# built by allocdoc forecast from {}: batch {batch}, seed {}, pad to {}\n",
+                        crate::ingest::input_name(path),
+                        opts.seed,
+                        opts.pad_to
+                    );
+                    for z in &run {
+                        text.push_str(&z.to_string());
+                        text.push('\n');
+                    }
+                    std::fs::write(out, text).map_err(|e| {
+                        Error::Usage(format!("{}: cannot write the run: {e}", out.display()))
+                    })?;
+                    Some(format!(
+                        "note: wrote the run ({} steps) to {}",
+                        run.len(),
+                        out.display()
+                    ))
+                }
+                None => None,
+            };
+            Ok((run, note))
+        }
+        (None, None) => Err(Error::Usage(
+            "forecast needs the run: --run RUN.txt (one step size per line) or --lengths FILE --batch N".into(),
+        )),
+        (Some(_), Some(_)) => Err(Error::Usage(
+            "--run and --lengths both give the run: give one".into(),
+        )),
+    }
+}
+
+pub fn run(opts: &ForecastOptions) -> Result<Outcome, Error> {
+    run_with_progress(opts, &|_| {})
+}
+
+/// [`run`] with a progress callback (the binary draws it on standard error).
+pub fn run_with_progress(
+    opts: &ForecastOptions,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<Outcome, Error> {
+    super::fit::recorded_sizes(&opts.inputs, &opts.sizes)?;
+    if opts.write_run.is_some() && opts.lengths.is_none() {
+        return Err(Error::Usage(
+            "--write-run writes the run --lengths builds: give --lengths".into(),
+        ));
+    }
+    let cap_step = opts.cap_step.unwrap_or(opts.pad_to);
+    if cap_step == 0 {
+        return Err(Error::Usage("--cap-step 0: the step is 1 or more".into()));
+    }
+    let (steps, run_note) = the_run(opts)?;
+    let given = if opts.confs.is_empty() {
+        vec!["expandable_segments:True".to_string()]
+    } else {
+        opts.confs.clone()
+    };
+    let confs = super::fit::configs(&given)?;
+    let series = super::fit::series(&opts.common, &opts.inputs, &opts.sizes)?;
+    check_sizes(&series, &steps, opts)?;
+    let ask = ForecastAsk {
+        steps,
+        confs,
+        capacity: opts.capacity,
+        cap_step,
+        memo_budget: if opts.no_skip { 0 } else { MEMO_BUDGET },
+    };
+    let result = forecast(&series, &ask, progress);
+    let knob = crate::report::forecast::Knob(&opts.knob);
+    let stdout = match opts.common.format {
+        Format::Text => crate::report::forecast::text(&result, &knob),
+        Format::Json | Format::Jsonl => crate::report::forecast::json_doc(&result, &knob),
+        Format::Markdown => crate::report::forecast::markdown(&result, &knob),
+    };
+    let mut stderr: Vec<String> = run_note.into_iter().collect();
+    if opts.confs.is_empty() {
+        stderr.push(
+            "note: no --conf given: the run is replayed under PyTorch's defaults and expandable_segments:True".into(),
+        );
+    }
+    if let Some(path) = &opts.report {
+        stderr.push(super::write_report(
+            path,
+            &crate::report::forecast::html(&result, &knob),
+        )?);
+    }
+    // Exit 1: every config runs out of memory on the card.
+    let oom = result.configs.iter().all(|c| c.oom.is_some());
+    let exit_code = if result.strength == Strength::Uncertain {
+        crate::error::EXIT_UNCERTAIN
+    } else if oom {
+        crate::error::EXIT_STILL_OOM
+    } else {
+        crate::error::EXIT_OK
+    };
+    Ok(Outcome {
+        stdout: opts.common.format.finish(stdout),
+        stderr,
+        exit_code,
+    })
+}
+
+/// Refuses a step whose laws predict more than any card holds.
+fn check_sizes(
+    series: &crate::snapshot::fit::Series,
+    steps: &[u64],
+    opts: &ForecastOptions,
+) -> Result<(), Error> {
+    let Some(&largest) = steps.iter().max() else {
+        return Ok(());
+    };
+    let model = series.model(series.reference_for(largest), None);
+    let peak = model.peak_allocated_at(largest);
+    if peak > MAX_BYTES {
+        let source = opts
+            .run
+            .as_deref()
+            .or(opts.lengths.as_deref())
+            .unwrap_or("");
+        return Err(Error::Input(format!(
+            "{}: {} {largest}: the laws predict {} live at once, more than any card holds (1 PiB): a size outside what the recordings' laws can hold",
+            crate::ingest::input_name(source),
+            opts.knob,
+            crate::units::human(peak)
+        )));
+    }
+    Ok(())
+}
