@@ -32,6 +32,7 @@ __all__ = [
     "top",
     "diff",
     "fit",
+    "forecast",
     "Error",
     "InputError",
     "UsageError",

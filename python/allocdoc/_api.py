@@ -199,3 +199,44 @@ def fit(
         _native.fit(_inputs(list(src)), [int(s) for s in sizes], [int(a) for a in at],
                     list(confs), capacity, int(step), knob)
     )
+
+
+def _steps(v: Any, name: str) -> Optional[Tuple[str, Optional[bytes]]]:
+    """A run or a file of sample sizes: a path, text, or a sequence of ints."""
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes, bytearray, memoryview, os.PathLike)):
+        return _input(v)
+    return f"<{name}>", "".join(f"{int(z)}\n" for z in v).encode()
+
+
+def forecast(
+    src: Sequence[Source],
+    sizes: Sequence[int],
+    run: Any = None,
+    lengths: Any = None,
+    batch: Optional[int] = None,
+    steps: Optional[int] = None,
+    seed: int = 0,
+    pad_to: int = 1,
+    confs: Sequence[str] = (),
+    capacity: Optional[Size] = None,
+    cap_step: Optional[int] = None,
+    knob: str = "size",
+) -> Dict[str, Any]:
+    """A whole run of steps whose size varies (`allocdoc forecast --format
+    json`): the recordings `fit` takes, and `run`, each step's size (a list of
+    ints, or a file with one per line), or `lengths`, per-sample sizes (a list
+    or a file) shuffled with `seed` into batches of `batch`, each step the
+    batch's longest sample rounded up to `pad_to` (`steps` steps, default one
+    epoch). Replayed as one process under PyTorch's defaults and each of
+    `confs` (default: expandable_segments:True): each config's peak reserved
+    and the step where it runs out of memory on `capacity`, the config to set
+    and the largest cap on the size that carries the run.
+    """
+    return _result(
+        _native.forecast(_inputs(list(src)), [int(s) for s in sizes], _steps(run, "run"),
+                         _steps(lengths, "lengths"), batch, steps, int(seed), int(pad_to),
+                         list(confs), capacity, cap_step, knob)
+    )
+

@@ -373,6 +373,58 @@ fn fit(
     run(py, || app::fit::run(&opts))
 }
 
+#[pyfunction]
+#[pyo3(signature = (inputs, sizes, run=None, lengths=None, batch=None, steps=None, seed=0, pad_to=1, confs=Vec::new(), capacity=None, cap_step=None, knob="size".to_owned()))]
+#[allow(clippy::too_many_arguments)]
+fn forecast(
+    py: Python<'_>,
+    inputs: Vec<Source>,
+    sizes: Vec<i64>,
+    run: Option<Source>,
+    lengths: Option<Source>,
+    batch: Option<u64>,
+    steps: Option<u64>,
+    seed: u64,
+    pad_to: u64,
+    confs: Vec<String>,
+    capacity: Option<Bound<'_, PyAny>>,
+    cap_step: Option<u64>,
+    knob: String,
+) -> PyResult<Produced> {
+    let (inputs, mut buffers) = sources(inputs);
+    // The run and the lengths: files, or contents held here by name.
+    let mut held = |s: Option<Source>| {
+        s.map(|(name, data)| {
+            if let Some(data) = data {
+                buffers.add(name.clone(), data);
+            }
+            name
+        })
+    };
+    let (run, lengths) = (held(run), held(lengths));
+    let opts = app::forecast::ForecastOptions {
+        inputs,
+        sizes: sizes.iter().map(i64::to_string).collect(),
+        run,
+        lengths,
+        batch,
+        steps,
+        seed,
+        pad_to,
+        confs,
+        capacity: size(capacity.as_ref())?,
+        cap_step,
+        knob,
+        common: app::Common {
+            buffers,
+            format: Format::Json,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    run(py, || app::forecast::run(&opts))
+}
+
 /// The `allocdoc` command: `argv` as `sys.argv` (the program first); prints
 /// as the binary does and returns the exit code.
 #[pyfunction]
@@ -402,6 +454,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(top, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(fit, m)?)?;
+    m.add_function(wrap_pyfunction!(forecast, m)?)?;
     m.add_function(wrap_pyfunction!(command, m)?)?;
     Ok(())
 }

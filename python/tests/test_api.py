@@ -150,6 +150,25 @@ class ApiTest(unittest.TestCase):
         with self.assertRaises(allocdoc.InputError):
             allocdoc.fit([a, TEXTS[0]], sizes=[256, 1024])
 
+    def test_forecast_equals_the_command(self):
+        a, b = F / "forecast" / "xl-forward-128.pickle.xz", F / "forecast" / "xl-forward-256.pickle.xz"
+        run = F / "forecast" / "xl-forward-ramp.txt"
+        code, want, _ = cli("forecast", a, b, "--sizes", "128,256", "--run", run, "--capacity", "31579502018",
+                            "--knob", "context_length", "--format", "json")
+        self.assertEqual(code, 0)
+        got = allocdoc.forecast([a, b], sizes=[128, 256], run=run, capacity=31579502018, knob="context_length")
+        self.assertEqual(got, want)
+        # The run as a list of sizes answers the same.
+        steps = [int(l) for l in run.read_text().splitlines() if l and not l.startswith("#")]
+        self.assertEqual(allocdoc.forecast([a, b], sizes=[128, 256], run=steps, capacity=31579502018,
+                                           knob="context_length"), want)
+        defaults = want["configs"][0]
+        self.assertEqual(defaults["oom"]["step"], 11)
+        self.assertEqual(want["recommended"], "expandable_segments:True")
+        with self.assertRaises(allocdoc.InputError) as e:
+            allocdoc.forecast([a, b], sizes=[128, 256], run=[512, 0])
+        self.assertIn("<run>:2", str(e.exception))
+
     def test_recommend_and_validate_take_the_setup(self):
         text = F / "validate" / "oom_fragmented_2.5.txt"
         _, want, _ = cli("recommend", text, "--torch-version", "2.0", "--platform", "windows", "--format", "json")

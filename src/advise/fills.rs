@@ -29,6 +29,9 @@ pub struct Fills {
     pub must_go: Option<MustGo>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// An OOM late in a run of steps (also in `notes`): `forecast`'s recipe.
+    #[serde(skip)]
+    pub late_oom: Option<String>,
 }
 
 /// How much must go for the request to fit: the request less what the
@@ -125,6 +128,7 @@ pub fn fills(
         growth: attribution.map(|a| a.growth.clone()).unwrap_or_default(),
         must_go,
         notes: attribution.map(|a| a.notes.clone()).unwrap_or_default(),
+        late_oom: attribution.and_then(|a| a.late_oom.clone()),
     })
 }
 

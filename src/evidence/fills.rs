@@ -311,6 +311,10 @@ pub struct Attribution {
     /// What the reader must know to trust the figures (a trace that starts
     /// mid-run, entries that contradict the segments, …).
     pub notes: Vec<String>,
+    /// The note of an OOM late in a run of steps that do not grow (also in
+    /// `notes`): what `forecast` answers.
+    #[serde(skip)]
+    pub late_oom: Option<String>,
     #[serde(skip)]
     pub timeline: Timeline,
 }

@@ -16,6 +16,10 @@ use crate::units::human;
 /// The knob's name in sentences ("context_length"; "size" by default).
 pub use super::fit::Knob;
 
+/// A run's peak past this ratio of its largest step's is a ratchet worth
+/// a sentence.
+const RATCHET: f64 = 1.001;
+
 /// The environment variable the recommendation sets.
 const VAR: &str = "PYTORCH_CUDA_ALLOC_CONF";
 
@@ -227,24 +231,19 @@ pub fn findings(f: &Forecast, knob: &Knob) -> Vec<String> {
             l.sites.join(", ")
         )),
         None => {
+            let base = format!(
+                "Allocated memory does not grow from step to step (its peak, {} at step {}, comes with the step's size): no leak",
+                human(f.peak_allocated_bytes),
+                f.peak_allocated_step
+            );
             let d = f.configs.first();
-            let rises = d.and_then(|d| {
-                let first = *d.reserved_after_step.first()?;
-                let top = *d.reserved_after_step.iter().max()?;
-                (top > first).then_some((first, top))
-            });
-            out.push(match rises {
-                Some((a, b)) => format!(
-                    "Allocated memory does not grow from step to step (its peak, {} at step {}, comes with the sizes): the reserved memory that rises from {} after step 1 to {} is the cache, which an allocator setting can fix",
-                    human(f.peak_allocated_bytes),
-                    f.peak_allocated_step,
-                    human(a),
-                    human(b)
+            out.push(match d.filter(|d| d.ratchet > RATCHET) {
+                Some(d) => format!(
+                    "{base}; reserved memory ratchets {} above the largest step's own peak under the defaults: the cache keeps blocks between steps that a later, larger step cannot use, which an allocator setting can fix",
+                    human(d.peak_reserved_bytes.saturating_sub(d.step_peak_reserved_bytes))
                 ),
                 None => format!(
-                    "Allocated memory does not grow from step to step (its peak, {} at step {}, comes with the sizes)",
-                    human(f.peak_allocated_bytes),
-                    f.peak_allocated_step
+                    "{base}; reserved memory peaks with the largest step, no higher than that step alone under the defaults"
                 ),
             });
         }
@@ -255,20 +254,17 @@ pub fn findings(f: &Forecast, knob: &Knob) -> Vec<String> {
 fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
     let k = knob.0;
     let mut header = vec![
-        "config",
-        "peak reserved",
-        "at step",
-        "largest step alone",
-        "ratchet",
+        "config".to_string(),
+        "peak reserved".to_string(),
+        "largest step alone".to_string(),
+        "ratchet".to_string(),
     ];
-    let card_col = f
-        .capacity_bytes
-        .map(|c| format!("on the {} card", human(c)));
-    if let Some(c) = &card_col {
-        header.push(c);
-        header.push("largest cap that survives");
+    if let Some(c) = f.capacity_bytes {
+        header.push(format!("on the {} card", human(c)));
+        header.push(format!("largest {k} cap"));
     }
-    header.push("cudaMalloc");
+    header.push("cudaMalloc".to_string());
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut g = Grid::new(
         "The run under each config (peaks on a card without limit)",
         &header,
@@ -277,27 +273,24 @@ fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
     for c in &f.configs {
         let mut row = vec![
             conf_name(&c.conf).to_string(),
-            size(Some(c.peak_reserved_bytes)),
-            c.peak_reserved_step.to_string(),
+            format!(
+                "{} (step {})",
+                size(Some(c.peak_reserved_bytes)),
+                c.peak_reserved_step
+            ),
             size(Some(c.step_peak_reserved_bytes)),
-            format!("{:.4}", c.ratchet),
+            format!("{:+.1} %", 100.0 * (c.ratchet - 1.0)),
         ];
-        if card_col.is_some() {
+        if f.capacity_bytes.is_some() {
             row.push(match &c.oom {
-                None => format!("survives, {} left", size(Some(c.margin_bytes.unwrap_or(0)))),
-                Some(o) => format!(
-                    "OOM at step {} ({k} {}): {} at {}",
-                    o.step,
-                    o.size,
-                    size(Some(o.requested_bytes)),
-                    if o.site.is_empty() { "?" } else { &o.site }
-                ),
+                None => format!("survives ({} left)", size(c.margin_bytes)),
+                Some(o) => format!("OOM at step {} ({k} {})", o.step, o.size),
             });
             row.push(match &c.cap {
                 Some(cap) if !cap.needed => "none needed".into(),
                 Some(cap) => match cap.size {
-                    Some(s) => format!("{k} {s} ({} steps capped)", cap.steps_capped),
-                    None => "none".into(),
+                    Some(s) => format!("{s} ({} steps capped)", cap.steps_capped),
+                    None => "none carries it".into(),
                 },
                 None => super::common::ABSENT.to_string(),
             });
@@ -332,6 +325,30 @@ fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
     vec![g, inputs]
 }
 
+/// Each OOM on the card, in a sentence.
+fn oom_lines(f: &Forecast, knob: &Knob) -> Vec<String> {
+    let k = knob.0;
+    f.configs
+        .iter()
+        .filter_map(|c| {
+            let o = c.oom.as_ref()?;
+            Some(format!(
+                "{} run{} out of memory at step {} of {} ({k} {}): a {} request at {}, with {} reserved; one step of {k} {} alone {} this card",
+                named(&c.conf),
+                if c.conf.is_empty() { "" } else { "s" },
+                o.step,
+                f.steps,
+                o.size,
+                human(o.requested_bytes),
+                if o.site.is_empty() { "?" } else { &o.site },
+                human(o.reserved_bytes),
+                o.size,
+                if o.fits_alone { "fits" } else { "does not fit" }
+            ))
+        })
+        .collect()
+}
+
 /// Lines under the tables.
 fn notes(f: &Forecast, knob: &Knob) -> Vec<String> {
     let k = knob.0;
@@ -347,6 +364,7 @@ fn notes(f: &Forecast, knob: &Knob) -> Vec<String> {
         if s.largest_count == 1 { "" } else { "s" },
         s.largest_first_step
     )];
+    out.extend(oom_lines(f, knob));
     out.extend(findings(f, knob));
     out.extend(f.carried.iter().cloned());
     for r in &f.reasons {

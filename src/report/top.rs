@@ -692,6 +692,9 @@ pub fn fills_text(f: &crate::advise::fills::Fills, md: bool) -> String {
             let _ = writeln!(s, "{l}");
         }
     }
+    if let Some(n) = &f.late_oom {
+        let _ = writeln!(s, "A run, not a step: {n}.");
+    }
     match &f.input {
         Some(input) => {
             let _ = writeln!(s, "Every site and moment: allocdoc top {input}");

@@ -85,6 +85,27 @@ impl<'s, 'a> Attributor<'s, 'a> {
             m.device_free_bytes = Some(free);
         }
         self.notes(traced, stacks, &mut notes);
+        let mut late_oom = None;
+        // Growth needs three step starts to be seen: with fewer, nothing
+        // says the steps do not grow.
+        if let Some((k, ..)) = self.oom
+            && growth.is_empty()
+            && steps >= 3
+        {
+            // The step the OOM comes in: the steps begun before its entry.
+            let step = 1 + step_starts
+                .iter()
+                .filter(|&&s| {
+                    self.lives
+                        .get(s as usize)
+                        .is_some_and(|l| (l.born as usize) < k)
+                })
+                .count();
+            if step >= 2 {
+                late_oom = Some(late_oom_note(step, steps));
+                notes.extend(late_oom.clone());
+            }
+        }
         Attribution {
             device_index: self.device,
             trace_entries: self.entries as u64,
@@ -95,6 +116,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             steps: if traced { steps } else { 0 },
             growth,
             notes,
+            late_oom,
             timeline,
         }
     }
@@ -316,3 +338,16 @@ fn human_us(us: i64) -> String {
         format!("{us}us")
     }
 }
+
+/// An OOM after steps that ran without one, with nothing growing from step
+/// to step: the run's cache, which `forecast` replays.
+fn late_oom_note(step: usize, steps: u64) -> String {
+    format!(
+        "the OOM comes in step {step} of the {steps} steps the trace holds, after {} ran without one, and no allocation grows from step to step: where the step's size varies (variable lengths, a last partial batch, evaluation), the cache keeps blocks between steps and reserved memory ratchets above any one step's peak. To see the step where a whole run runs out of memory, and the config and the cap on the size that carry it, record one step at two sizes (allocdoc.capture.record_sizes in Python) and run `{FORECAST_RECIPE}`",
+        step - 1
+    )
+}
+
+/// The command a late OOM's note gives.
+const FORECAST_RECIPE: &str =
+    "allocdoc forecast size1.pickle size2.pickle --sizes 1,2 --run steps.txt --capacity <the card>";

@@ -14,9 +14,9 @@ use crate::snapshot::trace_metrics::step_starts;
 /// No role: an F free that stands for no L block, a P allocation.
 pub const NO_ROLE: u32 = u32::MAX;
 
-/// Leftovers past this share of the recording's peak of allocated bytes are
-/// read as state or a leak, not as memory the next step frees (the share
-/// shared/forecast/README.md keeps series under).
+/// Leftovers past this share of the recording's fresh peak of reserved
+/// bytes are read as state or a leak, not as memory the next step frees
+/// (shared/forecast/README.md keeps series whose leftovers are within it).
 pub const LEFTOVER_SHARE: f64 = 0.02;
 
 /// How a run treats the L blocks no F free stands for.
@@ -29,7 +29,7 @@ pub enum Leftover {
     /// State the first step makes and every later step keeps (optimizer
     /// state made at the first step): the recording starts with nothing
     /// left by a step before (F is empty) and leaves more than
-    /// [`LEFTOVER_SHARE`] of its peak. The first step's is kept for the
+    /// [`LEFTOVER_SHARE`] of its peak reserved. The first step's is kept for the
     /// whole run; later steps do not make it again.
     State,
     /// Memory the workload leaks: the recording holds several steps and
@@ -58,8 +58,10 @@ pub struct Carry {
 }
 
 impl Carry {
-    /// Reads the hand-over of `rec` from its recorded sizes.
-    pub fn of(rec: &Recording) -> Carry {
+    /// Reads the hand-over of `rec` from its recorded sizes; `fresh_peak` is
+    /// its fresh run's peak of reserved bytes under the defaults, what the
+    /// leftovers are weighed against.
+    pub fn of(rec: &Recording, fresh_peak: u64) -> Carry {
         let mut live = vec![false; rec.allocs.len()];
         let mut freed = Vec::new();
         for s in &rec.timeline {
@@ -114,7 +116,7 @@ impl Carry {
             .sum();
         let starts = recorded_step_starts(rec);
         let recorded_steps = starts.len() + 1;
-        let big = leftover_bytes as f64 > LEFTOVER_SHARE * rec.peak_allocated() as f64;
+        let big = leftover_bytes as f64 > LEFTOVER_SHARE * fresh_peak as f64;
         let leftover = if !big {
             Leftover::NextStep
         } else if leaks_across_steps(&left, &stood_for, &starts) {

@@ -18,6 +18,9 @@ mod replay;
 pub use replay::{Memo, RunOom, RunReplay, StepFigures, at_step, replay};
 
 use super::trace::Event;
+use crate::conf::Settings;
+use crate::device::NO_LIMIT;
+use crate::device::sim::SimDevice;
 use crate::snapshot::fit::carry::{Carry, Leftover, NO_ROLE};
 use crate::snapshot::fit::{Model, Series, Step};
 use rustc_hash::FxHashMap;
@@ -63,7 +66,23 @@ impl<'s> RunPlan<'s> {
     pub fn new(series: &'s Series) -> Self {
         let n = series.recordings.len();
         let models: Vec<Model> = (0..n).map(|r| series.model(r, None)).collect();
-        let carries: Vec<Carry> = series.recordings.iter().map(Carry::of).collect();
+        let carries: Vec<Carry> = series
+            .recordings
+            .iter()
+            .map(|rec| {
+                // The recording's own fresh run under the defaults: what
+                // its leftovers are weighed against.
+                let sizes: Vec<u64> = rec.allocs.iter().map(|a| a.size).collect();
+                let pre: Vec<u64> = rec.pre.iter().map(|p| p.size).collect();
+                let fresh = super::predicted::replay_fresh(
+                    rec,
+                    (&sizes, &pre),
+                    &Settings::default(),
+                    SimDevice::new(NO_LIMIT),
+                );
+                Carry::of(rec, fresh.figures.peak_reserved_bytes)
+            })
+            .collect();
         let skip_later = series
             .recordings
             .iter()
