@@ -851,7 +851,6 @@ fn late_oom_snapshot(steps: usize, grow: bool) -> Vec<u8> {
             entry(&mut trace, writer::Action::FreeCompleted, b);
         }
     }
-    drop(alloc);
     writer::to_bytes(&writer::Snapshot {
         device_traces: vec![trace],
         stacks,
@@ -887,4 +886,27 @@ fn an_oom_late_in_a_run_points_to_forecast() {
             assert!(!out.contains("allocdoc forecast"), "{cmd} {other:?}: {out}");
         }
     }
+}
+
+#[test]
+fn steps_far_past_the_recordings_make_the_forecast_uncertain_and_say_which() {
+    let dir = tempfile::tempdir().unwrap();
+    // 8192 is 8× past 1024, further than the span squared (4×).
+    let run = [512, 1024, 8192, 512, 8192];
+    let (inputs, runf) = write(dir.path(), HAND_OVER, &[512, 1024], &run);
+    let (code, v) = forecast(&inputs, "512,1024", &runf, &[]);
+    assert_eq!(code, 4, "exit 4 exactly when uncertain: {v}");
+    assert_eq!(v["strength"], "uncertain");
+    assert_eq!(v["uncertain_sizes"], serde_json::json!([8192]));
+    assert_eq!(v["uncertain_steps"], 2);
+    let first = v["reasons"][0].as_str().unwrap();
+    assert!(
+        first.starts_with("2 of the 5 steps are at sizes whose laws are uncertain (8192)"),
+        "{first}"
+    );
+    assert!(v["headline"].as_str().unwrap().starts_with("Uncertain"));
+    // Within the span: likely, exit 0.
+    let (_, near) = write(dir.path(), HAND_OVER, &[], &[512, 1024, 2048]);
+    let (code, v) = forecast(&inputs, "512,1024", &near, &[]);
+    assert_eq!((code, v["strength"].as_str()), (0, Some("likely")));
 }

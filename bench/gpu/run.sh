@@ -12,6 +12,10 @@
 #      set_per_process_memory_fraction, predicted against measured at larger batches and at the
 #      predicted largest (and one above), defaults and expandable_segments:True
 #      (bench/gpu/fit_check.py; written without a GPU: not yet run on one)
+#   9. forecast: the same model trained for 300 steps of variable lengths on a capped card,
+#      recorded at lengths 128 and 256 first: reserved after each step and the OOM step,
+#      predicted against measured, defaults and expandable_segments:True
+#      (bench/gpu/forecast_check.py; written without a GPU: not yet run on one)
 # Everything lands under $OUT (default bench/gpu/out). Run from the repository root:
 #   OUT=/tmp/gpu bash bench/gpu/run.sh
 set -u -o pipefail
@@ -110,6 +114,14 @@ if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_availab
   PYTHONPATH=python timeout 420 python3 bench/gpu/fit_check.py "$OUT/fit" "$BIN" 2>&1 | tee "$OUT/fit/run.txt"
 else
   echo "torch with CUDA is not importable here: fit check skipped" | tee "$OUT/fit-skipped.txt"
+fi
+
+step "forecast: a run of variable lengths, predicted against measured (NOT YET RUN on a GPU)"
+if timeout 60 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  mkdir -p "$OUT/forecast"
+  PYTHONPATH=python timeout 600 python3 bench/gpu/forecast_check.py "$OUT/forecast" "$BIN" 2>&1 | tee "$OUT/forecast/run.txt"
+else
+  echo "torch with CUDA is not importable here: forecast check skipped" | tee "$OUT/forecast-skipped.txt"
 fi
 
 step "done"

@@ -116,9 +116,13 @@ const MAX_BYTES: u64 = 1 << 50;
 /// The sizes of a file of one whole number above 0 per line, `#` comments
 /// and blank lines allowed; `what` names them in errors.
 fn read_sizes(opts: &ForecastOptions, path: &str, what: &str) -> Result<Vec<u64>, Error> {
-    let name = crate::ingest::input_name(path);
     let data = opts.common.buffers.read(path, &opts.common.limits)?;
-    let text = std::str::from_utf8(&data)
+    parse_sizes(crate::ingest::input_name(path), &data, what)
+}
+
+/// [`read_sizes`] on bytes already read: errors name `name` and the line.
+pub fn parse_sizes(name: &str, data: &[u8], what: &str) -> Result<Vec<u64>, Error> {
+    let text = std::str::from_utf8(data)
         .map_err(|e| Error::Input(format!("{name}: not UTF-8 text ({e}): {what}")))?;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {

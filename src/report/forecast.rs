@@ -231,21 +231,50 @@ pub fn findings(f: &Forecast, knob: &Knob) -> Vec<String> {
             l.sites.join(", ")
         )),
         None => {
-            let base = format!(
-                "Allocated memory does not grow from step to step (its peak, {} at step {}, comes with the step's size): no leak",
-                human(f.peak_allocated_bytes),
-                f.peak_allocated_step
-            );
-            let d = f.configs.first();
-            out.push(match d.filter(|d| d.ratchet > RATCHET) {
-                Some(d) => format!(
-                    "{base}; reserved memory ratchets {} above the largest step's own peak under the defaults: the cache keeps blocks between steps that a later, larger step cannot use, which an allocator setting can fix",
-                    human(d.peak_reserved_bytes.saturating_sub(d.step_peak_reserved_bytes))
-                ),
-                None => format!(
-                    "{base}; reserved memory peaks with the largest step, no higher than that step alone under the defaults"
-                ),
-            });
+            // What earlier steps leave live raises later peaks (state made
+            // at the first step); what the cache adds on top.
+            let grown = f
+                .peak_allocated_bytes
+                .saturating_sub(f.step_peak_allocated_bytes);
+            let mut s = if grown as f64 > (RATCHET - 1.0) * f.step_peak_allocated_bytes as f64 {
+                format!(
+                    "Allocated memory peaks at {} at step {}, {} above the largest step alone ({} at {k} {}): {}; no allocator setting lowers it",
+                    human(f.peak_allocated_bytes),
+                    f.peak_allocated_step,
+                    human(grown),
+                    human(f.step_peak_allocated_bytes),
+                    f.step_peak_allocated_size,
+                    if f.kept_state_bytes > 0 {
+                        "the state made at the first step is live through every later step"
+                    } else {
+                        "what earlier steps leave live is still held then"
+                    }
+                )
+            } else {
+                format!(
+                    "Allocated memory does not grow from step to step (its peak, {} at step {}, comes with the step's size): no leak",
+                    human(f.peak_allocated_bytes),
+                    f.peak_allocated_step
+                )
+            };
+            if let Some(d) = f.configs.first() {
+                let over = d
+                    .peak_reserved_bytes
+                    .saturating_sub(d.step_peak_reserved_bytes);
+                let cache = over.saturating_sub(grown);
+                if d.ratchet > RATCHET
+                    && cache as f64 > (RATCHET - 1.0) * d.step_peak_reserved_bytes as f64
+                {
+                    s.push_str(&format!(
+                        "; reserved memory ratchets {} above the largest step's own peak under the defaults, {} of it the cache: blocks kept between steps that a later, larger step cannot use, which an allocator setting can fix",
+                        human(over),
+                        human(cache)
+                    ));
+                } else {
+                    s.push_str("; the cache adds nothing to it: reserved memory peaks no higher above allocated than the largest step alone does");
+                }
+            }
+            out.push(s);
         }
     }
     out

@@ -51,6 +51,13 @@ pub struct Forecast {
     pub peak_allocated_bytes: u64,
     /// Its step, 1-based.
     pub peak_allocated_step: usize,
+    /// The largest fresh one-step peak of allocated bytes among the run's
+    /// largest sizes (what `fit` says of one step), and its size.
+    pub step_peak_allocated_bytes: u64,
+    pub step_peak_allocated_size: u64,
+    /// Bytes the first step leaves live as state every later step keeps
+    /// (optimizer state made at the first step; as recorded), 0 without.
+    pub kept_state_bytes: u64,
     /// Allocated memory that grows from step to step: a leak.
     pub leak: Option<Leak>,
     pub configs: Vec<ConfForecast>,
@@ -219,6 +226,14 @@ pub fn forecast(
         Strength::Uncertain
     };
     let largest_sizes = largest_sizes(&ask.steps);
+    let step_allocated = largest_sizes
+        .iter()
+        .map(|&z| {
+            let model = &plan.models[plan.recording_for(z)];
+            (model.peak_allocated_at(z), z)
+        })
+        .max_by_key(|&(p, z)| (p, std::cmp::Reverse(z)))
+        .unwrap_or((0, 0));
     let mut configs: Vec<(ConfForecast, RunFigures)> = ask
         .confs
         .par_iter()
@@ -252,6 +267,14 @@ pub fn forecast(
         capacity_bytes: ask.capacity,
         peak_allocated_bytes: peak_allocated,
         peak_allocated_step: peak_allocated_step + 1,
+        step_peak_allocated_bytes: step_allocated.0,
+        step_peak_allocated_size: step_allocated.1,
+        kept_state_bytes: ask
+            .steps
+            .first()
+            .map(|&z| &plan.carries[plan.recording_for(z)])
+            .filter(|c| c.leftover == Leftover::State)
+            .map_or(0, |c| c.leftover_bytes),
         leak: leak(series, &plan),
         configs: configs.drain(..).map(|c| c.0).collect(),
         recommended,

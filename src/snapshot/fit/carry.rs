@@ -179,3 +179,82 @@ fn leaks_across_steps(left: &[u32], stood_for: &[bool], starts: &[u32]) -> bool 
     };
     steps.any(|s| s != first)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::fit::{Alloc, Pre};
+
+    /// A recording whose trace frees `freed` (pre-trace sizes, in order)
+    /// among allocations of `made` sizes, all of them left live.
+    fn recording(freed: &[u64], made: &[u64]) -> Recording {
+        let alloc = |size| Alloc {
+            size,
+            stream: 0,
+            key: 0,
+            coarse: 0,
+            site: 0,
+        };
+        let mut timeline = Vec::new();
+        for i in 0..made.len().max(freed.len()) {
+            if i < made.len() {
+                timeline.push(Step::Alloc(i as u32));
+            }
+            if i < freed.len() {
+                timeline.push(Step::PreFree(i as u32));
+            }
+        }
+        Recording {
+            input: "r".into(),
+            size: 1,
+            device: 0,
+            devices: vec![0],
+            settings: crate::conf::Settings::default(),
+            entries: timeline.len(),
+            allocs: made.iter().map(|&s| alloc(s)).collect(),
+            pre: freed
+                .iter()
+                .enumerate()
+                .map(|(j, &size)| Pre {
+                    addr: j as u64,
+                    size,
+                    site: 0,
+                })
+                .collect(),
+            timeline,
+            sites: vec![String::new()],
+        }
+    }
+
+    #[test]
+    fn roles_go_by_exact_size_first_then_in_order() {
+        // Frees of 30, 10, 99 and 10; the step leaves 10, 20, 30, 10.
+        let rec = recording(&[30, 10, 99, 10], &[10, 20, 30, 10]);
+        let c = Carry::of(&rec, 1_000);
+        assert_eq!(c.left, vec![0, 1, 2, 3]);
+        // 30 → the 30 (position 2), the first 10 → position 0, the second
+        // 10 → position 3; 99 matches no size and takes the first left: 20.
+        assert_eq!(c.role, vec![2, 0, 1, 3]);
+        assert!(c.stood_for.iter().all(|&s| s));
+        assert_eq!((c.leftover_bytes, c.freed_before), (0, 4));
+        assert_eq!(c.leftover, Leftover::NextStep);
+    }
+
+    #[test]
+    fn leftovers_past_the_share_with_nothing_freed_are_state() {
+        // Nothing left by a step before; 50 bytes left of a 1 000-byte peak.
+        let rec = recording(&[], &[20, 30]);
+        let c = Carry::of(&rec, 1_000);
+        assert_eq!(c.leftover_bytes, 50);
+        assert_eq!(c.leftover, Leftover::State);
+        assert!(c.is_leftover(0) && c.is_leftover(1));
+        // Within 2 % of the peak: freed at the end of the next step.
+        assert_eq!(Carry::of(&rec, 2_500).leftover, Leftover::NextStep);
+        // More left than freed, with a step before: the next step frees it.
+        let rec = recording(&[7], &[20, 30]);
+        let c = Carry::of(&rec, 1_000);
+        assert_eq!(c.role, vec![0]);
+        assert_eq!(c.leftover_bytes, 30);
+        assert_eq!(c.leftover, Leftover::NextStep);
+    }
+}

@@ -1,0 +1,49 @@
+//! `forecast` on arbitrary bytes: the bytes read as a run file (one size a
+//! line), and as one snapshot read as two recordings of a series (the first
+//! at size 2, the second at the last byte's size, its sizes scaled by the
+//! bytes), run over steps of sizes the bytes give, under the defaults and
+//! expandable segments on a small card with the cap's bisection; never
+//! panics. Seed the corpus with fixtures/fit and fixtures/forecast
+//! (decompressed).
+#![no_main]
+
+use allocdoc::app::forecast::parse_sizes;
+use allocdoc::conf::Settings;
+use allocdoc::snapshot::{self, fit::Recording, fit::Series};
+use allocdoc::trial::forecast::{ForecastAsk, forecast};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = parse_sizes("fuzz", data, "step sizes");
+    let Ok(snap) = snapshot::load("fuzz", data) else {
+        return;
+    };
+    let Ok(Some(a)) = Recording::read("a", 2, &snap) else {
+        return;
+    };
+    let mut b = a.clone();
+    b.input = "b".into();
+    b.size = 3 + u64::from(data.last().copied().unwrap_or(0));
+    for (x, byte) in b.allocs.iter_mut().zip(data.iter().cycle()) {
+        x.size = x.size.saturating_mul(u64::from(*byte % 5));
+    }
+    let Ok(series) = Series::new(vec![a, b]) else {
+        return;
+    };
+    let steps: Vec<u64> = data.iter().take(64).map(|&b| 1 + u64::from(b % 16)).collect();
+    if steps.is_empty() {
+        return;
+    }
+    let es = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    let ask = ForecastAsk {
+        steps,
+        confs: vec![(String::new(), Settings::default()), ("es".into(), es)],
+        capacity: Some(1 << 30),
+        cap_step: 1,
+        memo_budget: 16 << 20,
+    };
+    let _ = forecast(&series, &ask, &|_| {});
+});
