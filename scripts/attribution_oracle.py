@@ -406,12 +406,20 @@ class Device:
                 else:
                     key = site_key(a["frames"], "user" if by == "user" else "site")
                 per_site.setdefault(key, [0] * len(states))[k] += a["size"]
+        # What each site still holds at the trace's end: a rise gone by then grew inside one step.
+        at_end = {}
+        for a in self.live_at(self.n - 1):
+            if a["kind"] == "traced":
+                key = stack_key(a["frames"]) if by == "stack" else site_key(a["frames"], "user" if by == "user" else "site")
+                at_end[key] = at_end.get(key, 0) + a["size"]
         found = []
         for key, values in per_site.items():
             run = longest_rising_run(values)
             if run is None:
                 continue
             s0, s1 = run
+            if at_end.get(key, 0) < values[s1]:
+                continue
             found.append({"site": show(key), "key": list(key), "first_step": s0, "last_step": s1,
                           "first_bytes": values[s0], "last_bytes": values[s1],
                           "bytes_per_step": (values[s1] - values[s0]) / (s1 - s0)})

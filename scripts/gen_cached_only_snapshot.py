@@ -16,6 +16,12 @@ its request), and its steps then allocate 3 MiB at a time: allocated memory
 peaks before the first entry (8 MiB live), never after it (at most 7 MiB).
 
     scripts/gen_cached_only_snapshot.py --frees-first -o fixtures/snapshots/gen-trace-frees-first.pickle
+
+With --one-free (issue 41, item 3), the trace is one `segment_free` of a 20 MiB segment and
+nothing else: no allocation, so every config makes the same single cudaFree and no verdict on it
+may be "proven".
+
+    scripts/gen_cached_only_snapshot.py --one-free -o fixtures/snapshots/gen-trace-one-free.pickle
 """
 
 import argparse
@@ -30,8 +36,15 @@ FORWARD = [{"filename": "/home/user/proj/model.py", "line": 17, "name": "forward
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frees-first", action="store_true", help="free a pre-trace tensor first, then 3 MiB steps")
+    ap.add_argument("--one-free", action="store_true", help="a trace of one segment_free, no allocation")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
+    if a.one_free:
+        trace = [{"action": "segment_free", "addr": 0x7F2000000000, "size": SEG, "stream": 0,
+                  "time_us": 1_700_000_000_000_025, "frames": FORWARD}]
+        with open(a.output, "wb") as f:
+            pickle.dump({"segments": [], "device_traces": [trace]}, f, protocol=4)
+        return
     bases = [0x7F2000000000, 0x7F2000000000 + 32 * MIB]
     trace, t = [], [1_700_000_000_000_000]
 

@@ -117,6 +117,59 @@ fn a_trace_inside_its_segments_is_uncertain_in_every_command() {
     says(&r, sentence);
 }
 
+/// Issue 41, item 3: one forward pass through 24 layers, each saving an
+/// activation for backward that the pass frees at its end: allocated
+/// memory cycles once per layer and the saved activations rise at every
+/// cycle, but nothing is live at the end but the weights. Layers of one
+/// step are not steps; it said "Memory that grows with every step runs out
+/// at some step" before.
+#[test]
+fn a_loop_of_layers_inside_one_step_is_not_growth() {
+    let f = snapshot("gen-layer-loop-forward.pickle");
+    let d = diagnose(&f);
+    never(&d, "grows with every step");
+    never(&d, "Grows every step");
+    let top = allocdoc::app::top::run(&TopOptions {
+        inputs: vec![f.clone()],
+        common: allocdoc::app::Common {
+            format: Format::Json,
+            ..Default::default()
+        },
+        ..TopOptions::default()
+    })
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&top.stdout).unwrap();
+    let device = &v["devices"][0];
+    assert!(
+        device["steps"].as_u64().unwrap() >= 3,
+        "{}",
+        device["steps"]
+    );
+    assert_eq!(
+        device["growth"],
+        serde_json::json!([]),
+        "{}",
+        device["growth"]
+    );
+}
+
+/// Issue 41, item 3: a trace that holds no allocation (one `segment_free`:
+/// every config makes the same single cudaFree) proves nothing, in
+/// `recommend` as in `validate`; it said "proven" before.
+#[test]
+fn a_trace_without_an_allocation_is_not_proof() {
+    let f = snapshot("gen-trace-one-free.pickle");
+    let sentence = "the trace's 1 event holds no allocation, so every config does the same";
+    let (r, code) = recommend(&f);
+    assert_eq!(code, allocdoc::error::EXIT_UNCERTAIN, "{r}");
+    says(&r, sentence);
+    never(&r, "Evidence: proven");
+    let (v, code) = validate(&f, "expandable_segments:True");
+    assert_eq!(code, allocdoc::error::EXIT_UNCERTAIN, "{v}");
+    says(&v, sentence);
+    never(&v, "Evidence: proven");
+}
+
 /// Item 3: free and cached memory that hold the request only together are
 /// fragmentation whatever share of the card the cached part is, with the
 /// headroom named, and a line, not "no allocator setting will help".

@@ -630,3 +630,54 @@ fn a_series_whose_peak_shrinks_with_the_size_is_searched_without_panic() {
         assert_eq!(f.largest[0].size, size, "on a card of {capacity} bytes");
     }
 }
+
+#[test]
+fn the_next_size_says_what_runs_out_of_memory_on_the_card() {
+    // The bundled pair on a 12 GiB card: the next size up runs out of memory
+    // on a ~2 GiB request; without a limit it would reserve more than the
+    // card, but under expandable segments that figure is no reason: the
+    // size below it reserves about as much and fits, after the retry frees
+    // the cache.
+    let inputs = [
+        "fixtures/fit/attn-256.pickle.xz".to_string(),
+        "fixtures/fit/attn-1024.pickle.xz".to_string(),
+    ];
+    let (code, v) = fit_json(
+        &inputs,
+        "256,1024",
+        &[
+            "--capacity",
+            "12GiB",
+            "--conf",
+            "expandable_segments:True",
+            "--knob",
+            "seq_len",
+        ],
+    );
+    assert_eq!(code, 0, "{v}");
+    for l in v["largest"].as_array().unwrap() {
+        let next = &l["next_oom"];
+        let request = next["requested_bytes"].as_u64().unwrap();
+        assert!((1 << 30..3 << 30).contains(&request), "{l}");
+        assert!(next["event_index"].as_u64().is_some(), "{l}");
+        assert!(!next["site"].as_str().unwrap().is_empty());
+    }
+    let es = &v["largest"][1];
+    assert_eq!(es["next_oom"]["event_index"], 95);
+    let (_, text, _) = allocdoc(&[
+        "fit",
+        &inputs[0],
+        &inputs[1],
+        "--sizes",
+        "256,1024",
+        "--capacity",
+        "12GiB",
+        "--conf",
+        "expandable_segments:True",
+        "--knob",
+        "seq_len",
+    ]);
+    assert!(text.contains("seq_len 8164: runs out of"), "{text}");
+    assert!(text.contains("on a card without"), "{text}");
+    assert!(!text.contains("more than the card"), "{text}");
+}

@@ -113,12 +113,16 @@ pub fn must_go_bounded(facts: &Facts) -> bool {
     !flag(facts, "backend_async")
 }
 
-/// A replay that exercised what configs decide: some run made a cudaMalloc
-/// or a cudaFree, or ran out of memory. Only such a replay may be "proven"
-/// (docs/json.md), in every command.
+/// A replay that exercised what configs decide: it replayed an allocation
+/// (a request configs can serve differently; a trace of frees alone makes
+/// every config do the same), and some run made a cudaMalloc or a cudaFree,
+/// or ran out of memory. Only such a replay may be "proven" (docs/json.md),
+/// in every command.
 pub fn exercised(runs: &[&RunFigures]) -> bool {
-    runs.iter()
-        .any(|r| r.device_allocs + r.device_frees > 0 || r.oom.is_some())
+    runs.iter().any(|r| r.alloc_events > 0)
+        && runs
+            .iter()
+            .any(|r| r.device_allocs + r.device_frees > 0 || r.oom.is_some())
 }
 
 impl Claim {
@@ -346,9 +350,16 @@ mod tests {
         let idle = RunFigures::default();
         let busy = RunFigures {
             device_allocs: 1,
+            alloc_events: 1,
             ..RunFigures::default()
         };
         assert!(!exercised(&[&idle, &idle]));
         assert!(exercised(&[&idle, &busy]));
+        // A cudaFree in a trace without an allocation: every config makes it.
+        let frees_only = RunFigures {
+            device_frees: 1,
+            ..RunFigures::default()
+        };
+        assert!(!exercised(&[&frees_only, &frees_only]));
     }
 }

@@ -55,13 +55,12 @@ fn answer(fit: &Fit, knob: &Knob) -> String {
         ranked.sort_by_key(|l| std::cmp::Reverse(l.size.map_or(0, |s| s + 1)));
         let best = ranked[0];
         let Some(best_size) = best.size else {
+            let d = &fit.largest[0];
             return format!(
-                "No config fits even {k} {} on {}: it needs {} under the defaults",
-                fit.largest[0].next_size.unwrap_or(1),
+                "No config fits even {k} {} on {}: under the defaults {}",
+                d.next_size.unwrap_or(1),
                 card(cap),
-                fit.largest[0]
-                    .next_peak_reserved_bytes
-                    .map_or("more".into(), human)
+                next_on_card(d)
             );
         };
         // "the defaults fit", "expandable_segments:True fits".
@@ -111,6 +110,27 @@ fn answer(fit: &Fit, knob: &Knob) -> String {
             })
             .collect::<Vec<_>>()
             .join("; "),
+    }
+}
+
+/// What the next size up does on the card: the request that runs out of
+/// memory there, and what it reserves on a card without limit, so named.
+fn next_on_card(l: &Largest) -> String {
+    let free = l
+        .next_peak_reserved_bytes
+        .map(|b| format!("on a card without limit it reserves {}", size(Some(b))));
+    match (&l.next_oom, free) {
+        (Some(o), free) => format!(
+            "runs out of memory on the card: a {} request at {} (event {}){}",
+            size(Some(o.requested_bytes)),
+            if o.site.is_empty() { "?" } else { &o.site },
+            o.event_index,
+            free.map_or(String::new(), |f| format!("; {f}"))
+        ),
+        (None, Some(f)) => {
+            format!("fits the card too (the search's answer is not monotone here); {f}")
+        }
+        (None, None) => super::common::ABSENT.to_string(),
     }
 }
 
@@ -205,13 +225,9 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
                 l.strength.name().to_string(),
                 size(l.peak_reserved_bytes),
                 size(l.margin_bytes),
-                match (l.next_size, l.next_peak_reserved_bytes) {
-                    (Some(n), Some(b)) => format!(
-                        "{k} {n} needs {} ({} more than the card)",
-                        size(Some(b)),
-                        size(Some(b.saturating_sub(cap)))
-                    ),
-                    _ => super::common::ABSENT.to_string(),
+                match l.next_size {
+                    Some(n) => format!("{k} {n}: {}", next_on_card(l)),
+                    None => super::common::ABSENT.to_string(),
                 },
                 l.replays.to_string(),
             ]);

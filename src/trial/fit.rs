@@ -148,8 +148,10 @@ pub struct Largest {
     pub strength: Strength,
     pub peak_reserved_bytes: Option<u64>,
     pub margin_bytes: Option<u64>,
-    /// The next size up and what it would reserve on a card without limit.
+    /// The next size up, what runs out of memory when it runs on the card,
+    /// and what it reserves on a card without limit.
     pub next_size: Option<u64>,
+    pub next_oom: Option<FitOom>,
     pub next_peak_reserved_bytes: Option<u64>,
     /// Nothing grows enough to run out of memory below [`MAX_STEPS`] steps.
     pub unbounded: bool,
@@ -575,6 +577,7 @@ fn largest_fitting(
         peak_reserved_bytes: None,
         margin_bytes: None,
         next_size: Some(step),
+        next_oom: None,
         next_peak_reserved_bytes: None,
         unbounded: false,
         replays: 0,
@@ -608,6 +611,7 @@ fn largest_fitting(
         }
     };
     let Some(n) = best else {
+        out.next_oom = search.oom_on_card(1);
         out.next_peak_reserved_bytes = Some(search.replay(1, NO_LIMIT).peak_reserved_bytes);
         out.replays = search.replays;
         return out;
@@ -627,6 +631,7 @@ fn largest_fitting(
     out.margin_bytes = Some(capacity.saturating_sub(at_n));
     out.next_size = (!out.unbounded).then(|| (n + 1).saturating_mul(step));
     if !out.unbounded {
+        out.next_oom = search.oom_on_card(n + 1);
         out.next_peak_reserved_bytes = Some(search.replay(n + 1, NO_LIMIT).peak_reserved_bytes);
     }
     out.replays = search.replays;
@@ -696,6 +701,19 @@ impl Search<'_, '_> {
             SimDevice::new(cap),
         )
         .figures
+    }
+
+    /// The request that runs out of memory when n steps run on the card
+    /// (`None`: they fit).
+    fn oom_on_card(&mut self, n: u64) -> Option<FitOom> {
+        let oom = self.replay(n, self.capacity).oom?;
+        let size = n.saturating_mul(self.step);
+        let rec = self.models[self.series.reference_for(size)].recording();
+        Some(FitOom {
+            event_index: oom.event_index,
+            requested_bytes: oom.requested_bytes,
+            site: site_of(rec, oom.event_index),
+        })
     }
 
     /// Whether n steps run without OOM on the card, and their peak reserved.

@@ -515,7 +515,7 @@ fn recorded_verdict(
     let blind = indistinct(&[&current_run.figures, &chosen.figures]);
     if blind {
         finding.push_str("; ");
-        finding.push_str(&indistinct_sentence(current_run.figures.events));
+        finding.push_str(&indistinct_sentence(&current_run.figures));
     }
     let strength = if blind { Strength::Uncertain } else { strength };
     let verdict = Verdict {

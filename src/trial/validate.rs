@@ -180,9 +180,10 @@ impl Verdict {
                  segments are placed"
                     .to_string()
             }
-            Basis::Indistinct => "uncertain: the recorded workload was replayed, but neither \
+            Basis::Indistinct => "uncertain: the recorded workload was replayed, but it \
+                                  exercised nothing a config decides (no allocation, or neither \
                                   the current config nor the answer's made a cudaMalloc or a \
-                                  cudaFree in it, so the replay cannot tell them apart"
+                                  cudaFree in it), so the replay cannot tell them apart"
                 .to_string(),
             Basis::StartDoesNotFit => format!(
                 "{}: the snapshot's state at the trace start does not fit the card, so the trace \
@@ -335,7 +336,7 @@ fn recorded_verdict(before: &Run, after: &Run, capacity: u64) -> Verdict {
         None => (Basis::Recorded, Strength::Proven, EXIT_OK),
     };
     let finding = if basis == Basis::Indistinct {
-        format!("{finding}; {}", indistinct_sentence(before.figures.events))
+        format!("{finding}; {}", indistinct_sentence(&before.figures))
     } else {
         finding
     };
@@ -356,13 +357,23 @@ pub(crate) fn indistinct(runs: &[&RunFigures]) -> bool {
     !runs.is_empty() && !crate::advise::claims::exercised(runs)
 }
 
-/// Why an [`indistinct`] replay is uncertain, in one sentence.
-pub(crate) fn indistinct_sentence(events: u64) -> String {
+/// Why an [`indistinct`] replay (`run`, the current config's) is
+/// uncertain, in one sentence.
+pub(crate) fn indistinct_sentence(run: &RunFigures) -> String {
+    let events = run.events;
+    let noun = if events == 1 { "event" } else { "events" };
+    if run.alloc_events == 0 {
+        return format!(
+            "this is uncertain: the trace's {events} {noun} {} no allocation, so every config \
+             does the same (the same frees of what the snapshot held), and the replay cannot tell \
+             them apart",
+            if events == 1 { "holds" } else { "hold" }
+        );
+    }
     format!(
-        "this is uncertain: in the trace's {events} {} neither the current config nor this one \
+        "this is uncertain: in the trace's {events} {noun} neither the current config nor this one \
          made a cudaMalloc or a cudaFree (every request was served from the segments the snapshot \
-         already held), so the replay cannot tell them apart",
-        if events == 1 { "event" } else { "events" }
+         already held), so the replay cannot tell them apart"
     )
 }
 

@@ -84,6 +84,10 @@ pub struct RunFigures {
     /// events up to it (the peak reserved already above the bound).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_early_at_event: Option<u64>,
+    /// Allocation events replayed (requests the configs could decide
+    /// differently on).
+    #[serde(skip)]
+    pub alloc_events: u64,
     /// Bit `k`: under a `max_split_size` of `2^k` bytes some decision of the
     /// run would have gone the other way
     /// ([`crate::allocator::CachingAllocator::max_split_flips`]); `None`
@@ -145,6 +149,8 @@ pub struct RunResult {
 /// How a replay loop ended: what [`RunResult::new`] needs besides the allocator.
 pub(crate) struct RunEnd {
     pub events: u64,
+    /// Allocation events replayed.
+    pub alloc_events: u64,
     pub oom: Option<OomEvent>,
     pub peak_event_index: Option<u64>,
     pub allocated_at_peak_reserved: u64,
@@ -170,6 +176,7 @@ impl RunResult {
             figures: RunFigures {
                 oom: end.oom,
                 events: end.events,
+                alloc_events: end.alloc_events,
                 peak_reserved_bytes: dev.reserved_bytes.all().peak as u64,
                 peak_allocated_bytes: dev.allocated_bytes.all().peak as u64,
                 device_allocs: dev.num_device_alloc as u64,
@@ -322,6 +329,8 @@ pub struct StreamedReplay<D: Device> {
     limit: u64,
     /// Index of the next event.
     index: u64,
+    /// Allocation events fed.
+    allocs: u64,
     oom: Option<OomEvent>,
     stopped_early_at_event: Option<u64>,
 }
@@ -352,6 +361,7 @@ impl<D: Device> StreamedReplay<D> {
             stop_above: options.stop_above_reserved.unwrap_or(u64::MAX),
             limit: options.stop_after.unwrap_or(u64::MAX),
             index: 0,
+            allocs: 0,
             oom: None,
             stopped_early_at_event: None,
         }
@@ -372,7 +382,10 @@ impl<D: Device> StreamedReplay<D> {
                 break;
             }
             match *event {
-                Event::Alloc { id, size, stream } => match allocator.malloc_block(size, stream) {
+                Event::Alloc { id, size, stream } => match {
+                    self.allocs += 1;
+                    allocator.malloc_block(size, stream)
+                } {
                     Ok(block) => {
                         let slot = id as usize;
                         if slot >= blocks.len() {
@@ -496,6 +509,7 @@ impl<D: Device> StreamedReplay<D> {
     pub fn finish(mut self, events: u64) -> RunResult {
         let end = RunEnd {
             events,
+            alloc_events: self.allocs,
             oom: self.oom,
             peak_event_index: self.peaks.peak_event_index,
             allocated_at_peak_reserved: self.peaks.allocated_at_peak_reserved,

@@ -7,7 +7,8 @@ use crate::evidence::fills::Category;
 
 impl<'s, 'a> Attributor<'s, 'a> {
     /// Sites whose live bytes at the start of each step rise at every one
-    /// of at least three consecutive step starts.
+    /// of at least three consecutive step starts, and that still hold what
+    /// they rose to when the trace ends.
     pub(super) fn growth(&self, step_starts: &[u32]) -> Vec<Growth> {
         const MAX_BOUNDARIES: usize = 4096;
         if self.lives.is_empty() || step_starts.is_empty() {
@@ -73,6 +74,17 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 }
             }
         }
+        // What each site still holds when the trace ends: memory that rose
+        // at every step start but is gone by then grew inside one step (a
+        // loop over layers whose outputs the step frees), not from step to
+        // step.
+        let last = i64::try_from(self.entries).unwrap_or(i64::MAX) - 1;
+        let mut at_end = vec![0u64; self.sites.len()];
+        for l in self.lives.iter().filter(|l| l.alive(last)) {
+            if let Some(v) = at_end.get_mut(self.site(l) as usize) {
+                *v = v.saturating_add(l.bytes);
+            }
+        }
         let step = |j: usize| (j * every) as u64;
         let mut out: Vec<(u32, i64, Growth)> = rises
             .into_iter()
@@ -80,6 +92,9 @@ impl<'s, 'a> Attributor<'s, 'a> {
             .skip(SPECIAL_SITES as usize)
             .filter_map(|(sid, r)| {
                 let (from, to, a, b) = r.finish()?;
+                if at_end.get(sid).copied().unwrap_or(0) < b {
+                    return None;
+                }
                 let spanned = step(to) - step(from);
                 let sid = index32(sid);
                 Some((

@@ -186,6 +186,11 @@ pub fn replay_on<D: Device>(
     let run = trace.run_with(&mut alloc, fidelity, options)?;
     let end = RunEnd {
         events: trace.trace.len() as u64,
+        alloc_events: trace
+            .trace
+            .iter()
+            .filter(|e| e.action == Action::Alloc)
+            .count() as u64,
         oom: run.oom.map(|o| OomEvent {
             event_index: o.event_index as u64,
             requested_bytes: o.requested_bytes,
