@@ -24,14 +24,7 @@ fn main() {
 fn trace() -> &'static Trace {
     static TRACE: OnceLock<Trace> = OnceLock::new();
     TRACE.get_or_init(|| {
-        let epoch = generate(
-            Family::DynamicBatch,
-            &Params {
-                steps: 2_000,
-                unit: 3 * MIB,
-                seed: 1,
-            },
-        );
+        let epoch = generate(Family::DynamicBatch, &Params::new(2_000, 3 * MIB, 1));
         let ops = epochs(&epoch, 100);
         assert!(ops.len() >= 1_000_000, "{} events", ops.len());
         probe::trace(ops)

@@ -135,11 +135,7 @@ fn main() -> std::process::ExitCode {
     let mut rows = Vec::new();
     let mut totals: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for family in Family::ALL {
-        let params = Params {
-            steps: 60,
-            unit: 7 << 20,
-            seed: 5,
-        };
+        let params = Params::new(60, 7 << 20, 5);
         // Two epochs, so the second one meets the freed ranges of the first.
         let events = epochs(&generate(family, &params), 2);
         for conf in ["", "expandable_segments:True"] {

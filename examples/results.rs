@@ -153,11 +153,7 @@ fn main() {
     let header = "| workload | events | capacity | default | expandable_segments:True | max_split_size_mb:128 | max_split_size_mb:256 | max_split_size_mb:512 | ours (recommend) |\n|---|---:|---:|---|---|---|---|---|---|\n";
     let mut out = format!("### Trace families (3 epochs each)\n\n{header}");
     for (family, steps, unit) in FAMILIES {
-        let params = Params {
-            steps,
-            unit,
-            seed: 42,
-        };
+        let params = Params::new(steps, unit, 42);
         let events = epochs(&generate(family, &params), 3);
         let workload = Workload {
             input: family.name().to_string(),

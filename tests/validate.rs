@@ -15,17 +15,7 @@ use assert_cmd::Command;
 use std::path::Path;
 
 fn workload(family: Family, steps: u32, unit: u64) -> (Trace, Workload) {
-    let events = epochs(
-        &generate(
-            family,
-            &Params {
-                steps,
-                unit,
-                seed: 9,
-            },
-        ),
-        2,
-    );
+    let events = epochs(&generate(family, &Params::new(steps, unit, 9)), 2);
     let trace = probe::trace(events);
     let w = Workload {
         input: family.name().into(),
@@ -142,14 +132,7 @@ fn probe_calibration_reproduces_given_figures() {
     let defaults = Settings::default();
     let run = |trace: &Trace, cap: u64| replay(trace, &defaults, "", cap).figures;
     // The "real job": variable-length sequences (another seed than the probe's).
-    let mut ops = generate(
-        Family::VariableLength,
-        &Params {
-            steps: 300,
-            unit: MIB,
-            seed: 9,
-        },
-    );
+    let mut ops = generate(Family::VariableLength, &Params::new(300, MIB, 9));
     let before = run(&probe::trace(ops.clone()), allocdoc::device::NO_LIMIT);
     let request = 96 * MIB;
     ops.push(Event::Alloc {

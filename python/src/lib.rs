@@ -401,12 +401,13 @@ fn forecast(
             name
         })
     };
-    let (run, lengths) = (held(run), held(lengths));
+    // `run` names the run here; the helper that runs a command is `crate::run`.
+    let (steps_file, lengths_file) = (held(run), held(lengths));
     let opts = app::forecast::ForecastOptions {
         inputs,
         sizes: sizes.iter().map(i64::to_string).collect(),
-        run,
-        lengths,
+        run: steps_file,
+        lengths: lengths_file,
         batch,
         steps,
         seed,
@@ -422,7 +423,7 @@ fn forecast(
         },
         ..Default::default()
     };
-    run(py, || app::forecast::run(&opts))
+    crate::run(py, || app::forecast::run(&opts))
 }
 
 /// The `allocdoc` command: `argv` as `sys.argv` (the program first); prints

@@ -650,6 +650,7 @@ fn probe_json(e: &Ensemble) -> serde_json::Value {
             "steps": m.params.steps,
             "unit_bytes": m.params.unit,
             "seed": m.params.seed,
+            "ballast_bytes": m.params.ballast,
             "request_bytes": m.request_bytes,
             "reproduced": {"allocated_bytes": m.reproduced.allocated_bytes,
                            "reserved_bytes": m.reproduced.reserved_bytes},
@@ -665,6 +666,7 @@ fn probe_json(e: &Ensemble) -> serde_json::Value {
             ("steps", serde_json::json!(m.params.steps)),
             ("unit_bytes", serde_json::json!(m.params.unit)),
             ("seed", serde_json::json!(m.params.seed)),
+            ("ballast_bytes", serde_json::json!(m.params.ballast)),
             (
                 "reproduced",
                 serde_json::json!({"allocated_bytes": m.reproduced.allocated_bytes,

@@ -381,11 +381,9 @@ impl<D: Device> StreamedReplay<D> {
             if index >= self.limit {
                 break;
             }
+            self.allocs += u64::from(matches!(event, Event::Alloc { .. }));
             match *event {
-                Event::Alloc { id, size, stream } => match {
-                    self.allocs += 1;
-                    allocator.malloc_block(size, stream)
-                } {
+                Event::Alloc { id, size, stream } => match allocator.malloc_block(size, stream) {
                     Ok(block) => {
                         let slot = id as usize;
                         if slot >= blocks.len() {

@@ -283,9 +283,12 @@ fn reproduces(probe: &serde_json::Value, m: &serde_json::Value) -> bool {
     // 0.1 appended the printed figure itself.
     let request = m["request_bytes"].as_u64().unwrap_or(printed);
     let params = Params {
-        steps: int(&m["steps"]) as u32,
-        unit: int(&m["unit_bytes"]),
-        seed: int(&m["seed"]),
+        ballast: int(&m["ballast_bytes"]),
+        ..Params::new(
+            int(&m["steps"]) as u32,
+            int(&m["unit_bytes"]),
+            int(&m["seed"]),
+        )
     };
     let mut events = generate(family, &params);
     let next = events
