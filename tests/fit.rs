@@ -5,12 +5,12 @@
 //! within the bounds of issue 32; refusals of inputs that are not one
 //! workload recorded at several sizes.
 
+use crate::cli::allocdoc;
 use allocdoc::snapshot::attribute::{self, Ask, MomentKind};
 use allocdoc::snapshot::writer::{self, Block, BlockState, Frame, Segment, Stack, TraceEntry};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 
@@ -77,6 +77,23 @@ const STEP: [Site; 6] = [
 /// rest at the step's end. `rename` gives every site another function
 /// name (another workload).
 fn snapshot(n: u64, rename: bool) -> Vec<u8> {
+    snapshot_as(n, rename, false)
+}
+
+/// The module torch.compile's Inductor writes for size `n`: another hash
+/// (and so another file) at every size, as a recompile for a new shape makes.
+fn inductor_module(n: u64) -> String {
+    const B32: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let hash: String = (0..51u64)
+        .map(|i| B32[((n * 7 + i * 13 + n * i) % 32) as usize] as char)
+        .collect();
+    format!("/tmp/torchinductor_u/{}/c{hash}.py", &hash[..2])
+}
+
+/// [`snapshot`], with `compiled`: every allocation made inside the compiled
+/// graph (Inductor's generated `call`, at lines that move with the size,
+/// under dynamo's frames), called from the site's own user frame.
+fn snapshot_as(n: u64, rename: bool, compiled: bool) -> Vec<u8> {
     let weights = Segment {
         device: 0,
         address: 0x7f00_0000_0000,
@@ -120,21 +137,45 @@ fn snapshot(n: u64, rename: bool) -> Vec<u8> {
             } else {
                 s.name.to_string()
             };
+            let mut frames = vec![
+                Frame {
+                    filename: s.file.into(),
+                    line: s.line,
+                    name,
+                },
+                Frame {
+                    filename: "/home/u/train.py".into(),
+                    line: 200,
+                    name: "step".into(),
+                },
+            ];
+            if compiled {
+                let torch = "/venv/lib/python3.11/site-packages/torch";
+                frames.splice(
+                    0..0,
+                    [
+                        Frame {
+                            filename: inductor_module(n),
+                            line: 40 + 9 * k as i64 + (n % 11) as i64,
+                            name: "call".into(),
+                        },
+                        Frame {
+                            filename: format!("{torch}/_inductor/output_code.py"),
+                            line: 466,
+                            name: "__call__".into(),
+                        },
+                        Frame {
+                            filename: format!("{torch}/_dynamo/eval_frame.py"),
+                            line: 632,
+                            name: "_fn".into(),
+                        },
+                    ],
+                );
+            }
             stacks.push(Stack {
                 device: 0,
                 entries: vec![e],
-                frames: vec![
-                    Frame {
-                        filename: s.file.into(),
-                        line: s.line,
-                        name,
-                    },
-                    Frame {
-                        filename: "/home/u/train.py".into(),
-                        line: 200,
-                        name: "step".into(),
-                    },
-                ],
+                frames,
             });
             live.push((k, addr, size));
             // The scores and the workspace die right after the next call.
@@ -167,19 +208,6 @@ fn top_peak(bytes: &[u8]) -> u64 {
         .find(|m| m.moment == MomentKind::Peak)
         .map(|m| m.allocated_bytes)
         .unwrap()
-}
-
-fn allocdoc(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allocdoc"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run allocdoc");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// Writes snapshots at `sizes` into `dir`, returning their paths.
@@ -680,4 +708,48 @@ fn the_next_size_says_what_runs_out_of_memory_on_the_card() {
     assert!(text.contains("seq_len 8164: runs out of"), "{text}");
     assert!(text.contains("on a card without"), "{text}");
     assert!(!text.contains("more than the card"), "{text}");
+}
+
+#[test]
+fn compiled_code_pairs_by_what_survives_a_recompile() {
+    // Each size compiled its own module (another hash, other lines): the
+    // allocations pair as the eager ones do, by the generated function's
+    // name, the call order and the user's frame, and predict alike.
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<String> = [8u64, 16]
+        .iter()
+        .map(|&n| {
+            let p = dir.path().join(format!("compiled{n}.pickle"));
+            std::fs::write(&p, snapshot_as(n, false, true)).unwrap();
+            p.to_string_lossy().into_owned()
+        })
+        .collect();
+    let (code, v) = fit_json(&paths, "8,16", &["--at", "48"]);
+    assert_eq!(code, 0, "{v}");
+    let pairing = &v["pairing"][0];
+    assert_eq!(pairing["paired"], pairing["allocations"], "{pairing}");
+    let p = prediction(&v, 48);
+    assert_eq!(p["strength"], "likely", "{p}");
+    assert_eq!(
+        p["peak_allocated_bytes"],
+        top_peak(&snapshot_as(48, false, true))
+    );
+    let eager = write_series(dir.path(), &[8, 16], false);
+    let (_, e) = fit_json(&eager, "8,16", &["--at", "48"]);
+    assert_eq!(reserved(p, ""), reserved(prediction(&e, 48), ""));
+    // Sites are the user's frames, said to be compiled.
+    let sites: Vec<&str> = v["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["site"].as_str().unwrap())
+        .collect();
+    assert!(
+        sites.contains(&"model.py:428:scaled_dot_product_attention (compiled)"),
+        "{sites:?}"
+    );
+    assert!(
+        sites.iter().all(|s| !s.contains("torchinductor")),
+        "{sites:?}"
+    );
 }

@@ -10,11 +10,11 @@
 //! replaying every one, the real runs of fixtures/forecast/ exactly, and the
 //! refusals.
 
+use crate::cli::{allocdoc, json};
 use allocdoc::snapshot::writer::{self, Block, BlockState, Frame, Segment, Stack, TraceEntry};
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 const WEIGHTS: [u64; 2] = [64 * MIB, 32 * MIB];
@@ -252,25 +252,6 @@ fn truth_csv(shape: Shape, sizes: &[u64]) -> String {
         }
     }
     csv
-}
-
-fn allocdoc(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allocdoc"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run allocdoc");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(args: &[&str]) -> (i32, Value) {
-    let (code, out, err) = allocdoc(args);
-    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out} {err}"));
-    (code, v)
 }
 
 const ES: &str = "expandable_segments:True";

@@ -16,6 +16,7 @@ mod conventions;
 mod fills;
 mod fit;
 mod forecast;
+mod grid;
 mod hostile;
 mod ingest;
 mod json_contract;
@@ -31,6 +32,9 @@ mod trace_csv;
 mod trace_rules;
 mod validate;
 
+// Running the binary: shared by the command-line tests.
+#[path = "support/cli.rs"]
+mod cli;
 // Shared by report and snapshot (one copy: clippy::duplicate_mod).
 #[path = "support/verdicts.rs"]
 mod verdicts;

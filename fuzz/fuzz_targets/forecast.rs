@@ -11,6 +11,7 @@ use allocdoc::app::forecast::parse_sizes;
 use allocdoc::conf::Settings;
 use allocdoc::snapshot::{self, fit::Recording, fit::Series};
 use allocdoc::trial::forecast::{ForecastAsk, forecast};
+use allocdoc::workload::run::RunPlan;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -44,6 +45,8 @@ fuzz_target!(|data: &[u8]| {
         capacity: Some(1 << 30),
         cap_step: 1,
         memo_budget: 16 << 20,
+        knobs: None,
+        search: None,
     };
-    let _ = forecast(&series, &ask, &|_| {});
+    let _ = forecast(&RunPlan::new(&series), &ask, &|_| {});
 });

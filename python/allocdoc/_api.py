@@ -179,14 +179,25 @@ def diff(
     return _result(_native.diff(*_inputs([before, after]), at, by, n, device))
 
 
+def _points(v: Any) -> Optional[str]:
+    """Points as the command takes them: "a,b;a,b" from pairs (or text)."""
+    if v is None or isinstance(v, str):
+        return v
+    return ";".join(f"{int(a)},{int(b)}" for a, b in v)
+
+
 def fit(
     src: Sequence[Source],
-    sizes: Sequence[int],
+    sizes: Sequence[int] = (),
     at: Sequence[int] = (),
     confs: Sequence[str] = (),
     capacity: Optional[Size] = None,
     step: int = 1,
     knob: str = "size",
+    points: Any = None,
+    knobs: Optional[Sequence[str]] = None,
+    at_points: Any = None,
+    along: Optional[Tuple[str, Sequence[int]]] = None,
 ) -> Dict[str, Any]:
     """How large a size fits (`allocdoc fit --format json`): snapshots of one
     workload recorded at `sizes` of one knob (a batch, a sequence length),
@@ -194,10 +205,17 @@ def fit(
     replayed as a fresh process under PyTorch's defaults and each of `confs`;
     with `capacity`, the largest multiple of `step` that fits that card under
     each config. `allocdoc.capture.record_sizes` records such snapshots.
+
+    Two knobs: `points` instead of `sizes` (one (a, b) pair per snapshot, at
+    least three not on one line), `knobs` their names, `at_points` the pairs
+    to predict and, with `capacity`, `along` = (knob, values): for each value,
+    the largest value of the other knob that fits (`frontier`).
     """
     return _result(
         _native.fit(_inputs(list(src)), [int(s) for s in sizes], [int(a) for a in at],
-                    list(confs), capacity, int(step), knob)
+                    list(confs), capacity, int(step), knob, _points(points),
+                    None if knobs is None else ",".join(knobs), _points(at_points),
+                    None if along is None else f"{along[0]}={','.join(str(int(v)) for v in along[1])}")
     )
 
 
@@ -212,10 +230,10 @@ def _steps(v: Any, name: str) -> Optional[Tuple[str, Optional[bytes]]]:
 
 def forecast(
     src: Sequence[Source],
-    sizes: Sequence[int],
+    sizes: Sequence[int] = (),
     run: Any = None,
     lengths: Any = None,
-    batch: Optional[int] = None,
+    batch: Union[int, str, None] = None,
     steps: Optional[int] = None,
     seed: int = 0,
     pad_to: int = 1,
@@ -223,6 +241,8 @@ def forecast(
     capacity: Optional[Size] = None,
     cap_step: Optional[int] = None,
     knob: str = "size",
+    points: Any = None,
+    knobs: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """A whole run of steps whose size varies (`allocdoc forecast --format
     json`): the recordings `fit` takes, and `run`, each step's size (a list of
@@ -233,10 +253,16 @@ def forecast(
     `confs` (default: expandable_segments:True): each config's peak reserved
     and the step where it runs out of memory on `capacity`, the config to set
     and the largest cap on the size that carries the run.
+
+    Two knobs: `points` instead of `sizes` (one (batch, size) pair per
+    snapshot, as `fit` takes them), `knobs` their names; the run's sizes are
+    the second knob's at `batch`, or with `batch="max"` (and `lengths` and
+    `capacity`) at the largest batch whose whole run survives the card.
     """
     return _result(
         _native.forecast(_inputs(list(src)), [int(s) for s in sizes], _steps(run, "run"),
-                         _steps(lengths, "lengths"), batch, steps, int(seed), int(pad_to),
-                         list(confs), capacity, cap_step, knob)
+                         _steps(lengths, "lengths"), None if batch is None else str(batch), steps,
+                         int(seed), int(pad_to), list(confs), capacity, cap_step, knob, _points(points),
+                         None if knobs is None else ",".join(knobs))
     )
 

@@ -18,25 +18,38 @@ only PyTorch 2.0 or later with CUDA, as ``allocdoc.capture`` does.
 import os
 import pickle
 import sys
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ._capture import _say, _torch_version, record_history
 
 
 def record_sizes(
-    step: Callable[[int], Any],
+    step: Callable[..., Any],
     sizes: Sequence[int] = (1, 2),
     directory: str = "allocdoc-fit",
     knob: str = "size",
     max_entries: int = 1_000_000,
     stacks: str = "python",
+    points: Optional[Sequence[Tuple[int, int]]] = None,
+    knobs: Tuple[str, str] = ("a", "b"),
 ) -> List[str]:
     """Runs ``step(size)`` twice per size (a warm-up, then one recorded step),
     writes one snapshot per size and prints the ``allocdoc fit`` command;
-    returns the snapshots' paths (none when PyTorch cannot record)."""
-    sizes = [int(s) for s in sizes]
-    if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1:
-        raise ValueError("sizes: two or more different whole numbers above 0, e.g. [1, 2]")
+    returns the snapshots' paths (none when PyTorch cannot record).
+
+    With ``points`` (two knobs, e.g. ``[(1, 512), (2, 512), (1, 1024)]`` for a
+    batch and a length), runs ``step(a, b)`` at each point instead and prints
+    the ``allocdoc fit --points`` command."""
+    if points is not None:
+        grid = [(int(a), int(b)) for a, b in points]
+        if len(grid) < 3 or len(set(grid)) != len(grid) or min(min(p) for p in grid) < 1:
+            raise ValueError("points: three or more different (a, b) pairs of whole numbers above 0")
+        runs = [(p, (lambda p=p: step(*p)), f"{knobs[0]}{p[0]}_{knobs[1]}{p[1]}") for p in grid]
+    else:
+        sizes = [int(s) for s in sizes]
+        if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1:
+            raise ValueError("sizes: two or more different whole numbers above 0, e.g. [1, 2]")
+        runs = [(z, (lambda z=z: step(z)), f"{knob}{z}") for z in sizes]
     import torch
 
     version = _torch_version(torch)
@@ -45,22 +58,26 @@ def record_sizes(
         return []
     os.makedirs(directory, exist_ok=True)
     paths = []
-    for size in sizes:
-        step(size)
+    for at, run, name in runs:
+        run()
         torch.cuda.synchronize()
         record_history(torch, version, True, max_entries, stacks)
         try:
-            step(size)
+            run()
             torch.cuda.synchronize()
             snapshot = torch.cuda.memory._snapshot()
         finally:
             record_history(torch, version, False, max_entries, stacks)
-        path = os.path.join(directory, f"{knob}{size}.pickle")
+        path = os.path.join(directory, f"{name}.pickle")
         with open(path, "wb") as f:
             pickle.dump(snapshot, f)
         paths.append(path)
-        _say(f"recorded {knob} {size}: {path}")
-    command = "allocdoc fit " + " ".join(paths) + f" --sizes {','.join(map(str, sizes))} --knob {knob} --capacity <your card>"
+        _say(f"recorded {name}: {path}")
+    if points is not None:
+        command = ("allocdoc fit " + " ".join(paths) + " --points '" + ";".join(f"{a},{b}" for (a, b), _, _ in runs)
+                   + f"' --knobs {knobs[0]},{knobs[1]} --capacity <your card>")
+    else:
+        command = ("allocdoc fit " + " ".join(paths) + f" --sizes {','.join(str(z) for z, _, _ in runs)} --knob {knob}"
+                   " --capacity <your card>")
     print(command, file=sys.stderr)
     return paths
-

@@ -340,7 +340,7 @@ fn diff(
 }
 
 #[pyfunction]
-#[pyo3(signature = (inputs, sizes, at=Vec::new(), confs=Vec::new(), capacity=None, step=1, knob="size".to_owned()))]
+#[pyo3(signature = (inputs, sizes, at=Vec::new(), confs=Vec::new(), capacity=None, step=1, knob="size".to_owned(), points=None, knobs=None, at_points=None, along=None))]
 #[allow(clippy::too_many_arguments)]
 fn fit(
     py: Python<'_>,
@@ -351,6 +351,10 @@ fn fit(
     capacity: Option<Bound<'_, PyAny>>,
     step: u64,
     knob: String,
+    points: Option<String>,
+    knobs: Option<String>,
+    at_points: Option<String>,
+    along: Option<String>,
 ) -> PyResult<Produced> {
     let (inputs, buffers) = sources(inputs);
     // As text, so that 0 and negative sizes get the command's own refusal.
@@ -363,6 +367,10 @@ fn fit(
         capacity: size(capacity.as_ref())?,
         step,
         knob,
+        points,
+        knobs,
+        at_points,
+        along,
         common: app::Common {
             buffers,
             format: Format::Json,
@@ -374,7 +382,7 @@ fn fit(
 }
 
 #[pyfunction]
-#[pyo3(signature = (inputs, sizes, run=None, lengths=None, batch=None, steps=None, seed=0, pad_to=1, confs=Vec::new(), capacity=None, cap_step=None, knob="size".to_owned()))]
+#[pyo3(signature = (inputs, sizes, run=None, lengths=None, batch=None, steps=None, seed=0, pad_to=1, confs=Vec::new(), capacity=None, cap_step=None, knob="size".to_owned(), points=None, knobs=None))]
 #[allow(clippy::too_many_arguments)]
 fn forecast(
     py: Python<'_>,
@@ -382,7 +390,7 @@ fn forecast(
     sizes: Vec<i64>,
     run: Option<Source>,
     lengths: Option<Source>,
-    batch: Option<u64>,
+    batch: Option<String>,
     steps: Option<u64>,
     seed: u64,
     pad_to: u64,
@@ -390,6 +398,8 @@ fn forecast(
     capacity: Option<Bound<'_, PyAny>>,
     cap_step: Option<u64>,
     knob: String,
+    points: Option<String>,
+    knobs: Option<String>,
 ) -> PyResult<Produced> {
     let (inputs, mut buffers) = sources(inputs);
     // The run and the lengths: files, or contents held here by name.
@@ -416,6 +426,8 @@ fn forecast(
         capacity: size(capacity.as_ref())?,
         cap_step,
         knob,
+        points,
+        knobs,
         common: app::Common {
             buffers,
             format: Format::Json,

@@ -150,6 +150,31 @@ class ApiTest(unittest.TestCase):
         with self.assertRaises(allocdoc.InputError):
             allocdoc.fit([a, TEXTS[0]], sizes=[256, 1024])
 
+    def test_fit_in_two_knobs_equals_the_command(self):
+        files = [F / "grid" / f"attn-{p}.pickle.xz" for p in ("d16_s256", "d32_s256", "d16_s1024")]
+        code, want, _ = cli("fit", *files, "--points", "16,256;32,256;16,1024", "--knobs", "d_model,seq_len",
+                            "--at-points", "64,4096", "--capacity", "16GiB", "--along", "d_model=16,64",
+                            "--format", "json")
+        self.assertEqual(code, 0)
+        got = allocdoc.fit(files, points=[(16, 256), (32, 256), (16, 1024)], knobs=("d_model", "seq_len"),
+                           at_points=[(64, 4096)], capacity="16GiB", along=("d_model", [16, 64]))
+        self.assertEqual(got, want)
+        self.assertEqual(want["predictions"][0]["point"], [64, 4096])
+        # The defaults only, at each value of the fixed knob: d_model 16 and 64.
+        self.assertEqual([(f["conf"], f["value"]) for f in want["frontier"]], [("", 16), ("", 64)])
+
+    def test_forecast_in_two_knobs_equals_the_command(self):
+        files = [F / "grid" / f"attn-{p}.pickle.xz" for p in ("d16_s256", "d32_s256", "d16_s1024")]
+        lengths = F / "forecast" / "lengths.txt"
+        code, want, _ = cli("forecast", *files, "--points", "16,256;32,256;16,1024", "--knobs", "d_model,seq_len",
+                            "--lengths", lengths, "--batch", "max", "--steps", "20", "--pad-to", "64",
+                            "--capacity", "1GiB", "--format", "json")
+        self.assertIn(code, (0, 4))
+        got = allocdoc.forecast(files, points=[(16, 256), (32, 256), (16, 1024)], knobs=("d_model", "seq_len"),
+                                lengths=lengths, batch="max", steps=20, pad_to=64, capacity="1GiB")
+        self.assertEqual(got, want)
+        self.assertEqual(want["batch"], max(c["batch"]["largest"] for c in want["configs"]))
+
     def test_forecast_equals_the_command(self):
         a, b = F / "forecast" / "xl-forward-128.pickle.xz", F / "forecast" / "xl-forward-256.pickle.xz"
         run = F / "forecast" / "xl-forward-ramp.txt"

@@ -50,6 +50,23 @@ class RecordSizesTest(unittest.TestCase):
                 self.assertEqual(pickle.load(f), SNAPSHOT)
         self.assertIn(f"allocdoc fit {paths[0]} {paths[1]} --sizes 2,4 --knob batch", said)
 
+    def test_a_grid_of_points_records_each_point_and_prints_the_two_knob_command(self):
+        torch = fake_torch(snapshot=SNAPSHOT)
+        torch.cuda.synchronize = lambda: None
+        err = io.StringIO()
+        calls = []
+        with mock.patch.dict(sys.modules, {"torch": torch}), contextlib.redirect_stderr(err):
+            paths = allocdoc.capture.record_sizes(
+                lambda a, b: calls.append((a, b)), points=[(1, 512), (2, 512), (1, 1024)],
+                knobs=("batch", "seq_len"), directory=self.dir)
+        self.assertEqual(calls, [(1, 512), (1, 512), (2, 512), (2, 512), (1, 1024), (1, 1024)])
+        self.assertEqual([os.path.basename(p) for p in paths],
+                         ["batch1_seq_len512.pickle", "batch2_seq_len512.pickle", "batch1_seq_len1024.pickle"])
+        self.assertIn("--points '1,512;2,512;1,1024' --knobs batch,seq_len", err.getvalue())
+        for points in ([(1, 2), (2, 2)], [(1, 2), (1, 2), (2, 2)], [(0, 1), (1, 1), (1, 2)]):
+            with self.assertRaises(ValueError):
+                allocdoc.capture.record_sizes(lambda a, b: None, points=points, directory=self.dir)
+
     def test_sizes_must_be_two_different_whole_numbers(self):
         for sizes in ([1], [2, 2], [0, 1]):
             with self.assertRaises(ValueError):

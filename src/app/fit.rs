@@ -9,9 +9,11 @@ use super::{Format, Outcome};
 use crate::Error;
 use crate::conf::{Settings, TorchVersion};
 use crate::ingest::InputKind;
+use crate::snapshot::fit::grid::{Grid, GridError, Point};
 use crate::snapshot::fit::{Recording, Series};
 use crate::trial::answer::Strength;
 use crate::trial::fit::{FitAsk, fit};
+use crate::trial::grid::{GridAsk, fit_grid};
 use rayon::prelude::*;
 use std::path::PathBuf;
 
@@ -28,11 +30,32 @@ pub struct FitOptions {
         arg(
             long,
             value_delimiter = ',',
-            required = true,
+            required_unless_present = "points",
+            conflicts_with = "points",
             allow_hyphen_values = true
         )
     )]
     pub sizes: Vec<String>,
+    /// Two knobs: the point each input was recorded at, in the inputs' order, as
+    /// `a,b` pairs separated by `;`: `--points "1,512;2,512;1,1024"` (at least three, not
+    /// on one line).
+    #[cfg_attr(feature = "cli", arg(long, allow_hyphen_values = true))]
+    pub points: Option<String>,
+    /// With --points: the two knobs' names, `--knobs batch,seq_len`.
+    #[cfg_attr(feature = "cli", arg(long, requires = "points"))]
+    pub knobs: Option<String>,
+    /// With --points: the points to predict, `--at-points "4,2048;8,1024"` (default: both
+    /// knobs at twice their largest recorded value, unless --capacity asks for the frontier).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, requires = "points", allow_hyphen_values = true)
+    )]
+    pub at_points: Option<String>,
+    /// With --points and --capacity: the knob held fixed and its values, `--along
+    /// batch=1,2,4,8`: for each, the largest value of the other knob that fits the card
+    /// (default: the first knob at its recorded values).
+    #[cfg_attr(feature = "cli", arg(long, requires = "points"))]
+    pub along: Option<String>,
     /// Sizes to predict: `--at 32,64` (default: twice the largest recorded size, unless
     /// --capacity asks for the largest size that fits).
     #[cfg_attr(
@@ -67,6 +90,10 @@ impl Default for FitOptions {
         FitOptions {
             inputs: Vec::new(),
             sizes: Vec::new(),
+            points: None,
+            knobs: None,
+            at_points: None,
+            along: None,
             at: Vec::new(),
             confs: Vec::new(),
             capacity: None,
@@ -161,6 +188,9 @@ pub(crate) fn series(
 }
 
 pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
+    if let Some(points) = &opts.points {
+        return run_grid(opts, points);
+    }
     if opts.sizes.len() != opts.inputs.len() {
         recorded_sizes(&opts.inputs, &opts.sizes)?;
     }
@@ -201,21 +231,178 @@ pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
             &crate::report::fit::html(&result, &knob),
         )?);
     }
-    // Exit 1: at a size asked for, every config runs out of memory on the card.
-    let oom = result
-        .predictions
-        .iter()
-        .any(|p| !p.configs.is_empty() && p.configs.iter().all(|c| c.oom.is_some()));
-    let exit_code = if result.strength == Strength::Uncertain {
+    let configs = result.predictions.iter().map(|p| p.configs.as_slice());
+    Ok(outcome(opts, (stdout, stderr), result.strength, configs))
+}
+
+/// The outcome of `fit`: exit 4 when uncertain, else 1 when at some point
+/// asked for every config runs out of memory on the card, else 0.
+fn outcome<'c>(
+    opts: &FitOptions,
+    (stdout, stderr): (String, Vec<String>),
+    strength: Strength,
+    mut predictions: impl Iterator<Item = &'c [crate::trial::fit::ConfPrediction]>,
+) -> Outcome {
+    let oom = predictions.any(|c| !c.is_empty() && c.iter().all(|c| c.oom.is_some()));
+    let exit_code = if strength == Strength::Uncertain {
         crate::error::EXIT_UNCERTAIN
     } else if oom {
         crate::error::EXIT_STILL_OOM
     } else {
         crate::error::EXIT_OK
     };
-    Ok(Outcome {
+    Outcome {
         stdout: opts.common.format.finish(stdout),
         stderr,
         exit_code,
-    })
+    }
+}
+
+/// `a,b;a,b;…` (`flag` names them in errors): whole numbers above 0, two
+/// to a point.
+fn parse_points(flag: &str, text: &str) -> Result<Vec<Point>, Error> {
+    text.split(';')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let v: Vec<&str> = p.split(',').collect();
+            match v.as_slice() {
+                [a, b] => Ok((knob_value(flag, a)?, knob_value(flag, b)?)),
+                _ => Err(Error::Usage(format!(
+                    "{flag} {p:?}: a point is two values, one per knob, `a,b` (points are separated by `;`)"
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// The recordings at their points (`--points`, one per input), paired, and
+/// the knobs' names (`--knobs`; `a` and `b` without).
+pub(crate) fn grid(
+    common: &super::Common,
+    inputs: &[String],
+    points: &str,
+    knobs: Option<&str>,
+) -> Result<(Grid, (String, String)), Error> {
+    let points = parse_points("--points", points)?;
+    if points.len() != inputs.len() {
+        return Err(Error::Usage(format!(
+            "--points gives {} point{} for {} input{}: one point per input, in the same order",
+            points.len(),
+            if points.len() == 1 { "" } else { "s" },
+            inputs.len(),
+            if inputs.len() == 1 { "" } else { "s" }
+        )));
+    }
+    let knobs = match knobs {
+        Some(k) => {
+            let names: Vec<String> = k.split(',').map(|n| n.trim().to_string()).collect();
+            match names.as_slice() {
+                [a, b] if !a.is_empty() && !b.is_empty() && a != b => (a.clone(), b.clone()),
+                _ => {
+                    return Err(Error::Usage(format!(
+                        "--knobs {k:?}: two different names, one per value of a point (`batch,seq_len`)"
+                    )));
+                }
+            }
+        }
+        None => ("a".to_string(), "b".to_string()),
+    };
+    let recordings = inputs
+        .par_iter()
+        .enumerate()
+        .map(|(i, input)| recording(common, input, i as u64 + 1))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let grid = Grid::new(recordings, points).map_err(|e| match e {
+        GridError::Series(s) => Error::Input(s.to_string()),
+        other => Error::Usage(format!("--points: {other}")),
+    })?;
+    Ok((grid, knobs))
+}
+
+/// `fit` in two knobs ([`crate::trial::grid`]).
+fn run_grid(opts: &FitOptions, points: &str) -> Result<Outcome, Error> {
+    if !opts.at.is_empty() {
+        return Err(Error::Usage(
+            "--at predicts sizes of one knob: with --points, give --at-points \"a,b;…\"".into(),
+        ));
+    }
+    let mut at = match &opts.at_points {
+        Some(t) => parse_points("--at-points", t)?,
+        None => Vec::new(),
+    };
+    at.sort_unstable();
+    at.dedup();
+    let confs = configs(&opts.confs)?;
+    let (grid, knobs) = grid(&opts.common, &opts.inputs, points, opts.knobs.as_deref())?;
+    let points = &grid.points;
+    let top = |k: usize| {
+        points
+            .iter()
+            .map(|p| if k == 0 { p.0 } else { p.1 })
+            .max()
+            .unwrap_or(1)
+    };
+    if at.is_empty() && opts.capacity.is_none() {
+        at.push((top(0).saturating_mul(2), top(1).saturating_mul(2)));
+    }
+    let along = match (&opts.along, opts.capacity) {
+        (Some(a), _) => {
+            let (name, values) = a.split_once('=').ok_or_else(|| {
+                Error::Usage(format!(
+                    "--along {a:?}: the knob held fixed and its values, `{}=1,2,4`",
+                    knobs.0
+                ))
+            })?;
+            let k = if name.trim() == knobs.0 {
+                0
+            } else if name.trim() == knobs.1 {
+                1
+            } else {
+                return Err(Error::Usage(format!(
+                    "--along {a:?}: {name:?} is neither knob ({} or {})",
+                    knobs.0, knobs.1
+                )));
+            };
+            let values = values
+                .split(',')
+                .map(|v| knob_value("--along", v))
+                .collect::<Result<Vec<u64>, Error>>()?;
+            Some((k, values))
+        }
+        (None, Some(_)) => {
+            let mut v: Vec<u64> = points.iter().map(|p| p.0).collect();
+            v.sort_unstable();
+            v.dedup();
+            Some((0, v))
+        }
+        (None, None) => None,
+    };
+    if along.is_some() && opts.capacity.is_none() {
+        return Err(Error::Usage(
+            "--along finds the largest value that fits a card: give --capacity".into(),
+        ));
+    }
+    let ask = GridAsk {
+        knobs,
+        at,
+        confs,
+        capacity: opts.capacity,
+        along,
+    };
+    let result = fit_grid(&grid, &ask);
+    let stdout = match opts.common.format {
+        Format::Text => crate::report::grid::text(&result),
+        Format::Json | Format::Jsonl => crate::report::grid::json_doc(&result),
+        Format::Markdown => crate::report::grid::markdown(&result),
+    };
+    let mut stderr = Vec::new();
+    if let Some(path) = &opts.report {
+        stderr.push(super::write_report(
+            path,
+            &crate::report::grid::html(&result),
+        )?);
+    }
+    let configs = result.predictions.iter().map(|p| p.configs.as_slice());
+    Ok(outcome(opts, (stdout, stderr), result.strength, configs))
 }

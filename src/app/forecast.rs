@@ -8,8 +8,9 @@
 use super::{Format, Outcome};
 use crate::Error;
 use crate::trial::answer::Strength;
-use crate::trial::forecast::{ForecastAsk, forecast};
+use crate::trial::forecast::{BatchSearch, ForecastAsk, forecast};
 use crate::trial::search::Progress;
+use crate::workload::run::RunPlan;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone)]
@@ -25,11 +26,21 @@ pub struct ForecastOptions {
         arg(
             long,
             value_delimiter = ',',
-            required = true,
+            required_unless_present = "points",
+            conflicts_with = "points",
             allow_hyphen_values = true
         )
     )]
     pub sizes: Vec<String>,
+    /// Two knobs, the batch first: the point each input was recorded at, `--points
+    /// "1,512;2,512;1,1024"` (as `fit` takes them). The run's sizes are then the second
+    /// knob's, at the batch --batch gives (or the largest that carries the run: `--batch
+    /// max`).
+    #[cfg_attr(feature = "cli", arg(long, allow_hyphen_values = true))]
+    pub points: Option<String>,
+    /// With --points: the two knobs' names, the batch first: `--knobs batch,seq_len`.
+    #[cfg_attr(feature = "cli", arg(long, requires = "points"))]
+    pub knobs: Option<String>,
     /// The run: a text file with one step's size per line, in the knob's unit (`#` starts a
     /// comment).
     #[cfg_attr(feature = "cli", arg(long, conflicts_with = "lengths"))]
@@ -39,9 +50,11 @@ pub struct ForecastOptions {
     /// sample rounded up to --pad-to.
     #[cfg_attr(feature = "cli", arg(long, requires = "batch"))]
     pub lengths: Option<String>,
-    /// Samples per batch (with --lengths).
+    /// Samples per batch (with --lengths; with --points, the first knob's value for the
+    /// run's steps). `max` (with --points, --lengths and --capacity): per config, the
+    /// largest batch whose whole run survives the card.
     #[cfg_attr(feature = "cli", arg(long))]
-    pub batch: Option<u64>,
+    pub batch: Option<String>,
     /// Steps to build (with --lengths; default: one epoch, the last partial batch included;
     /// more than an epoch reshuffles for each).
     #[cfg_attr(feature = "cli", arg(long))]
@@ -87,6 +100,8 @@ impl Default for ForecastOptions {
         ForecastOptions {
             inputs: Vec::new(),
             sizes: Vec::new(),
+            points: None,
+            knobs: None,
             run: None,
             lengths: None,
             batch: None,
@@ -154,119 +169,124 @@ pub fn parse_sizes(name: &str, data: &[u8], what: &str) -> Result<Vec<u64>, Erro
     Ok(out)
 }
 
-/// splitmix64: the shuffle's generator (allocdoc's own; not torch's).
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// `--batch`: samples per batch, or `max` (two knobs: the largest batch
+/// that carries the run, searched).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum BatchArg {
+    Fixed(u64),
+    Max,
 }
 
-/// The run a padded DataLoader makes of `lengths`: each epoch a shuffle
-/// (Fisher–Yates), cut into batches of `batch` (the last partial batch
-/// kept), each step's size the batch's longest sample rounded up to a
-/// multiple of `pad_to`; `steps` steps (default: one epoch).
-pub fn batches(
-    lengths: &[u64],
-    batch: u64,
-    steps: Option<u64>,
-    seed: u64,
-    pad_to: u64,
-) -> Vec<u64> {
-    let mut state = seed;
-    let mut order: Vec<usize> = (0..lengths.len()).collect();
-    let per_epoch = lengths.len().div_ceil(batch as usize);
-    let want = steps.map_or(per_epoch, |s| s as usize);
-    let mut out = Vec::with_capacity(want);
-    while out.len() < want {
-        for i in (1..order.len()).rev() {
-            let j = (next(&mut state) % (i as u64 + 1)) as usize;
-            order.swap(i, j);
-        }
-        for chunk in order.chunks(batch as usize) {
-            if out.len() == want {
-                break;
-            }
-            let longest = chunk.iter().map(|&i| lengths[i]).max().unwrap_or(1);
-            out.push(longest.div_ceil(pad_to).saturating_mul(pad_to));
-        }
+fn batch_arg(opts: &ForecastOptions) -> Result<Option<BatchArg>, Error> {
+    let Some(b) = opts.batch.as_deref().map(str::trim) else {
+        return Ok(None);
+    };
+    if b.eq_ignore_ascii_case("max") {
+        return Ok(Some(BatchArg::Max));
     }
-    out
+    match b.parse::<u64>() {
+        Ok(0) => Err(Error::Usage(
+            "--batch 0: a batch holds 1 sample or more".into(),
+        )),
+        Ok(n) => Ok(Some(BatchArg::Fixed(n))),
+        Err(_) => Err(Error::Usage(format!(
+            "--batch {b:?}: samples per batch, a whole number above 0, or `max` (with --points: the largest batch that carries the run)"
+        ))),
+    }
 }
 
-/// The run's step sizes, from `--run` or built from `--lengths`, and a
-/// note when it was written out.
-fn the_run(opts: &ForecastOptions) -> Result<(Vec<u64>, Option<String>), Error> {
+/// The per-sample sizes of `--lengths`, checked against a batch of `batch`.
+fn read_lengths(opts: &ForecastOptions, path: &str, batch: u64) -> Result<Vec<u64>, Error> {
+    if opts.steps == Some(0) {
+        return Err(Error::Usage("--steps 0: a run has 1 step or more".into()));
+    }
+    if opts.steps.is_some_and(|s| s > MAX_STEPS as u64) {
+        return Err(Error::Usage(format!(
+            "--steps {}: more than {MAX_STEPS} steps, the most a run holds",
+            opts.steps.unwrap_or(0)
+        )));
+    }
+    let lengths = read_sizes(opts, path, "sample sizes")?;
+    if (lengths.len() as u64) < batch {
+        return Err(Error::Input(format!(
+            "{}: {} sample sizes, fewer than one batch of {batch}",
+            crate::ingest::input_name(path),
+            lengths.len()
+        )));
+    }
+    // The most steps a run of them holds: batches of 1 (one epoch).
+    let epoch = lengths.len().div_ceil(batch as usize);
+    if opts.steps.is_none() && epoch > MAX_STEPS {
+        return Err(Error::Usage(format!(
+            "{}: one epoch is {epoch} steps, more than {MAX_STEPS}, the most a run holds: give --steps",
+            crate::ingest::input_name(path),
+        )));
+    }
+    Ok(lengths)
+}
+
+/// The run's step sizes, from `--run` or built from `--lengths` at a fixed
+/// batch; with `--batch max`, the search to build each batch's run.
+fn the_run(
+    opts: &ForecastOptions,
+    batch: Option<BatchArg>,
+) -> Result<(Vec<u64>, Option<BatchSearch>), Error> {
     if opts.pad_to == 0 {
         return Err(Error::Usage("--pad-to 0: the padding is 1 or more".into()));
     }
-    match (&opts.run, &opts.lengths) {
-        (Some(run), None) => Ok((read_sizes(opts, run, "step sizes")?, None)),
-        (None, Some(path)) => {
-            let batch = opts.batch.ok_or_else(|| {
-                Error::Usage("--lengths needs --batch N (samples per batch)".into())
-            })?;
-            if batch == 0 {
-                return Err(Error::Usage("--batch 0: a batch holds 1 sample or more".into()));
-            }
-            if opts.steps == Some(0) {
-                return Err(Error::Usage("--steps 0: a run has 1 step or more".into()));
-            }
-            if opts.steps.is_some_and(|s| s > MAX_STEPS as u64) {
-                return Err(Error::Usage(format!(
-                    "--steps {}: more than {MAX_STEPS} steps, the most a run holds",
-                    opts.steps.unwrap_or(0)
-                )));
-            }
-            let lengths = read_sizes(opts, path, "sample sizes")?;
-            if (lengths.len() as u64) < batch {
-                return Err(Error::Input(format!(
-                    "{}: {} sample sizes, fewer than one batch of {batch}",
-                    crate::ingest::input_name(path),
-                    lengths.len()
-                )));
-            }
-            let run = batches(&lengths, batch, opts.steps, opts.seed, opts.pad_to);
-            if run.len() > MAX_STEPS {
-                return Err(Error::Usage(format!(
-                    "{}: one epoch is {} steps, more than {MAX_STEPS}, the most a run holds: give --steps",
-                    crate::ingest::input_name(path),
-                    run.len()
-                )));
-            }
-            let note = match &opts.write_run {
-                Some(out) => {
-                    let mut text = format!(
-                        "# built by allocdoc forecast from {}: batch {batch}, seed {}, pad to {}\n",
-                        crate::ingest::input_name(path),
-                        opts.seed,
-                        opts.pad_to
-                    );
-                    for z in &run {
-                        text.push_str(&z.to_string());
-                        text.push('\n');
-                    }
-                    std::fs::write(out, text).map_err(|e| {
-                        Error::Usage(format!("{}: cannot write the run: {e}", out.display()))
-                    })?;
-                    Some(format!(
-                        "note: wrote the run ({} steps) to {}",
-                        run.len(),
-                        out.display()
-                    ))
-                }
-                None => None,
-            };
-            Ok((run, note))
-        }
-        (None, None) => Err(Error::Usage(
-            "forecast needs the run: --run RUN.txt (one step size per line) or --lengths FILE --batch N".into(),
-        )),
-        (Some(_), Some(_)) => Err(Error::Usage(
+    match (&opts.run, &opts.lengths, batch) {
+        (Some(_), Some(_), _) => Err(Error::Usage(
             "--run and --lengths both give the run: give one".into(),
         )),
+        (Some(_), None, Some(BatchArg::Max)) => Err(Error::Usage(
+            "--batch max searches the batch over runs built from --lengths: give --lengths FILE, not --run".into(),
+        )),
+        (Some(run), None, _) => Ok((read_sizes(opts, run, "step sizes")?, None)),
+        (None, Some(path), Some(BatchArg::Fixed(b))) => {
+            let lengths = read_lengths(opts, path, b)?;
+            let run = crate::workload::run::batches(&lengths, b, opts.steps, opts.seed, opts.pad_to);
+            Ok((run, None))
+        }
+        (None, Some(path), Some(BatchArg::Max)) => {
+            let search = BatchSearch {
+                lengths: read_lengths(opts, path, 1)?,
+                steps: opts.steps,
+                seed: opts.seed,
+                pad_to: opts.pad_to,
+            };
+            Ok((search.run(1), Some(search)))
+        }
+        (None, Some(_), None) => Err(Error::Usage(
+            "--lengths needs --batch N (samples per batch)".into(),
+        )),
+        (None, None, _) => Err(Error::Usage(
+            "forecast needs the run: --run RUN.txt (one step size per line) or --lengths FILE --batch N".into(),
+        )),
     }
+}
+
+/// Writes the run `--lengths` built at `batch` to `--write-run`; the note.
+fn write_run(opts: &ForecastOptions, run: &[u64], batch: u64) -> Result<Option<String>, Error> {
+    let (Some(out), Some(path)) = (&opts.write_run, &opts.lengths) else {
+        return Ok(None);
+    };
+    let mut text = format!(
+        "# built by allocdoc forecast from {}: batch {batch}, seed {}, pad to {}\n",
+        crate::ingest::input_name(path),
+        opts.seed,
+        opts.pad_to
+    );
+    for z in run {
+        text.push_str(&z.to_string());
+        text.push('\n');
+    }
+    std::fs::write(out, text)
+        .map_err(|e| Error::Usage(format!("{}: cannot write the run: {e}", out.display())))?;
+    Ok(Some(format!(
+        "note: wrote the run ({} steps) to {}",
+        run.len(),
+        out.display()
+    )))
 }
 
 pub fn run(opts: &ForecastOptions) -> Result<Outcome, Error> {
@@ -278,7 +298,9 @@ pub fn run_with_progress(
     opts: &ForecastOptions,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<Outcome, Error> {
-    super::fit::recorded_sizes(&opts.inputs, &opts.sizes)?;
+    if opts.points.is_none() {
+        super::fit::recorded_sizes(&opts.inputs, &opts.sizes)?;
+    }
     if opts.write_run.is_some() && opts.lengths.is_none() {
         return Err(Error::Usage(
             "--write-run writes the run --lengths builds: give --lengths".into(),
@@ -288,24 +310,72 @@ pub fn run_with_progress(
     if cap_step == 0 {
         return Err(Error::Usage("--cap-step 0: the step is 1 or more".into()));
     }
-    let (steps, run_note) = the_run(opts)?;
+    let batch = batch_arg(opts)?;
+    match (&opts.points, batch) {
+        (Some(_), None) => {
+            return Err(Error::Usage(
+                "with --points the run's sizes are the second knob's: give --batch N (the first knob's value) or --batch max".into(),
+            ));
+        }
+        (Some(_), Some(BatchArg::Max)) if opts.capacity.is_none() => {
+            return Err(Error::Usage(
+                "--batch max finds the largest batch that carries the run on a card: give --capacity".into(),
+            ));
+        }
+        (None, Some(BatchArg::Max)) => {
+            return Err(Error::Usage(
+                "--batch max searches the batch: it needs recordings at points of two knobs, the batch first (--points \"b,s;…\" --knobs batch,seq_len)".into(),
+            ));
+        }
+        _ => {}
+    }
+    let (steps, search) = the_run(opts, batch)?;
     let given = if opts.confs.is_empty() {
         vec!["expandable_segments:True".to_string()]
     } else {
         opts.confs.clone()
     };
     let confs = super::fit::configs(&given)?;
-    let series = super::fit::series(&opts.common, &opts.inputs, &opts.sizes)?;
-    check_sizes(&series, &steps, opts)?;
+    let (series, grid, knobs);
+    let plan = match &opts.points {
+        None => {
+            series = super::fit::series(&opts.common, &opts.inputs, &opts.sizes)?;
+            knobs = None;
+            RunPlan::new(&series)
+        }
+        Some(points) => {
+            let (g, k) =
+                super::fit::grid(&opts.common, &opts.inputs, points, opts.knobs.as_deref())?;
+            grid = g;
+            knobs = Some(k);
+            let b = match batch {
+                Some(BatchArg::Fixed(b)) => b,
+                _ => 1,
+            };
+            RunPlan::on_grid(&grid, b)
+        }
+    };
+    check_sizes(&plan, &steps, opts)?;
     let ask = ForecastAsk {
         steps,
         confs,
         capacity: opts.capacity,
         cap_step,
         memo_budget: if opts.no_skip { 0 } else { MEMO_BUDGET },
+        knobs: knobs.clone(),
+        search,
     };
-    let result = forecast(&series, &ask, progress);
-    let knob = crate::report::forecast::Knob(&opts.knob);
+    let result = forecast(&plan, &ask, progress);
+    let run_note = match (&ask.search, result.batch) {
+        (Some(search), Some(b)) => write_run(opts, &search.run(b), b)?,
+        (None, _) => match batch {
+            Some(BatchArg::Fixed(b)) => write_run(opts, &ask.steps, b)?,
+            _ => None,
+        },
+        _ => None,
+    };
+    let knob =
+        crate::report::forecast::Knob(knobs.as_ref().map_or(opts.knob.as_str(), |k| k.1.as_str()));
     let stdout = match opts.common.format {
         Format::Text => crate::report::forecast::text(&result, &knob),
         Format::Json | Format::Jsonl => crate::report::forecast::json_doc(&result, &knob),
@@ -340,16 +410,11 @@ pub fn run_with_progress(
 }
 
 /// Refuses a step whose laws predict more than any card holds.
-fn check_sizes(
-    series: &crate::snapshot::fit::Series,
-    steps: &[u64],
-    opts: &ForecastOptions,
-) -> Result<(), Error> {
+fn check_sizes(plan: &RunPlan, steps: &[u64], opts: &ForecastOptions) -> Result<(), Error> {
     let Some(&largest) = steps.iter().max() else {
         return Ok(());
     };
-    let model = series.model(series.reference_for(largest), None);
-    let peak = model.peak_allocated_at(largest);
+    let peak = plan.peak_allocated_at(largest);
     if peak > MAX_BYTES {
         let source = opts
             .run

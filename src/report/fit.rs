@@ -7,13 +7,87 @@ use super::common::{Grid, json, size};
 use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, size_chart};
 use crate::trial::answer::Strength;
-use crate::trial::fit::{Fit, Largest};
+use crate::trial::fit::{ConfPrediction, Fit, FitOom, Largest};
 use crate::trial::run::conf_name;
 use crate::units::human;
 
 /// An input as tables show it: its file name.
-fn file(input: &str) -> &str {
+pub(super) fn file(input: &str) -> &str {
     input.rsplit(['/', '\\']).next().unwrap_or(input)
+}
+
+/// The table of predicted peaks: a row per prediction (`at`: its values of
+/// the knobs named by `knobs`) and config, with whether it fits `capacity`.
+pub(super) fn predictions_table<'a>(
+    knobs: &[&str],
+    capacity: Option<u64>,
+    predictions: impl Iterator<Item = (Vec<String>, Strength, u64, &'a [ConfPrediction])>,
+) -> Grid {
+    let fits_col = capacity.map(|c| format!("fits {}?", human(c)));
+    let mut header = knobs.to_vec();
+    header.extend(["strength", "config", "peak allocated", "peak reserved"]);
+    if let Some(f) = &fits_col {
+        header.push(f);
+    }
+    let n = knobs.len();
+    let mut numeric: Vec<usize> = (0..n).collect();
+    numeric.extend([n + 2, n + 3]);
+    let mut g = Grid::new(
+        "Predicted peaks of a fresh process (the memory live before the trace allocated first)",
+        &header,
+    )
+    .numeric(&numeric);
+    for (at, strength, peak_allocated, configs) in predictions {
+        for c in configs {
+            let mut row = at.clone();
+            row.extend([
+                strength.name().to_string(),
+                conf_name(&c.conf).to_string(),
+                size(Some(peak_allocated)),
+                size(Some(c.peak_reserved_bytes)),
+            ]);
+            if fits_col.is_some() {
+                row.push(fits_cell(&c.oom));
+            }
+            g.row(row);
+        }
+    }
+    g
+}
+
+/// The table of the largest call sites' laws: per site its law, its largest
+/// allocation's size in each input (`at` names the columns) and its count.
+pub(super) fn laws_table<'a>(
+    title: &str,
+    at: impl Iterator<Item = String>,
+    sites: impl Iterator<Item = (&'a str, &'a str, &'a [Option<u64>], usize)>,
+) -> Grid {
+    let mut header: Vec<String> = vec!["call site".into(), "law".into()];
+    header.extend(at);
+    header.push("allocations".into());
+    let n = header.len() - 3;
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut g = Grid::new(title, &header).numeric(&(2..3 + n).collect::<Vec<_>>());
+    for (site, law, sizes, count) in sites {
+        let mut row = vec![site.to_string(), law.to_string()];
+        row.extend(sizes.iter().map(|b| size(*b)));
+        row.push(count.to_string());
+        g.row(row);
+    }
+    g
+}
+
+/// The "fits the card?" cell of a prediction: yes, or the request that fails.
+fn fits_cell(oom: &Option<FitOom>) -> String {
+    match oom {
+        None => "yes".into(),
+        Some(o) => format!(
+            "no: {} at {} (event {})",
+            size(Some(o.requested_bytes)),
+            o.site,
+            o.event_index
+        ),
+    }
 }
 
 /// The knob's name in sentences ("batch", "context_length"; "size" by default).
@@ -163,40 +237,14 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
     }
     out.push(inputs);
     if !fit.predictions.is_empty() {
-        let fits_col = fit.capacity_bytes.map(|c| format!("fits {}?", human(c)));
-        let mut header = vec![k, "strength", "config", "peak allocated", "peak reserved"];
-        if let Some(f) = &fits_col {
-            header.push(f);
-        }
-        let mut g = Grid::new(
-            "Predicted peaks of a fresh process (the memory live before the trace allocated first)",
-            &header,
-        )
-        .numeric(&[0, 3, 4]);
-        for p in &fit.predictions {
-            for c in &p.configs {
-                let mut row = vec![
-                    p.size.to_string(),
-                    p.strength.name().to_string(),
-                    conf_name(&c.conf).to_string(),
-                    size(Some(p.peak_allocated_bytes)),
-                    size(Some(c.peak_reserved_bytes)),
-                ];
-                if fits_col.is_some() {
-                    row.push(match &c.oom {
-                        None => "yes".into(),
-                        Some(o) => format!(
-                            "no: {} at {} (event {})",
-                            size(Some(o.requested_bytes)),
-                            o.site,
-                            o.event_index
-                        ),
-                    });
-                }
-                g.row(row);
-            }
-        }
-        out.push(g);
+        out.push(predictions_table(
+            &[k],
+            fit.capacity_bytes,
+            fit.predictions.iter().map(|p| {
+                let at = vec![p.size.to_string()];
+                (at, p.strength, p.peak_allocated_bytes, &p.configs[..])
+            }),
+        ));
     }
     if let Some(cap) = fit.capacity_bytes
         && !fit.largest.is_empty()
@@ -235,23 +283,13 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
         out.push(g);
     }
     if !fit.sites.is_empty() {
-        let mut header: Vec<String> = vec!["call site".into(), "law".into()];
-        header.extend(fit.inputs.iter().map(|i| format!("at {}", i.size)));
-        header.push("allocations".into());
-        let header: Vec<&str> = header.iter().map(String::as_str).collect();
-        let n = fit.inputs.len();
-        let mut g = Grid::new(
+        out.push(laws_table(
             "Size laws of the largest call sites (each one's largest allocation)",
-            &header,
-        )
-        .numeric(&(2..3 + n).collect::<Vec<_>>());
-        for s in &fit.sites {
-            let mut row = vec![s.site.clone(), s.law.clone()];
-            row.extend(s.sizes.iter().map(|b| size(*b)));
-            row.push(s.allocations.to_string());
-            g.row(row);
-        }
-        out.push(g);
+            fit.inputs.iter().map(|i| format!("at {}", i.size)),
+            fit.sites
+                .iter()
+                .map(|s| (s.site.as_str(), s.law.as_str(), &s.sizes[..], s.allocations)),
+        ));
     }
     if !fit.unpaired.is_empty() {
         let mut g = Grid::new(

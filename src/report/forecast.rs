@@ -9,7 +9,7 @@ use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, line_chart};
 use crate::conf::Shell;
 use crate::trial::answer::Strength;
-use crate::trial::forecast::{ConfForecast, Forecast};
+use crate::trial::forecast::{BatchFit, ConfForecast, Forecast, Inputs};
 use crate::trial::run::conf_name;
 use crate::units::human;
 
@@ -31,6 +31,7 @@ pub fn json_doc(f: &Forecast, knob: &Knob) -> String {
         forecast: &'a Forecast,
         line: Option<String>,
         cap_sentence: Option<String>,
+        batch_sentence: Option<String>,
         findings: Vec<String>,
         headline: String,
     }
@@ -39,6 +40,7 @@ pub fn json_doc(f: &Forecast, knob: &Knob) -> String {
         forecast: f,
         line: f.recommended.as_deref().map(|c| Shell::Posix.line(VAR, c)),
         cap_sentence: cap_sentence(f, knob),
+        batch_sentence: batch_sentence(f),
         findings: findings(f, knob),
         headline: headline(f, knob),
     })
@@ -65,7 +67,10 @@ fn pct_above(ratio: f64) -> String {
 /// The one sentence that answers: where the run runs out of memory and
 /// what carries it, or how high it ratchets; said to be uncertain when it is.
 pub fn headline(f: &Forecast, knob: &Knob) -> String {
-    let answer = answer(f, knob);
+    let answer = match batch_sentence(f) {
+        Some(b) => format!("{b}. {}", answer(f, knob)),
+        None => answer(f, knob),
+    };
     match f.strength {
         Strength::Uncertain => format!("Uncertain (the reasons are below the tables): {answer}"),
         _ => answer,
@@ -77,7 +82,11 @@ fn answer(f: &Forecast, knob: &Knob) -> String {
     let Some(defaults) = f.configs.first() else {
         return "No config to replay".into();
     };
-    let steps = f.steps;
+    // "200 steps", "200 steps at batch 8" with two knobs.
+    let steps = match (&f.knobs, f.batch) {
+        (Some([b, _]), Some(n)) => format!("{} at {b} {n}", steps_of(f.steps)),
+        _ => steps_of(f.steps),
+    };
     let best = f
         .recommended
         .as_deref()
@@ -116,20 +125,20 @@ fn answer(f: &Forecast, knob: &Knob) -> String {
         };
         return match (oom_at(defaults), best) {
             (None, _) => format!(
-                "The run of {steps} steps survives {card} under PyTorch's defaults (peak {}, {} left){}",
+                "The run of {steps} survives {card} under PyTorch's defaults (peak {}, {} left){}",
                 human(on_card(defaults)),
                 human(defaults.margin_bytes.unwrap_or(0)),
                 others("")
             ),
             (Some(at), Some(b)) if b.oom.is_none() => format!(
-                "The run of {steps} steps runs out of memory on {card} {at} under PyTorch's defaults; {} carries it (peak {}, {} left)",
+                "The run of {steps} runs out of memory on {card} {at} under PyTorch's defaults; {} carries it (peak {}, {} left)",
                 named(&b.conf),
                 human(on_card(b)),
                 human(b.margin_bytes.unwrap_or(0))
             ),
             (Some(at), _) => {
                 let mut s = format!(
-                    "The run of {steps} steps runs out of memory on {card} under every config replayed: under PyTorch's defaults {at}"
+                    "The run of {steps} runs out of memory on {card} under every config replayed: under PyTorch's defaults {at}"
                 );
                 if let Some(c) = cap_sentence(f, knob) {
                     s.push_str("; ");
@@ -140,7 +149,7 @@ fn answer(f: &Forecast, knob: &Knob) -> String {
         };
     }
     let mut s = format!(
-        "Over the {steps} steps reserved memory peaks at {} at step {} under PyTorch's defaults, {} the largest single step ({} at {k} {})",
+        "Over the {steps} reserved memory peaks at {} at step {} under PyTorch's defaults, {} the largest single step ({} at {k} {})",
         human(defaults.peak_reserved_bytes),
         defaults.peak_reserved_step,
         pct_above(defaults.ratchet),
@@ -155,6 +164,57 @@ fn answer(f: &Forecast, knob: &Knob) -> String {
         ));
     }
     s
+}
+
+/// With a batch search: "The largest batch whose whole run survives the 24
+/// GiB card is 12 under expandable_segments:True (…); 10 under PyTorch's
+/// defaults (batch 11 runs out at step 340)".
+pub fn batch_sentence(f: &Forecast) -> Option<String> {
+    let name = f.knobs.as_ref().map_or("batch", |k| k[0].as_str());
+    let mut fits: Vec<(&ConfForecast, &BatchFit)> = f
+        .configs
+        .iter()
+        .filter_map(|c| Some((c, c.batch.as_ref()?)))
+        .collect();
+    if fits.is_empty() {
+        return None;
+    }
+    // The largest first; the defaults first among equals.
+    fits.sort_by_key(|(_, b)| std::cmp::Reverse(b.largest));
+    let parts: Vec<String> = fits
+        .iter()
+        .map(|(c, b)| {
+            let next = match (b.next_batch, b.next_oom_step) {
+                (Some(n), Some(s)) => format!(", {name} {n} runs out of memory at step {s}"),
+                (None, _) => format!(", every sample in one {name}"),
+                _ => String::new(),
+            };
+            match b.largest {
+                Some(n) => format!(
+                    "{n} under {} ({}, peak {}{next})",
+                    named(&c.conf),
+                    steps_of(b.steps),
+                    human(b.peak_reserved_bytes.unwrap_or(0))
+                ),
+                None => format!(
+                    "none under {} ({name} 1 runs out of memory{})",
+                    named(&c.conf),
+                    b.next_oom_step
+                        .map_or(String::new(), |s| format!(" at step {s}"))
+                ),
+            }
+        })
+        .collect();
+    Some(format!(
+        "The largest {name} whose whole run survives the {} card: {}",
+        human(f.capacity_bytes.unwrap_or(0)),
+        parts.join("; ")
+    ))
+}
+
+/// "1 step", "200 steps".
+fn steps_of(n: usize) -> String {
+    format!("{n} step{}", if n == 1 { "" } else { "s" })
 }
 
 /// The run's peak reserved on the card (without limit when none was given).
@@ -288,9 +348,14 @@ fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
         "largest step alone".to_string(),
         "ratchet".to_string(),
     ];
+    let searched = f.configs.iter().any(|c| c.batch.is_some());
+    let batch_name = f.knobs.as_ref().map_or("batch", |k| k[0].as_str());
     if let Some(c) = f.capacity_bytes {
         header.push(format!("on the {} card", human(c)));
         header.push(format!("largest {k} cap"));
+        if searched {
+            header.push(format!("largest {batch_name}"));
+        }
     }
     header.push("cudaMalloc".to_string());
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
@@ -323,14 +388,25 @@ fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
                 },
                 None => super::common::ABSENT.to_string(),
             });
+            if searched {
+                row.push(match c.batch.as_ref().map(|b| b.largest) {
+                    Some(Some(n)) => n.to_string(),
+                    Some(None) => "none".into(),
+                    None => super::common::ABSENT.to_string(),
+                });
+            }
         }
         row.push(c.device_allocs.to_string());
         g.row(row);
     }
+    let at = match &f.knobs {
+        Some([a, b]) => format!("{a}, {b}"),
+        None => k.to_string(),
+    };
     let mut inputs = Grid::new(
         "Recordings",
         &[
-            k,
+            &at,
             "input",
             "allocations",
             "live before the trace",
@@ -338,20 +414,52 @@ fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
         ],
     )
     .numeric(&[0, 2, 3, 4]);
-    for i in &f.inputs {
+    for i in recorded_at(&f.inputs) {
         inputs.row(vec![
-            i.size.to_string(),
-            i.input
-                .rsplit(['/', '\\'])
-                .next()
-                .unwrap_or(&i.input)
-                .to_string(),
+            i.at,
+            super::fit::file(i.input).to_string(),
             i.allocations.to_string(),
             size(Some(i.pre_trace_bytes)),
             size(Some(i.peak_allocated_bytes)),
         ]);
     }
     vec![g, inputs]
+}
+
+/// An input as the tables show it: where it was recorded ("512", or "(2,
+/// 512)" with two knobs), its name, allocations, bytes live before its
+/// trace and peak allocated.
+struct Recorded<'a> {
+    at: String,
+    input: &'a str,
+    allocations: usize,
+    pre_trace_bytes: u64,
+    peak_allocated_bytes: u64,
+}
+
+fn recorded_at(inputs: &Inputs) -> Vec<Recorded<'_>> {
+    match inputs {
+        Inputs::One(v) => v
+            .iter()
+            .map(|i| Recorded {
+                at: i.size.to_string(),
+                input: &i.input,
+                allocations: i.allocations,
+                pre_trace_bytes: i.pre_trace_bytes,
+                peak_allocated_bytes: i.peak_allocated_bytes,
+            })
+            .collect(),
+        Inputs::Two(v) => v
+            .iter()
+            .map(|i| Recorded {
+                at: format!("({}, {})", i.point[0], i.point[1]),
+                input: &i.input,
+                allocations: i.allocations,
+                pre_trace_bytes: i.pre_trace_bytes,
+                peak_allocated_bytes: i.peak_allocated_bytes,
+            })
+            .collect(),
+    }
 }
 
 /// Each OOM on the card, in a sentence.
@@ -501,9 +609,9 @@ pub fn html(f: &Forecast, knob: &Knob) -> String {
     let mut data = ReportData {
         title: format!("allocdoc forecast: a run of {} steps", f.steps),
         subtitle: Some(
-            f.inputs
+            recorded_at(&f.inputs)
                 .iter()
-                .map(|i| format!("{} at {}", i.input, i.size))
+                .map(|i| format!("{} at {}", i.input, i.at))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),

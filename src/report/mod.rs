@@ -7,6 +7,7 @@ pub mod conf;
 pub mod diagnose;
 pub mod fit;
 pub mod forecast;
+pub mod grid;
 pub mod html;
 pub mod markdown;
 pub mod parse;

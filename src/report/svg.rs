@@ -246,6 +246,8 @@ struct Axes {
     y_step: f64,
     plot_w: f64,
     plot_h: f64,
+    /// The y axis counts (a knob's value), not bytes.
+    counts: bool,
 }
 
 impl Axes {
@@ -260,8 +262,22 @@ impl Axes {
             y_step,
             plot_w: CHART_W - PAD_L - PAD_R,
             plot_h: CHART_H - PAD_T - PAD_B,
+            counts: false,
         };
         (axes, on_axis)
+    }
+
+    /// Axes for `max_x` across and counts up to `max_y` (a knob's value).
+    fn counts(max_x: f64, max_y: f64) -> Self {
+        let y_step = decimal_step(max_y.max(1.0), 5.0);
+        Axes {
+            max_x,
+            max_y: (max_y.max(1.0) * 1.04 / y_step).ceil() * y_step,
+            y_step,
+            plot_w: CHART_W - PAD_L - PAD_R,
+            plot_h: CHART_H - PAD_T - PAD_B,
+            counts: true,
+        }
     }
 
     fn sx(&self, x: f64) -> f64 {
@@ -291,7 +307,11 @@ impl Axes {
                 CHART_W - PAD_R,
                 PAD_L - 6.0,
                 py + 4.0,
-                size_label(y)
+                if self.counts {
+                    count_label(y)
+                } else {
+                    size_label(y)
+                }
             );
             y += y_step;
         }
@@ -640,6 +660,54 @@ pub fn segment_map(map: &SegmentMap) -> (String, usize) {
         r#"<svg class="segmap" viewBox="0 0 {MAP_W} {height:.0}" role="img" aria-label="segment map" xmlns="http://www.w3.org/2000/svg">{body}</svg>"#
     );
     (svg, hidden)
+}
+
+/// The frontier of what fits (`fit` in two knobs): per config, the largest
+/// value of one knob (up) that fits the card at each value of the other
+/// (across), a dot per point.
+pub fn frontier_chart(lines: &[SizeLine], (x_label, y_label): (&str, &str)) -> String {
+    let max = |f: fn(&(u64, u64)) -> u64| {
+        lines
+            .iter()
+            .flat_map(|l| l.points.iter().map(f))
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64
+    };
+    let axes = Axes::counts(max(|p| p.0), max(|p| p.1));
+    let mut s = axes.open(
+        &format!("the largest {y_label} that fits, by {x_label}"),
+        x_label,
+    );
+    for l in lines {
+        let colour = PALETTE[l.colour % PALETTE.len()];
+        let _ = write!(
+            s,
+            r#"<polyline class="reserved" stroke="{colour}" points=""#
+        );
+        for (k, &(x, y)) in l.points.iter().enumerate() {
+            if k > 0 {
+                s.push(' ');
+            }
+            let _ = write!(s, "{:.1},{:.1}", axes.sx(x as f64), axes.sy(y as f64));
+        }
+        let _ = write!(s, r#""><title>{}</title></polyline>"#, escape(&l.name));
+        for &(x, y) in &l.points {
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"><title>{}: {y_label} {y} at {x_label} {x}</title></circle>"#,
+                axes.sx(x as f64),
+                axes.sy(y as f64),
+                escape(&l.name),
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        r#"<rect class="frame" x="{PAD_L}" y="{PAD_T}" width="{:.1}" height="{:.1}"/></svg>"#,
+        axes.plot_w, axes.plot_h
+    );
+    s
 }
 
 /// One line of [`size_chart`]: bytes at each size.

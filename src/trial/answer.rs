@@ -46,6 +46,15 @@ impl Strength {
         }
     }
 
+    /// A fitted prediction's strength: likely with no reason to doubt it.
+    pub fn of_reasons<T>(reasons: &[T]) -> Strength {
+        if reasons.is_empty() {
+            Strength::Likely
+        } else {
+            Strength::Uncertain
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Strength::Proven => "proven",

@@ -10,7 +10,7 @@ use crate::device::NO_LIMIT;
 use crate::device::sim::SimDevice;
 use crate::snapshot::fit::align::UNPAIRED;
 use crate::snapshot::fit::law::Kind;
-use crate::snapshot::fit::{Model, Peaks, Recording, Series, Step};
+use crate::snapshot::fit::{LiveAtPeak, Model, Peaks, Recording, Series};
 use crate::workload::predicted::{self, Origin};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -360,15 +360,34 @@ fn predict(
     model.sizes_at(size, &mut allocs, &mut pre);
     let peak = rec.peak_with(&allocs, &pre);
     let reasons = reasons(series, model, size, &allocs, &pre, checks);
+    let configs = configs_at(rec, (&allocs, &pre), &ask.confs, ask.capacity);
+    Prediction {
+        size,
+        reference: rec.input.clone(),
+        strength: Strength::of_reasons(&reasons),
+        reasons,
+        peak_allocated_bytes: peak,
+        configs,
+    }
+}
+
+/// One predicted trace under each config, replayed as a fresh process: the
+/// peak reserved on a card without limit and, with a capacity, the request
+/// that runs out of memory there.
+pub(crate) fn configs_at(
+    rec: &Recording,
+    sizes: (&[u64], &[u64]),
+    confs: &[(String, Settings)],
+    capacity: Option<u64>,
+) -> Vec<ConfPrediction> {
     let replay = |settings: &Settings, cap: u64| {
-        predicted::replay_fresh(rec, (&allocs, &pre), settings, SimDevice::new(cap)).figures
+        predicted::replay_fresh(rec, sizes, settings, SimDevice::new(cap)).figures
     };
-    let configs = ask
-        .confs
+    confs
         .par_iter()
         .map(|(conf, settings)| {
             let free = replay(settings, NO_LIMIT);
-            let oom = ask.capacity.and_then(|cap| {
+            let oom = capacity.and_then(|cap| {
                 let at_cap = if free.peak_reserved_bytes <= cap && !capacity_matters(settings) {
                     None
                 } else {
@@ -386,19 +405,7 @@ fn predict(
                 oom,
             }
         })
-        .collect();
-    Prediction {
-        size,
-        reference: rec.input.clone(),
-        strength: if reasons.is_empty() {
-            Strength::Likely
-        } else {
-            Strength::Uncertain
-        },
-        reasons,
-        peak_allocated_bytes: peak,
-        configs,
-    }
+        .collect()
 }
 
 /// A config whose decisions depend on the card's size (the garbage
@@ -409,12 +416,48 @@ pub(crate) fn capacity_matters(s: &Settings) -> bool {
 }
 
 /// The call site of event `index` of the predicted trace.
-fn site_of(rec: &Recording, index: u64) -> String {
+pub(crate) fn site_of(rec: &Recording, index: u64) -> String {
     match predicted::origin(rec, index) {
         Origin::Pre(j) => rec.pre_site(j as usize),
         Origin::Step(k) => rec.step_site(k as usize),
     }
     .to_string()
+}
+
+/// How far `v` lies outside the recorded `lo..=hi` when further than
+/// `EXTRAPOLATION_SPANS` times their span (as ratios): the factor, "beyond"
+/// or "below", and the factor allowed.
+pub(crate) fn too_far(lo: u64, hi: u64, v: u64) -> Option<(f64, &'static str, f64)> {
+    let (lo, hi, v) = (lo.max(1) as f64, hi.max(1) as f64, v.max(1) as f64);
+    let (factor, side) = if v > hi {
+        (v / hi, "beyond")
+    } else if v < lo {
+        (lo / v, "below")
+    } else {
+        return None;
+    };
+    (factor.ln() > EXTRAPOLATION_SPANS * (hi / lo).ln())
+        .then(|| (factor, side, (hi / lo).powf(EXTRAPOLATION_SPANS).round()))
+}
+
+/// The bytes live at a predicted peak whose size no partner gave (lonely)
+/// and those following no clean law (unclear); `alloc` and `pre` say of an
+/// allocation (sized by partners, its law clean).
+pub(crate) fn unsure_bytes(
+    live: &LiveAtPeak,
+    alloc: impl Fn(usize) -> (bool, bool),
+    pre: impl Fn(usize) -> (bool, bool),
+) -> (u64, u64) {
+    let (mut lonely, mut unclear) = (0u64, 0u64);
+    let either = live.allocs.iter().map(|&(i, b)| (alloc(i), b));
+    for ((sized, clean), bytes) in either.chain(live.pre.iter().map(|&(j, b)| (pre(j), b))) {
+        if !sized {
+            lonely += bytes;
+        } else if !clean {
+            unclear += bytes;
+        }
+    }
+    (lonely, unclear)
 }
 
 /// Why a prediction at `size` is uncertain (none: likely).
@@ -427,118 +470,87 @@ pub(crate) fn reasons(
     checks: &[Check],
 ) -> Vec<String> {
     let recs = &series.recordings;
-    let (lo, hi) = (recs[0].size as f64, recs[recs.len() - 1].size as f64);
-    let x = size as f64;
+    let (lo, hi) = (recs[0].size, recs[recs.len() - 1].size);
     let mut out = Vec::new();
-    let span = (hi / lo).ln();
-    let beyond = if x > hi {
-        (x / hi).ln()
-    } else if x < lo {
-        (lo / x).ln()
-    } else {
-        0.0
-    };
-    if beyond > EXTRAPOLATION_SPANS * span {
+    if let Some((factor, side, allowed)) = too_far(lo, hi, size) {
         out.push(format!(
-            "{:.1}x {} the recorded sizes ({}), further than {}x (their span, squared)",
-            if x > hi { x / hi } else { lo / x },
-            if x > hi { "beyond" } else { "below" },
+            "{factor:.1}x {side} the recorded sizes ({}), further than {allowed}x (their span, squared)",
             recs.iter()
                 .map(|r| r.size.to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
-            (hi / lo).powf(EXTRAPOLATION_SPANS).round()
         ));
     }
-    // What is live at the predicted peak without a partner or a clean law.
     let rec = model.recording();
-    let live = live_at_peak(rec, allocs, pre);
-    let peak: u64 = live.iter().map(|&(_, b)| b).sum();
-    let (mut lonely, mut unclear) = (0u64, 0u64);
-    for &(i, bytes) in &live {
-        match i {
-            Live::Alloc(i) if !model.paired[i] && !model.borrowed[i] => lonely += bytes,
-            Live::Alloc(i) if !model.laws[i].is_clean() => unclear += bytes,
-            Live::Pre(j) if !model.pre_paired[j] => lonely += bytes,
-            Live::Pre(j) if !model.pre_laws[j].is_clean() => unclear += bytes,
-            _ => {}
-        }
+    let live = rec.live_at_peak(allocs, pre);
+    let peak = live.bytes();
+    let (lonely, unclear) = unsure_bytes(
+        &live,
+        |i| {
+            (
+                model.paired[i] || model.borrowed[i],
+                model.laws[i].is_clean(),
+            )
+        },
+        |j| (model.pre_paired[j], model.pre_laws[j].is_clean()),
+    );
+    if size != rec.size {
+        out.extend(unsure_lines(
+            peak,
+            (
+                lonely,
+                &format!(
+                    "was recorded at {} only: its size at {size} is a guess",
+                    rec.size
+                ),
+            ),
+            (
+                unclear,
+                "follows no clean law (an exponent off the half grid, or sizes that shrink)",
+            ),
+        ));
     }
+    out.extend(checks_off(checks, |c| {
+        format!("{} (size {})", c.input, c.size)
+    }));
+    out
+}
+
+/// The sentences for memory live at a predicted peak of `peak` bytes that
+/// no partner sized (`lonely`) or that follows no clean law (`unclear`),
+/// each past `UNSURE_SHARE` of the peak and said with its reason.
+pub(crate) fn unsure_lines(peak: u64, lonely: (u64, &str), unclear: (u64, &str)) -> Vec<String> {
     let share = |b: u64| b as f64 / (peak as f64).max(1.0);
-    if size != rec.size && share(lonely) > UNSURE_SHARE {
-        out.push(format!(
-            "{} of the {} live at the predicted peak ({:.1} %) was recorded at {} only: its size at {size} is a guess",
-            crate::units::human(lonely),
-            crate::units::human(peak),
-            100.0 * share(lonely),
-            rec.size
-        ));
-    }
-    if size != rec.size && share(unclear) > UNSURE_SHARE {
-        out.push(format!(
-            "{} of the {} live at the predicted peak ({:.1} %) follows no clean law (an exponent off the half grid, or sizes that shrink)",
-            crate::units::human(unclear),
-            crate::units::human(peak),
-            100.0 * share(unclear)
-        ));
-    }
-    for c in checks {
-        if c.error.abs() > CHECK_TOLERANCE {
-            out.push(format!(
-                "{} (size {}) predicted from the other inputs is off by {:+.1} %",
-                c.input,
-                c.size,
+    [lonely, unclear]
+        .into_iter()
+        .filter(|&(b, _)| share(b) > UNSURE_SHARE)
+        .map(|(b, why)| {
+            format!(
+                "{} of the {} live at the predicted peak ({:.1} %) {why}",
+                crate::units::human(b),
+                crate::units::human(peak),
+                100.0 * share(b)
+            )
+        })
+        .collect()
+}
+
+/// The leave-one-out checks off by more than `CHECK_TOLERANCE`, said with
+/// the input `name` gives.
+pub(crate) fn checks_off<'a>(
+    checks: &'a [Check],
+    name: impl Fn(&Check) -> String + 'a,
+) -> impl Iterator<Item = String> + 'a {
+    checks
+        .iter()
+        .filter(|c| c.error.abs() > CHECK_TOLERANCE)
+        .map(move |c| {
+            format!(
+                "{} predicted from the other inputs is off by {:+.1} %",
+                name(c),
                 100.0 * c.error
-            ));
-        }
-    }
-    out
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Live {
-    Alloc(usize),
-    Pre(usize),
-}
-
-/// The allocations live at the first peak of allocated bytes, with their bytes.
-fn live_at_peak(rec: &Recording, allocs: &[u64], pre: &[u64]) -> Vec<(Live, u64)> {
-    let mut now: i128 = pre.iter().map(|&s| i128::from(s)).sum();
-    let (mut best, mut at) = (now, None);
-    for (k, s) in rec.timeline.iter().enumerate() {
-        match *s {
-            Step::Alloc(i) => now += i128::from(allocs[i as usize]),
-            Step::Free(i) => now -= i128::from(allocs[i as usize]),
-            Step::PreFree(j) => now -= i128::from(pre[j as usize]),
-        }
-        if now > best {
-            best = now;
-            at = Some(k);
-        }
-    }
-    let mut pre_live = vec![true; pre.len()];
-    let mut alloc_live = vec![false; allocs.len()];
-    if let Some(at) = at {
-        for s in &rec.timeline[..=at] {
-            match *s {
-                Step::Alloc(i) => alloc_live[i as usize] = true,
-                Step::Free(i) => alloc_live[i as usize] = false,
-                Step::PreFree(j) => pre_live[j as usize] = false,
-            }
-        }
-    }
-    let mut out: Vec<(Live, u64)> = Vec::new();
-    out.extend(
-        (0..pre.len())
-            .filter(|&j| pre_live[j])
-            .map(|j| (Live::Pre(j), pre[j])),
-    );
-    out.extend(
-        (0..allocs.len())
-            .filter(|&i| alloc_live[i])
-            .map(|i| (Live::Alloc(i), allocs[i])),
-    );
-    out
+            )
+        })
 }
 
 /// The largest multiple of `step` whose predicted fresh run fits a card of
@@ -621,11 +633,7 @@ fn largest_fitting(
     let model = &models[series.reference_for(size)];
     let (mut allocs, mut pre) = (Vec::new(), Vec::new());
     model.sizes_at(size, &mut allocs, &mut pre);
-    out.strength = if reasons(series, model, size, &allocs, &pre, checks).is_empty() {
-        Strength::Likely
-    } else {
-        Strength::Uncertain
-    };
+    out.strength = Strength::of_reasons(&reasons(series, model, size, &allocs, &pre, checks));
     out.size = Some(size);
     out.peak_reserved_bytes = Some(at_n);
     out.margin_bytes = Some(capacity.saturating_sub(at_n));

@@ -24,6 +24,7 @@ pub mod ensemble;
 pub mod fills;
 pub mod fit;
 pub mod forecast;
+pub mod grid;
 pub mod placement;
 pub mod recommend;
 pub mod replay;

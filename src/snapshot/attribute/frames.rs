@@ -28,6 +28,11 @@ const BACKWARD: u16 = 1 << 5;
 const ACCUMULATE: u16 = 1 << 6;
 const PARAM: u16 = 1 << 7;
 const FORWARD: u16 = 1 << 8;
+/// Code torch.compile generated (Inductor's output modules, named by a hash
+/// of their source): a new shape can compile another module with another
+/// hash and other lines, so neither names a site; the user's frame that
+/// called into the compiled graph does.
+pub(crate) const GENERATED: u16 = 1 << 9;
 /// Not a frame dict: skipped.
 pub(super) const SKIP: u16 = 1 << 15;
 
@@ -80,7 +85,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             all |= info.flags;
             if info.flags & PY != 0 {
                 first_py.get_or_insert(info.site);
-                if info.flags & (TORCH | STDLIB) == 0 {
+                if info.flags & (TORCH | STDLIB | GENERATED) == 0 {
                     site.get_or_insert(info.site);
                     if info.flags & PACKAGE == 0 {
                         user.get_or_insert(info.site);
@@ -222,6 +227,9 @@ pub(crate) fn frame_flags(filename: &str, name: &str) -> u16 {
         if path.contains("/torch/") || path.starts_with("torch/") {
             f |= TORCH;
         }
+        if is_generated(path) {
+            f |= GENERATED;
+        }
         if package {
             f |= PACKAGE;
         } else if is_stdlib(path) {
@@ -280,6 +288,23 @@ pub(crate) fn frame_flags(filename: &str, name: &str) -> u16 {
     f
 }
 
+/// A module torch.compile's Inductor wrote: `c` and 51 base32 characters
+/// of a hash of its source (`torch/_inductor/codecache.py`, `code_hash`),
+/// or any `.py` under its default cache directory `/tmp/torchinductor_<user>`.
+fn is_generated(path: &str) -> bool {
+    if path.contains("/torchinductor_") {
+        return true;
+    }
+    let base = path.rsplit('/').next().unwrap_or("");
+    base.strip_suffix(".py")
+        .and_then(|b| b.strip_prefix('c'))
+        .is_some_and(|h| {
+            h.len() == 51
+                && h.bytes()
+                    .all(|c| c.is_ascii_lowercase() || (b'2'..=b'7').contains(&c))
+        })
+}
+
 /// A file of the Python standard library: under `lib/pythonX.Y/` (or
 /// Windows' `Lib/`) and not in site-packages (checked by the caller).
 fn is_stdlib(path: &str) -> bool {
@@ -322,12 +347,22 @@ pub fn site_label(frames: &[Frame]) -> Option<String> {
         .iter()
         .map(|f| frame_flags(f.filename, f.name))
         .collect();
-    frames
+    let user = flags
         .iter()
-        .zip(&flags)
-        .find(|(_, fl)| **fl & PY != 0 && **fl & (TORCH | STDLIB) == 0)
-        .or_else(|| frames.iter().zip(&flags).find(|(_, fl)| **fl & PY != 0))
-        .map(|(f, _)| shown(f))
+        .position(|fl| *fl & PY != 0 && *fl & (TORCH | STDLIB | GENERATED) == 0);
+    match user {
+        // The user's frame, and whether it called into compiled code.
+        Some(k) => Some(if flags[..k].iter().any(|fl| fl & GENERATED != 0) {
+            format!("{} (compiled)", shown(&frames[k]))
+        } else {
+            shown(&frames[k])
+        }),
+        None => frames
+            .iter()
+            .zip(&flags)
+            .find(|(_, fl)| **fl & PY != 0)
+            .map(|(f, _)| shown(f)),
+    }
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ mod passes;
 
 pub use compare::{diff, median, rank_in_name, ranks};
 pub use frames::site_label;
-pub(crate) use frames::{PY, frame_flags};
+pub(crate) use frames::{GENERATED, PY, frame_flags};
 pub(crate) use passes::{Feeding, Passes};
 
 use super::live_map::LiveMap;

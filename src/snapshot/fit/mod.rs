@@ -9,12 +9,13 @@
 
 pub mod align;
 pub mod carry;
+pub mod grid;
 pub mod law;
 mod series;
 
 pub use series::{Model, Peaks, Series, SeriesError, SiteLaw, Unpaired};
 
-use super::attribute::{PY, frame_flags, site_label};
+use super::attribute::{GENERATED, PY, frame_flags, site_label};
 use super::model::{Action, BlockState, Frames, ModelError, Snapshot};
 use crate::conf::Settings;
 use rustc_hash::{FxHashMap, FxHasher};
@@ -253,6 +254,53 @@ impl Recording {
         u64::try_from(peak.max(0)).unwrap_or(u64::MAX)
     }
 
+    /// What is live at the first peak of allocated bytes, with sizes given
+    /// per allocation as in [`Self::peak_with`]: each allocation and each
+    /// pre-trace allocation live then, with its bytes.
+    pub fn live_at_peak(&self, alloc_size: &[u64], pre_size: &[u64]) -> LiveAtPeak {
+        let size = |v: &[u64], i: u32| v.get(i as usize).copied().unwrap_or(0);
+        let mut now: i128 = pre_size.iter().map(|&s| i128::from(s)).sum();
+        let (mut best, mut at) = (now, None);
+        for (k, s) in self.timeline.iter().enumerate() {
+            match *s {
+                Step::Alloc(i) => now += i128::from(size(alloc_size, i)),
+                Step::Free(i) => now -= i128::from(size(alloc_size, i)),
+                Step::PreFree(j) => now -= i128::from(size(pre_size, j)),
+            }
+            if now > best {
+                best = now;
+                at = Some(k);
+            }
+        }
+        let mut pre_live = vec![true; pre_size.len()];
+        let mut alloc_live = vec![false; alloc_size.len()];
+        for s in &self.timeline[..at.map_or(0, |k| k + 1)] {
+            let set = |v: &mut [bool], i: u32, to: bool| {
+                if let Some(x) = v.get_mut(i as usize) {
+                    *x = to;
+                }
+            };
+            match *s {
+                Step::Alloc(i) => set(&mut alloc_live, i, true),
+                Step::Free(i) => set(&mut alloc_live, i, false),
+                Step::PreFree(j) => set(&mut pre_live, j, false),
+            }
+        }
+        let live = |flags: &[bool], sizes: &[u64]| {
+            flags
+                .iter()
+                .zip(sizes)
+                .enumerate()
+                .filter(|(_, (l, _))| **l)
+                .map(|(i, (_, &b))| (i, b))
+                .collect()
+        };
+        LiveAtPeak {
+            allocs: live(&alloc_live, alloc_size),
+            pre: live(&pre_live, pre_size),
+        }
+    }
+
     /// The recorded peak of allocated bytes.
     pub fn peak_allocated(&self) -> u64 {
         let sizes: Vec<u64> = self.allocs.iter().map(|a| a.size).collect();
@@ -282,6 +330,21 @@ impl Recording {
     /// Bytes live before the trace began.
     pub fn pre_trace_bytes(&self) -> u64 {
         self.pre.iter().map(|p| p.size).sum()
+    }
+}
+
+/// What [`Recording::live_at_peak`] finds live: (index, bytes) of each
+/// allocation and each pre-trace allocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveAtPeak {
+    pub allocs: Vec<(usize, u64)>,
+    pub pre: Vec<(usize, u64)>,
+}
+
+impl LiveAtPeak {
+    /// Their bytes.
+    pub fn bytes(&self) -> u64 {
+        self.allocs.iter().chain(&self.pre).map(|&(_, b)| b).sum()
     }
 }
 
@@ -345,7 +408,16 @@ pub fn stack_keys(frames: &[super::model::Frame]) -> (u64, u64) {
     let (mut fine, mut coarse) = (FxHasher::default(), FxHasher::default());
     let mut python = false;
     for f in frames {
-        if frame_flags(f.filename, f.name) & PY != 0 {
+        let flags = frame_flags(f.filename, f.name);
+        if flags & GENERATED != 0 {
+            // Compiled code: its module's hash and lines change with each
+            // recompile; its function's name and place in the stack do not.
+            for h in [&mut fine, &mut coarse] {
+                "<compiled>".hash(h);
+                f.name.hash(h);
+            }
+            python = true;
+        } else if flags & PY != 0 {
             let path = f.filename.rsplit(['/', '\\']).next().unwrap_or("");
             for h in [&mut fine, &mut coarse] {
                 path.hash(h);

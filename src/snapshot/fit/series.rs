@@ -59,9 +59,9 @@ pub struct Unpaired {
 
 /// The law of a call site's largest allocation.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SiteLaw {
+pub struct SiteLaw<L = SizeLaw> {
     pub site: String,
-    pub law: SizeLaw,
+    pub law: L,
     /// Its size in each recording (`None` where it did not pair).
     pub sizes: Vec<Option<u64>>,
     /// Allocations of the site.
@@ -122,6 +122,49 @@ impl Series {
     /// for none).
     pub fn partners(&self, r: usize, o: usize) -> &[u32] {
         &self.pairs[r][o]
+    }
+
+    /// The call sites of recording `r` with the law (`law` of an allocation's
+    /// index) of each one's largest allocation and its size in every
+    /// recording, the largest first (`top` of them).
+    pub fn site_laws<L>(&self, r: usize, top: usize, law: impl Fn(usize) -> L) -> Vec<SiteLaw<L>> {
+        let rec = &self.recordings[r];
+        let mut best: rustc_hash::FxHashMap<u32, (usize, usize)> = Default::default();
+        for (i, a) in rec.allocs.iter().enumerate() {
+            let e = best.entry(a.site).or_insert((i, 0));
+            if a.size > rec.allocs[e.0].size {
+                e.0 = i;
+            }
+            e.1 += 1;
+        }
+        let mut rows: Vec<SiteLaw<L>> = best
+            .into_iter()
+            .map(|(site, (i, count))| SiteLaw {
+                site: rec.sites[site as usize].clone(),
+                law: law(i),
+                sizes: (0..self.recordings.len())
+                    .map(|o| {
+                        if o == r {
+                            return Some(rec.allocs[i].size);
+                        }
+                        let j = self.pairs[r][o][i];
+                        (j != UNPAIRED).then(|| self.recordings[o].allocs[j as usize].size)
+                    })
+                    .collect(),
+                count,
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            let big = |s: &SiteLaw<L>| s.sizes.iter().flatten().max().copied().unwrap_or(0);
+            big(b).cmp(&big(a)).then(a.site.cmp(&b.site))
+        });
+        rows.truncate(top);
+        rows
+    }
+
+    /// For each pre-trace allocation of recording `r`, its partner in `o`.
+    pub fn pre_partners(&self, r: usize, o: usize) -> &[u32] {
+        &self.pre_pairs[r][o]
     }
 
     /// The recording whose timeline a prediction at `size` follows: the
@@ -455,39 +498,7 @@ impl Model<'_> {
     /// The call sites of the reference with the law of each one's largest
     /// allocation, the largest first (`top` of them).
     pub fn site_laws(&self, top: usize) -> Vec<SiteLaw> {
-        let r = self.recording();
-        let n = self.series.recordings.len();
-        let mut best: rustc_hash::FxHashMap<u32, (usize, usize)> = Default::default();
-        for (i, a) in r.allocs.iter().enumerate() {
-            let e = best.entry(a.site).or_insert((i, 0));
-            if a.size > r.allocs[e.0].size {
-                e.0 = i;
-            }
-            e.1 += 1;
-        }
-        let mut rows: Vec<SiteLaw> = best
-            .into_iter()
-            .map(|(site, (i, count))| SiteLaw {
-                site: r.sites[site as usize].clone(),
-                law: self.laws[i],
-                sizes: (0..n)
-                    .map(|o| {
-                        if o == self.reference {
-                            return Some(r.allocs[i].size);
-                        }
-                        let j = self.series.pairs[self.reference][o][i];
-                        (j != UNPAIRED).then(|| self.series.recordings[o].allocs[j as usize].size)
-                    })
-                    .collect(),
-                count,
-            })
-            .collect();
-        rows.sort_by(|a, b| {
-            let big = |s: &SiteLaw| s.sizes.iter().flatten().max().copied().unwrap_or(0);
-            big(b).cmp(&big(a)).then(a.site.cmp(&b.site))
-        });
-        rows.truncate(top);
-        rows
+        self.series.site_laws(self.reference, top, |i| self.laws[i])
     }
 
     /// Bytes of the pre-trace memory whose size differs between the

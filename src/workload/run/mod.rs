@@ -22,15 +22,31 @@ use crate::conf::Settings;
 use crate::device::NO_LIMIT;
 use crate::device::sim::SimDevice;
 use crate::snapshot::fit::carry::{Carry, Leftover, NO_ROLE};
+use crate::snapshot::fit::grid::{Grid, GridModel};
 use crate::snapshot::fit::{Model, Series, Step};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
+/// The laws a run's steps are sized by.
+#[derive(Clone)]
+pub enum Laws<'s> {
+    /// One knob, a step's size its value: per recording, its laws
+    /// ([`Series::model`]).
+    One(Vec<Model<'s>>),
+    /// Two knobs, the first (the batch) held at `batch`, a step's size the
+    /// second's value: per recording, its laws in both ([`Grid::model`]).
+    Two {
+        grid: &'s Grid,
+        models: Vec<GridModel<'s>>,
+        batch: u64,
+    },
+}
+
 /// A series ready to be run: each recording's laws and hand-over.
+#[derive(Clone)]
 pub struct RunPlan<'s> {
     pub series: &'s Series,
-    /// Per recording: its laws ([`Series::model`]).
-    pub models: Vec<Model<'s>>,
+    pub laws: Laws<'s>,
     /// Per recording: what it hands to the next step.
     pub carries: Vec<Carry>,
     /// Per recording, per allocation: a leftover of state that a step after
@@ -63,9 +79,39 @@ pub struct Prev {
 }
 
 impl<'s> RunPlan<'s> {
+    /// A run of one knob's sizes.
     pub fn new(series: &'s Series) -> Self {
-        let n = series.recordings.len();
-        let models: Vec<Model> = (0..n).map(|r| series.model(r, None)).collect();
+        let models = (0..series.recordings.len())
+            .map(|r| series.model(r, None))
+            .collect();
+        Self::of(series, Laws::One(models))
+    }
+
+    /// A run of the second knob's sizes at `batch` of the first.
+    pub fn on_grid(grid: &'s Grid, batch: u64) -> Self {
+        let models = (0..grid.points.len())
+            .map(|r| grid.model(r, None))
+            .collect();
+        Self::of(
+            &grid.series,
+            Laws::Two {
+                grid,
+                models,
+                batch,
+            },
+        )
+    }
+
+    /// The same run at another batch (two knobs; one knob: itself).
+    pub fn at_batch(&self, b: u64) -> Self {
+        let mut plan = self.clone();
+        if let Laws::Two { batch, .. } = &mut plan.laws {
+            *batch = b;
+        }
+        plan
+    }
+
+    fn of(series: &'s Series, laws: Laws<'s>) -> Self {
         let carries: Vec<Carry> = series
             .recordings
             .iter()
@@ -107,7 +153,7 @@ impl<'s> RunPlan<'s> {
             .unwrap_or(0);
         RunPlan {
             series,
-            models,
+            laws,
             carries,
             skip_later,
             bank: u32::try_from(bank).unwrap_or(u32::MAX),
@@ -116,7 +162,27 @@ impl<'s> RunPlan<'s> {
 
     /// The recording a step of `size` follows.
     pub fn recording_for(&self, size: u64) -> usize {
-        self.series.reference_for(size)
+        match &self.laws {
+            Laws::One(_) => self.series.reference_for(size),
+            Laws::Two { grid, batch, .. } => grid.reference_for((*batch, size)).0,
+        }
+    }
+
+    /// The sizes at a step of `size` of every allocation and pre-trace
+    /// allocation of its recording.
+    pub fn sizes_at(&self, size: u64, allocs: &mut Vec<u64>, pre: &mut Vec<u64>) {
+        let r = self.recording_for(size);
+        match &self.laws {
+            Laws::One(models) => models[r].sizes_at(size, allocs, pre),
+            Laws::Two { models, batch, .. } => models[r].sizes_at((*batch, size), allocs, pre),
+        }
+    }
+
+    /// The peak of allocated bytes of one step of `size` alone.
+    pub fn peak_allocated_at(&self, size: u64) -> u64 {
+        let (mut a, mut p) = (Vec::new(), Vec::new());
+        self.sizes_at(size, &mut a, &mut p);
+        self.series.recordings[self.recording_for(size)].peak_with(&a, &p)
     }
 
     /// Ids a run whose first step has `first` size uses: the first step's
@@ -182,9 +248,8 @@ impl<'p, 's> SizeCache<'p, 's> {
         if self.known.len() >= SIZES_KEPT {
             self.known.clear();
         }
-        let model = &self.plan.models[self.plan.recording_for(size)];
         let (mut a, mut p) = (Vec::new(), Vec::new());
-        model.sizes_at(size, &mut a, &mut p);
+        self.plan.sizes_at(size, &mut a, &mut p);
         let s = Arc::new((a, p));
         self.known.insert(size, Arc::clone(&s));
         s
@@ -288,6 +353,47 @@ pub fn step_events(
             }
         }
     }
+}
+
+/// splitmix64: the shuffle's generator (allocdoc's own; not torch's).
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The run a padded DataLoader makes of `lengths`: each epoch a shuffle
+/// (Fisher–Yates), cut into batches of `batch` (the last partial batch
+/// kept), each step's size the batch's longest sample rounded up to a
+/// multiple of `pad_to`; `steps` steps (default: one epoch).
+pub fn batches(
+    lengths: &[u64],
+    batch: u64,
+    steps: Option<u64>,
+    seed: u64,
+    pad_to: u64,
+) -> Vec<u64> {
+    let mut state = seed;
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    let per_epoch = lengths.len().div_ceil(batch as usize);
+    let want = steps.map_or(per_epoch, |s| s as usize);
+    let mut out = Vec::with_capacity(want);
+    while out.len() < want {
+        for i in (1..order.len()).rev() {
+            let j = (next(&mut state) % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        for chunk in order.chunks(batch as usize) {
+            if out.len() == want {
+                break;
+            }
+            let longest = chunk.iter().map(|&i| lengths[i]).max().unwrap_or(1);
+            out.push(longest.div_ceil(pad_to).saturating_mul(pad_to));
+        }
+    }
+    out
 }
 
 /// The run's peak of allocated bytes as requested (the sum of live requested

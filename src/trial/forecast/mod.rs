@@ -4,19 +4,25 @@
 //! step that runs out of memory); the configs ranked as `recommend` ranks
 //! them; per config the largest cap on the size under which the run
 //! survives the card, by bisection over runs; what strands the memory at the
-//! peak; and how far the forecast can be trusted.
+//! peak; and how far the forecast can be trusted. With two knobs the
+//! steps' sizes are the second's values at one batch (the first), and the
+//! batch can be searched ([`batch`]): the largest that carries the run.
+
+mod batch;
+
+pub use batch::{BatchFit, BatchSearch};
 
 use super::answer::Strength;
-use super::fit::{Check, FitInput, Pairing, capacity_matters, checks, inputs, pairing, reasons};
+use super::fit::{self, Check, FitInput, Pairing, capacity_matters};
+use super::grid::{self as grid_fit, GridInput};
 use super::search::Progress;
 use crate::conf::Settings;
 use crate::device::NO_LIMIT;
 use crate::device::sim::SimDevice;
-use crate::snapshot::fit::Series;
 use crate::snapshot::fit::carry::Leftover;
 use crate::workload::predicted;
 use crate::workload::replay::DriverWork;
-use crate::workload::run::{self, Memo, Origin, RunPlan, RunReplay};
+use crate::workload::run::{self, Laws, Memo, Origin, RunPlan, RunReplay};
 use crate::workload::{OomEvent, RunFigures};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -35,12 +41,32 @@ pub struct ForecastAsk {
     /// Bytes the copies of seen states may hold, per config at a time (0:
     /// replay every step).
     pub memo_budget: usize,
+    /// With two knobs: their names, the batch first.
+    pub knobs: Option<(String, String)>,
+    /// With two knobs and a card: the batch to search, over runs built
+    /// from per-sample sizes (`steps` is then the run at the batch found).
+    pub search: Option<BatchSearch>,
+}
+
+/// The recordings, each at its size or point.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Inputs {
+    One(Vec<FitInput>),
+    Two(Vec<GridInput>),
 }
 
 /// The whole answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Forecast {
-    pub inputs: Vec<FitInput>,
+    /// With two knobs: their names, the batch first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub knobs: Option<[String; 2]>,
+    /// With two knobs: the batch of the run forecast (with a search, the
+    /// largest any config carries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u64>,
+    pub inputs: Inputs,
     pub pairing: Vec<Pairing>,
     pub steps: usize,
     pub sizes: RunSizes,
@@ -131,6 +157,9 @@ pub struct ConfForecast {
     /// rest were looked up: the same start state and sizes seen before).
     pub replayed_steps: usize,
     pub strength: Strength,
+    /// With a batch search: the largest batch that carries the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchFit>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -204,46 +233,80 @@ pub fn memo_budget_per_config(total: usize, confs: usize) -> usize {
     total / confs.clamp(1, rayon::current_num_threads().max(1))
 }
 
-/// Forecasts the run under every config.
+/// Forecasts the run under every config; with a batch search, first the
+/// largest batch each config carries, then the run at the largest of them.
 pub fn forecast(
-    series: &Series,
+    plan: &RunPlan,
     ask: &ForecastAsk,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Forecast {
-    let plan = RunPlan::new(series);
-    let checks = checks(series);
-    let (peak_allocated, peak_allocated_step) = run::allocated_peak(&plan, &ask.steps);
+    let (Some(search), Some(capacity)) = (&ask.search, ask.capacity) else {
+        return forecast_run(plan, ask, progress);
+    };
+    let budget = memo_budget_per_config(ask.memo_budget, ask.confs.len());
+    let fits: Vec<BatchFit> = ask
+        .confs
+        .par_iter()
+        .map(|(_, settings)| batch::largest_batch(plan, search, settings, capacity, budget))
+        .collect();
+    let best = fits.iter().filter_map(|f| f.largest).max().unwrap_or(1);
+    let ask = ForecastAsk {
+        steps: search.run(best),
+        ..ask.clone()
+    };
+    let mut out = forecast_run(&plan.at_batch(best), &ask, progress);
+    for (c, f) in out.configs.iter_mut().zip(fits) {
+        c.batch = Some(f);
+    }
+    out
+}
+
+/// Forecasts the run of `ask.steps` under every config.
+fn forecast_run(
+    plan: &RunPlan,
+    ask: &ForecastAsk,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Forecast {
+    let series = plan.series;
+    let (checks, inputs, pairing, batch) = match &plan.laws {
+        Laws::One(_) => (
+            fit::checks(series),
+            Inputs::One(fit::inputs(series)),
+            fit::pairing(series),
+            None,
+        ),
+        Laws::Two { grid, batch, .. } => (
+            grid_fit::checks(grid),
+            Inputs::Two(grid_fit::inputs(grid)),
+            grid_fit::pairing(grid),
+            Some(*batch),
+        ),
+    };
+    let (peak_allocated, peak_allocated_step) = run::allocated_peak(plan, &ask.steps);
     let sizes = run_sizes(&ask.steps);
-    let (reasons_, uncertain_sizes, uncertain_steps) = uncertainty(series, &plan, ask, &checks);
+    let (reasons_, uncertain_sizes, uncertain_steps) = uncertainty(plan, ask, &checks);
     let runs_per_conf = if ask.capacity.is_some() { 2 } else { 1 };
     let total = ask.steps.len() * ask.confs.len() * runs_per_conf;
     let done = AtomicUsize::new(0);
     let tick = |_: usize| step_progress(&done, total, progress);
     let budget = memo_budget_per_config(ask.memo_budget, ask.confs.len());
-    let strength = if reasons_.is_empty() {
-        Strength::Likely
-    } else {
-        Strength::Uncertain
-    };
+    let strength = Strength::of_reasons(&reasons_);
     let largest_sizes = largest_sizes(&ask.steps);
     let step_allocated = largest_sizes
         .iter()
-        .map(|&z| {
-            let model = &plan.models[plan.recording_for(z)];
-            (model.peak_allocated_at(z), z)
-        })
+        .map(|&z| (plan.peak_allocated_at(z), z))
         .max_by_key(|&(p, z)| (p, std::cmp::Reverse(z)))
         .unwrap_or((0, 0));
     let mut configs: Vec<(ConfForecast, RunFigures)> = ask
         .confs
         .par_iter()
         .map(|(conf, settings)| {
-            let mut c = conf_forecast(&plan, ask, (conf, settings), budget, &tick);
+            let mut c = conf_forecast(plan, ask, (conf, settings), budget, &tick);
             c.0.peak_allocated_bytes = peak_allocated;
             c.0.strength = strength;
             let (peak, size) = largest_sizes
                 .iter()
-                .map(|&z| (fresh_peak(&plan, z, settings), z))
+                .map(|&z| (fresh_peak(plan, z, settings), z))
                 .max_by_key(|&(p, z)| (p, std::cmp::Reverse(z)))
                 .unwrap_or((0, 0));
             c.0.step_peak_reserved_bytes = peak;
@@ -259,11 +322,13 @@ pub fn forecast(
         .filter(|c| c.0.oom.is_none())
         .map(|c| c.0.conf.clone());
     Forecast {
-        inputs: inputs(series),
-        pairing: pairing(series),
+        knobs: ask.knobs.clone().map(|(a, b)| [a, b]),
+        batch,
+        inputs,
+        pairing,
         steps: ask.steps.len(),
         sizes,
-        carried: carried(series, &plan),
+        carried: carried(plan),
         capacity_bytes: ask.capacity,
         peak_allocated_bytes: peak_allocated,
         peak_allocated_step: peak_allocated_step + 1,
@@ -275,7 +340,7 @@ pub fn forecast(
             .map(|&z| &plan.carries[plan.recording_for(z)])
             .filter(|c| c.leftover == Leftover::State)
             .map_or(0, |c| c.leftover_bytes),
-        leak: leak(series, &plan),
+        leak: leak(plan),
         configs: configs.drain(..).map(|c| c.0).collect(),
         recommended,
         strength,
@@ -328,6 +393,7 @@ fn conf_forecast(
         cap: None,
         replayed_steps: 0,
         strength: Strength::Likely,
+        batch: None,
     };
     let card = match ask.capacity {
         None => free,
@@ -582,11 +648,10 @@ fn stranded(
 /// One step at `size` as a fresh process on a card of `capacity` (what
 /// `fit` predicts).
 fn predicted_fresh(plan: &RunPlan, size: u64, settings: &Settings, capacity: u64) -> RunFigures {
-    let model = &plan.models[plan.recording_for(size)];
     let (mut a, mut p) = (Vec::new(), Vec::new());
-    model.sizes_at(size, &mut a, &mut p);
+    plan.sizes_at(size, &mut a, &mut p);
     predicted::replay_fresh(
-        model.recording(),
+        &plan.series.recordings[plan.recording_for(size)],
         (&a, &p),
         settings,
         SimDevice::new(capacity),
@@ -630,7 +695,6 @@ fn run_sizes(steps: &[u64]) -> RunSizes {
 /// Why the forecast is uncertain: the reasons of every size `fit` would
 /// call uncertain, each said once, with the sizes and the steps at them.
 fn uncertainty(
-    series: &Series,
     plan: &RunPlan,
     ask: &ForecastAsk,
     checks: &[Check],
@@ -641,10 +705,23 @@ fn uncertainty(
     let per_size: Vec<(u64, Vec<String>)> = distinct
         .par_iter()
         .map(|&size| {
-            let model = &plan.models[plan.recording_for(size)];
-            let (mut a, mut p) = (Vec::new(), Vec::new());
-            model.sizes_at(size, &mut a, &mut p);
-            (size, reasons(series, model, size, &a, &p, checks))
+            let r = plan.recording_for(size);
+            let reasons = match &plan.laws {
+                Laws::One(models) => {
+                    let (mut a, mut p) = (Vec::new(), Vec::new());
+                    models[r].sizes_at(size, &mut a, &mut p);
+                    fit::reasons(plan.series, &models[r], size, &a, &p, checks)
+                }
+                Laws::Two {
+                    grid,
+                    models,
+                    batch,
+                } => {
+                    let (ka, kb) = ask.knobs.clone().unwrap_or_default();
+                    grid_fit::reasons(grid, &models[r], (*batch, size), (&ka, &kb), checks)
+                }
+            };
+            (size, reasons)
         })
         .collect();
     let mut out: Vec<String> = Vec::new();
@@ -689,9 +766,9 @@ fn list_sizes(sizes: &[u64]) -> String {
 }
 
 /// What the run keeps beyond the next step's frees, per recording, in words.
-fn carried(series: &Series, plan: &RunPlan) -> Vec<String> {
+fn carried(plan: &RunPlan) -> Vec<String> {
     let mut out = Vec::new();
-    for (rec, c) in series.recordings.iter().zip(&plan.carries) {
+    for (rec, c) in plan.series.recordings.iter().zip(&plan.carries) {
         let n = c
             .left
             .iter()
@@ -721,14 +798,14 @@ fn carried(series: &Series, plan: &RunPlan) -> Vec<String> {
 }
 
 /// A leak in the recordings: what each step leaves that nothing frees.
-fn leak(series: &Series, plan: &RunPlan) -> Option<Leak> {
+fn leak(plan: &RunPlan) -> Option<Leak> {
     // The largest recording that leaks.
     let (r, c) = plan
         .carries
         .iter()
         .enumerate()
         .rfind(|(_, c)| c.leftover == Leftover::Leak)?;
-    let rec = &series.recordings[r];
+    let rec = &plan.series.recordings[r];
     let mut by_site: rustc_hash::FxHashMap<u32, u64> = Default::default();
     for (pos, &i) in c.left.iter().enumerate() {
         if c.is_leftover(pos) {
