@@ -219,9 +219,9 @@ impl Command {
             Command::Replay(o) => o.trace == "-",
             Command::Top(o) => o.inputs.iter().any(|i| i == "-"),
             Command::Diff(o) => o.before == "-" || o.after == "-",
-            Command::Fit(o) => o.inputs.iter().any(|i| i == "-"),
+            Command::Fit(o) => o.recordings.inputs.iter().any(|i| i == "-"),
             Command::Forecast(o) => {
-                o.inputs.iter().any(|i| i == "-")
+                o.recordings.inputs.iter().any(|i| i == "-")
                     || o.run.as_deref() == Some("-")
                     || o.lengths.as_deref() == Some("-")
             }

@@ -6,8 +6,9 @@
 //! workload recorded at several sizes.
 
 use crate::cli::allocdoc;
+use crate::written::Written;
 use allocdoc::snapshot::attribute::{self, Ask, MomentKind};
-use allocdoc::snapshot::writer::{self, Block, BlockState, Frame, Segment, Stack, TraceEntry};
+use allocdoc::snapshot::writer::{self, Frame};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::path::Path;
@@ -94,35 +95,8 @@ fn inductor_module(n: u64) -> String {
 /// graph (Inductor's generated `call`, at lines that move with the size,
 /// under dynamo's frames), called from the site's own user frame.
 fn snapshot_as(n: u64, rename: bool, compiled: bool) -> Vec<u8> {
-    let weights = Segment {
-        device: 0,
-        address: 0x7f00_0000_0000,
-        stream: 0,
-        is_large: true,
-        pool_id: (0, 0),
-        is_expandable: false,
-        blocks: [64 * MIB, 32 * MIB]
-            .iter()
-            .map(|&b| Block {
-                size: b,
-                requested_size: b,
-                state: BlockState::ActiveAllocated,
-            })
-            .collect(),
-    };
-    let mut trace = Vec::new();
-    let mut stacks: Vec<Stack> = Vec::new();
+    let mut w = Written::default();
     let mut addr = 0x7e00_0000_0000u64;
-    let entry = |trace: &mut Vec<TraceEntry>, action, addr, size| {
-        trace.push(TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: trace.len() as i64,
-        });
-        trace.len() - 1
-    };
     for _ in 0..2 {
         let mut live = Vec::new();
         for (k, s) in STEP.iter().enumerate() {
@@ -131,7 +105,6 @@ fn snapshot_as(n: u64, rename: bool, compiled: bool) -> Vec<u8> {
             }
             let size = (s.size)(n);
             addr += 1 << 36;
-            let e = entry(&mut trace, writer::Action::Alloc, addr, size);
             let name = if rename {
                 format!("other_{}", s.name)
             } else {
@@ -172,31 +145,21 @@ fn snapshot_as(n: u64, rename: bool, compiled: bool) -> Vec<u8> {
                     ],
                 );
             }
-            stacks.push(Stack {
-                device: 0,
-                entries: vec![e],
-                frames,
-            });
+            w.alloc(addr, size, frames);
             live.push((k, addr, size));
             // The scores and the workspace die right after the next call.
             if k == 2 || k == 5 {
-                for &(kk, a, sz) in live.iter().filter(|(kk, ..)| *kk == 1 || *kk == 4) {
-                    let _ = kk;
-                    entry(&mut trace, writer::Action::FreeCompleted, a, sz);
+                for &(_, a, sz) in live.iter().filter(|(kk, ..)| *kk == 1 || *kk == 4) {
+                    w.free(a, sz);
                 }
                 live.retain(|(kk, ..)| *kk != 1 && *kk != 4);
             }
         }
         for &(_, a, sz) in live.iter().rev() {
-            entry(&mut trace, writer::Action::FreeCompleted, a, sz);
+            w.free(a, sz);
         }
     }
-    writer::to_bytes(&writer::Snapshot {
-        segments: vec![weights],
-        device_traces: vec![trace],
-        stacks,
-        ..writer::Snapshot::default()
-    })
+    w.snapshot(0x7f00_0000_0000, &[64 * MIB, 32 * MIB])
 }
 
 /// The peak of allocated bytes `top` finds in a snapshot.

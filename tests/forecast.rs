@@ -10,8 +10,9 @@
 //! replaying every one, the real runs of fixtures/forecast/ exactly, and the
 //! refusals.
 
-use crate::cli::{allocdoc, json};
-use allocdoc::snapshot::writer::{self, Block, BlockState, Frame, Segment, Stack, TraceEntry};
+use crate::cli::{allocdoc, conf, json, replay_csv};
+use crate::written::Written;
+use allocdoc::snapshot::writer::{Action, Frame};
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -126,87 +127,38 @@ fn ops(shape: Shape, n: u64) -> Vec<Op> {
 
 /// The recording at `n` as a snapshot.
 fn snapshot(shape: Shape, n: u64) -> Vec<u8> {
-    let weights = Segment {
-        device: 0,
-        address: WEIGHTS_AT,
-        stream: 0,
-        is_large: true,
-        pool_id: (0, 0),
-        is_expandable: false,
-        blocks: WEIGHTS
-            .iter()
-            .map(|&b| Block {
-                size: b,
-                requested_size: b,
-                state: BlockState::ActiveAllocated,
-            })
-            .collect(),
-    };
-    let mut trace = Vec::new();
-    let mut stacks = Vec::new();
-    let mut addrs = std::collections::HashMap::new();
-    let mut sizes = std::collections::HashMap::new();
-    let entry = |trace: &mut Vec<TraceEntry>, action, addr, size| {
-        trace.push(TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: trace.len() as i64,
-        });
-        trace.len() - 1
-    };
+    let mut w = Written::default();
+    let mut blocks = std::collections::HashMap::new();
     for op in ops(shape, n) {
         match op {
             Op::Alloc {
                 key, size, site, ..
             } => {
                 let addr = 0x7e00_0000_0000u64 + ((key as u64) << 32);
-                addrs.insert(key, addr);
-                sizes.insert(key, size);
-                let e = entry(&mut trace, writer::Action::Alloc, addr, size);
+                blocks.insert(key, (addr, size));
                 let (file, line, name) = SITES[site];
-                stacks.push(Stack {
-                    device: 0,
-                    entries: vec![e],
-                    frames: vec![
-                        Frame {
-                            filename: format!("/home/u/{file}"),
-                            line,
-                            name: name.into(),
-                        },
-                        Frame {
-                            filename: "/home/u/train.py".into(),
-                            line: 200,
-                            name: "train_step".into(),
-                        },
-                    ],
-                });
+                let frames = vec![
+                    Frame {
+                        filename: format!("/home/u/{file}"),
+                        line,
+                        name: name.into(),
+                    },
+                    Frame {
+                        filename: "/home/u/train.py".into(),
+                        line: 200,
+                        name: "train_step".into(),
+                    },
+                ];
+                w.alloc(addr, size, frames);
             }
             Op::Free { key } => {
-                entry(
-                    &mut trace,
-                    writer::Action::FreeCompleted,
-                    addrs[&key],
-                    sizes[&key],
-                );
+                let (addr, size) = blocks[&key];
+                w.free(addr, size);
             }
-            Op::FreeHanded => {
-                entry(
-                    &mut trace,
-                    writer::Action::FreeCompleted,
-                    HANDED_AT,
-                    output(n),
-                );
-            }
+            Op::FreeHanded => w.free(HANDED_AT, output(n)),
         }
     }
-    writer::to_bytes(&writer::Snapshot {
-        segments: vec![weights],
-        device_traces: vec![trace],
-        stacks,
-        ..writer::Snapshot::default()
-    })
+    w.snapshot(WEIGHTS_AT, &WEIGHTS)
 }
 
 /// The run of `sizes` as a trace CSV, by shared/forecast/README.md: the
@@ -259,21 +211,7 @@ const ES: &str = "expandable_segments:True";
 /// The truth: the run's CSV replayed (defaults, ES) on `capacity`:
 /// (peak reserved, OOM event) per config.
 fn truth(dir: &Path, shape: Shape, sizes: &[u64], capacity: &str) -> Vec<(u64, Option<u64>)> {
-    let p = dir.join("truth.csv");
-    std::fs::write(&p, truth_csv(shape, sizes)).unwrap();
-    let path = p.to_string_lossy();
-    let (_, v) = json(&[
-        "replay",
-        &path,
-        "--conf",
-        "",
-        "--conf",
-        ES,
-        "--capacity",
-        capacity,
-        "--format",
-        "json",
-    ]);
+    let v = replay_csv(&dir.join("truth.csv"), &truth_csv(shape, sizes), capacity);
     v["runs"]
         .as_array()
         .unwrap()
@@ -313,15 +251,6 @@ fn forecast(inputs: &[String], sizes: &str, run: &str, extra: &[&str]) -> (i32, 
     args.extend(["--sizes", sizes, "--run", run, "--conf", ES]);
     args.extend(extra);
     json(&args)
-}
-
-fn conf<'v>(v: &'v Value, name: &str) -> &'v Value {
-    v["configs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["conf"] == name)
-        .unwrap_or_else(|| panic!("no config {name:?}: {v}"))
 }
 
 fn u(v: &Value) -> u64 {
@@ -784,59 +713,35 @@ fn bad_runs_are_clear_errors() {
 /// temporaries, the last one running out of memory; `grow` leaves a block
 /// live at every step.
 fn late_oom_snapshot(steps: usize, grow: bool) -> Vec<u8> {
-    let mut trace = Vec::new();
-    let mut stacks = Vec::new();
+    let mut w = Written::default();
     let mut addr = 0x7e00_0000_0000u64;
-    let mut alloc = |trace: &mut Vec<TraceEntry>, size, site: (i64, &str)| {
+    let mut alloc = |w: &mut Written, size, (line, name): (i64, &str)| {
         addr += 1 << 32;
-        trace.push(TraceEntry {
-            action: writer::Action::Alloc,
-            addr,
-            size,
-            stream: 0,
-            time_us: trace.len() as i64,
-        });
-        stacks.push(Stack {
-            device: 0,
-            entries: vec![trace.len() - 1],
-            frames: vec![Frame {
-                filename: "/home/u/model.py".into(),
-                line: site.0,
-                name: site.1.into(),
-            }],
-        });
+        let frames = vec![Frame {
+            filename: "/home/u/model.py".into(),
+            line,
+            name: name.into(),
+        }];
+        w.alloc(addr, size, frames);
         (addr, size)
     };
-    let entry = |trace: &mut Vec<TraceEntry>, action, (addr, size): (u64, u64)| {
-        trace.push(TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: trace.len() as i64,
-        });
-    };
     for s in 0..steps {
-        let embed = alloc(&mut trace, 8 * MIB, (10, "embed"));
+        let embed = alloc(&mut w, 8 * MIB, (10, "embed"));
         if s + 1 == steps {
-            entry(&mut trace, writer::Action::Oom, (2 * MIB, scores_at(s)));
+            w.entry(Action::Oom, 2 * MIB, scores_at(s));
             break;
         }
-        let scores = alloc(&mut trace, scores_at(s), (20, "attention_scores"));
-        let norm = alloc(&mut trace, 2 * MIB, (30, "norm"));
+        let scores = alloc(&mut w, scores_at(s), (20, "attention_scores"));
+        let norm = alloc(&mut w, 2 * MIB, (30, "norm"));
         if grow {
-            alloc(&mut trace, 8 * MIB, (90, "history_append"));
+            alloc(&mut w, 8 * MIB, (90, "history_append"));
         }
-        for b in [scores, norm, embed] {
-            entry(&mut trace, writer::Action::FreeRequested, b);
-            entry(&mut trace, writer::Action::FreeCompleted, b);
+        for (a, size) in [scores, norm, embed] {
+            w.entry(Action::FreeRequested, a, size);
+            w.free(a, size);
         }
     }
-    writer::to_bytes(&writer::Snapshot {
-        device_traces: vec![trace],
-        stacks,
-        ..writer::Snapshot::default()
-    })
+    w.snapshot(0, &[])
 }
 
 /// Step `s`'s scores: sizes vary from step to step.

@@ -6,8 +6,9 @@
 //! length that fits fits, one more does not); the real grid of
 //! fixtures/grid/; the refusals.
 
-use crate::cli::{allocdoc, json};
-use allocdoc::snapshot::writer::{self, Block, BlockState, Frame, Segment, Stack, TraceEntry};
+use crate::cli::{allocdoc, conf, json, replay_csv};
+use crate::written::Written;
+use allocdoc::snapshot::writer::Frame;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -113,62 +114,28 @@ fn snapshot(n: u64, s: u64) -> Vec<u8> {
 
 /// [`snapshot`] with every site in `file` (another workload when it differs).
 fn snapshot_in(n: u64, s: u64, file: &str) -> Vec<u8> {
-    let weights = Segment {
-        device: 0,
-        address: 0x7f00_0000_0000,
-        stream: 0,
-        is_large: true,
-        pool_id: (0, 0),
-        is_expandable: false,
-        blocks: WEIGHTS
-            .iter()
-            .map(|&b| Block {
-                size: b,
-                requested_size: b,
-                state: BlockState::ActiveAllocated,
-            })
-            .collect(),
-    };
-    let mut trace = Vec::new();
-    let mut stacks = Vec::new();
+    let mut w = Written::default();
     for (alloc, key, size, site) in ops(n, s) {
         let addr = 0x7e00_0000_0000u64 + ((key as u64) << 36);
-        trace.push(TraceEntry {
-            action: if alloc {
-                writer::Action::Alloc
-            } else {
-                writer::Action::FreeCompleted
-            },
-            addr,
-            size,
-            stream: 0,
-            time_us: trace.len() as i64,
-        });
-        if alloc {
-            stacks.push(Stack {
-                device: 0,
-                entries: vec![trace.len() - 1],
-                frames: vec![
-                    Frame {
-                        filename: file.into(),
-                        line: STEP[site].line,
-                        name: STEP[site].name.into(),
-                    },
-                    Frame {
-                        filename: "/home/u/train.py".into(),
-                        line: 200,
-                        name: "step".into(),
-                    },
-                ],
-            });
+        if !alloc {
+            w.free(addr, size);
+            continue;
         }
+        let frames = vec![
+            Frame {
+                filename: file.into(),
+                line: STEP[site].line,
+                name: STEP[site].name.into(),
+            },
+            Frame {
+                filename: "/home/u/train.py".into(),
+                line: 200,
+                name: "step".into(),
+            },
+        ];
+        w.alloc(addr, size, frames);
     }
-    writer::to_bytes(&writer::Snapshot {
-        segments: vec![weights],
-        device_traces: vec![trace],
-        stacks,
-        ..writer::Snapshot::default()
-    })
+    w.snapshot(0x7f00_0000_0000, &WEIGHTS)
 }
 
 /// The point's fresh run as a trace CSV: the weights first, then the step.
@@ -219,21 +186,11 @@ fn grid_fit(inputs: &[String], extra: &[&str]) -> (i32, Value) {
 
 /// (peak reserved under the defaults, under ES) of the point's own fresh run.
 fn truth(dir: &Path, n: u64, s: u64) -> (u64, u64) {
-    let p = dir.join(format!("truth_{n}_{s}.csv"));
-    std::fs::write(&p, truth_csv(n, s)).unwrap();
-    let path = p.to_string_lossy();
-    let (_, v) = json(&[
-        "replay",
-        &path,
-        "--conf",
-        "",
-        "--conf",
-        ES,
-        "--capacity",
+    let v = replay_csv(
+        &dir.join(format!("truth_{n}_{s}.csv")),
+        &truth_csv(n, s),
         "1PiB",
-        "--format",
-        "json",
-    ]);
+    );
     let r = |i: usize| v["runs"][i]["peak_reserved_bytes"].as_u64().unwrap();
     (r(0), r(1))
 }
@@ -476,15 +433,6 @@ fn grid_forecast(inputs: &[String], extra: &[&str]) -> (i32, Value) {
     args.extend(["--points", &pts, "--knobs", "batch,seq_len"]);
     args.extend(extra);
     json(&args)
-}
-
-fn conf<'v>(v: &'v Value, name: &str) -> &'v Value {
-    v["configs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["conf"] == name)
-        .unwrap_or_else(|| panic!("no config {name:?}: {v}"))
 }
 
 #[test]

@@ -35,6 +35,9 @@ mod validate;
 // Running the binary: shared by the command-line tests.
 #[path = "support/cli.rs"]
 mod cli;
+// Snapshots written by hand: shared by the fit, forecast and grid tests.
+#[path = "support/written.rs"]
+mod written;
 // Shared by report and snapshot (one copy: clippy::duplicate_mod).
 #[path = "support/verdicts.rs"]
 mod verdicts;

@@ -19,26 +19,16 @@ import os
 import subprocess
 import sys
 
-D_MODEL, LAYERS, HEADS, SEQ, VOCAB = 512, 4, 8, 512, 8192
+import tiny_lm
+
+SEQ = 512
 FRACTION = float(os.environ.get("FIT_FRACTION", "0.05"))  # of the card: ~7 GiB of an H200
 
 
 def model_and_step(torch):
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, batch_first=True)
-    m = torch.nn.Sequential(torch.nn.Embedding(VOCAB, D_MODEL), torch.nn.TransformerEncoder(layer, LAYERS),
-                            torch.nn.Linear(D_MODEL, VOCAB)).cuda()
-    opt = torch.optim.AdamW(m.parameters())
-
-    def step(batch):
-        x = torch.randint(0, VOCAB, (batch, SEQ), device="cuda")
-        logits = m(x)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), x.view(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    """The shared model's step (bench/gpu/tiny_lm.py) at batch `batch`, length SEQ."""
+    step = tiny_lm.model_and_step(torch)
+    return lambda batch: step(batch, SEQ)
 
 
 def child(batch, fraction):

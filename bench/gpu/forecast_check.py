@@ -23,28 +23,18 @@ import random
 import subprocess
 import sys
 
-D_MODEL, LAYERS, HEADS, BATCH, VOCAB = 512, 4, 8, 8, 8192
+import tiny_lm
+
+BATCH = 8
 STEPS = int(os.environ.get("FORECAST_STEPS", "300"))
 LENGTHS = list(range(64, 513, 64))
 ES = "expandable_segments:True"
 
 
 def model_and_step(torch):
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, batch_first=True)
-    m = torch.nn.Sequential(torch.nn.Embedding(VOCAB, D_MODEL), torch.nn.TransformerEncoder(layer, LAYERS),
-                            torch.nn.Linear(D_MODEL, VOCAB)).cuda()
-    opt = torch.optim.AdamW(m.parameters())
-
-    def step(length):
-        x = torch.randint(0, VOCAB, (BATCH, length), device="cuda")
-        logits = m(x)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), x.view(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    """The shared model's step (bench/gpu/tiny_lm.py) at length `length`, batch BATCH."""
+    step = tiny_lm.model_and_step(torch)
+    return lambda length: step(BATCH, length)
 
 
 def child(run_file, fraction):

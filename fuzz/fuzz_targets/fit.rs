@@ -5,25 +5,13 @@
 //! fixtures/snapshots and fixtures/fit (decompressed).
 #![no_main]
 
-use allocdoc::snapshot::{self, fit::Recording, fit::Series};
+mod series_of_bytes;
+
 use allocdoc::trial::fit::{FitAsk, fit};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(snap) = snapshot::load("fuzz", data) else {
-        return;
-    };
-    let Ok(Some(a)) = Recording::read("a", 2, &snap) else {
-        return;
-    };
-    let mut b = a.clone();
-    b.input = "b".into();
-    b.size = 3 + u64::from(data.last().copied().unwrap_or(0));
-    // The second recording: the first with its sizes scaled by the bytes.
-    for (x, byte) in b.allocs.iter_mut().zip(data.iter().cycle()) {
-        x.size = x.size.saturating_mul(u64::from(*byte % 5));
-    }
-    let Ok(series) = Series::new(vec![a, b]) else {
+    let Some(series) = series_of_bytes::series(data) else {
         return;
     };
     let ask = FitAsk {

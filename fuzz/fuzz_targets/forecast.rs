@@ -7,31 +7,24 @@
 //! (decompressed).
 #![no_main]
 
+mod series_of_bytes;
+
 use allocdoc::app::forecast::parse_sizes;
 use allocdoc::conf::Settings;
-use allocdoc::snapshot::{self, fit::Recording, fit::Series};
 use allocdoc::trial::forecast::{ForecastAsk, forecast};
 use allocdoc::workload::run::RunPlan;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_sizes("fuzz", data, "step sizes");
-    let Ok(snap) = snapshot::load("fuzz", data) else {
+    let Some(series) = series_of_bytes::series(data) else {
         return;
     };
-    let Ok(Some(a)) = Recording::read("a", 2, &snap) else {
-        return;
-    };
-    let mut b = a.clone();
-    b.input = "b".into();
-    b.size = 3 + u64::from(data.last().copied().unwrap_or(0));
-    for (x, byte) in b.allocs.iter_mut().zip(data.iter().cycle()) {
-        x.size = x.size.saturating_mul(u64::from(*byte % 5));
-    }
-    let Ok(series) = Series::new(vec![a, b]) else {
-        return;
-    };
-    let steps: Vec<u64> = data.iter().take(64).map(|&b| 1 + u64::from(b % 16)).collect();
+    let steps: Vec<u64> = data
+        .iter()
+        .take(64)
+        .map(|&b| 1 + u64::from(b % 16))
+        .collect();
     if steps.is_empty() {
         return;
     }

@@ -360,15 +360,17 @@ fn fit(
     // As text, so that 0 and negative sizes get the command's own refusal.
     let text = |v: Vec<i64>| v.iter().map(i64::to_string).collect();
     let opts = app::fit::FitOptions {
-        inputs,
-        sizes: text(sizes),
+        recordings: app::fit::Recordings {
+            inputs,
+            sizes: text(sizes),
+            points,
+            knobs,
+        },
         at: text(at),
         confs,
         capacity: size(capacity.as_ref())?,
         step,
         knob,
-        points,
-        knobs,
         at_points,
         along,
         common: app::Common {
@@ -414,8 +416,12 @@ fn forecast(
     // `run` names the run here; the helper that runs a command is `crate::run`.
     let (steps_file, lengths_file) = (held(run), held(lengths));
     let opts = app::forecast::ForecastOptions {
-        inputs,
-        sizes: sizes.iter().map(i64::to_string).collect(),
+        recordings: app::fit::Recordings {
+            inputs,
+            sizes: sizes.iter().map(i64::to_string).collect(),
+            points,
+            knobs,
+        },
         run: steps_file,
         lengths: lengths_file,
         batch,
@@ -426,8 +432,6 @@ fn forecast(
         capacity: size(capacity.as_ref())?,
         cap_step,
         knob,
-        points,
-        knobs,
         common: app::Common {
             buffers,
             format: Format::Json,

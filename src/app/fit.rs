@@ -17,11 +17,13 @@ use crate::trial::grid::{GridAsk, fit_grid};
 use rayon::prelude::*;
 use std::path::PathBuf;
 
-#[derive(Debug, Clone)]
+/// What `fit` and `forecast` read: recordings of one workload, each at a
+/// size of one knob (`--sizes`) or at a point of two (`--points`).
+#[derive(Debug, Clone, Default)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct FitOptions {
+pub struct Recordings {
     /// Torch memory snapshots of one workload (`_dump_snapshot()` with a trace), one per
-    /// size of the knob, e.g. batch 8 and batch 16.
+    /// size of the knob (batch 8 and batch 16), or per point of two knobs.
     #[cfg_attr(feature = "cli", arg(required = true, num_args = 2..))]
     pub inputs: Vec<String>,
     /// The knob's value each input was recorded at, in the inputs' order: `--sizes 8,16`.
@@ -38,12 +40,20 @@ pub struct FitOptions {
     pub sizes: Vec<String>,
     /// Two knobs: the point each input was recorded at, in the inputs' order, as
     /// `a,b` pairs separated by `;`: `--points "1,512;2,512;1,1024"` (at least three, not
-    /// on one line).
+    /// on one line). For `forecast` the first knob is the batch.
     #[cfg_attr(feature = "cli", arg(long, allow_hyphen_values = true))]
     pub points: Option<String>,
     /// With --points: the two knobs' names, `--knobs batch,seq_len`.
     #[cfg_attr(feature = "cli", arg(long, requires = "points"))]
     pub knobs: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct FitOptions {
+    /// The recordings and where each was made.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub recordings: Recordings,
     /// With --points: the points to predict, `--at-points "4,2048;8,1024"` (default: both
     /// knobs at twice their largest recorded value, unless --capacity asks for the frontier).
     #[cfg_attr(
@@ -88,10 +98,7 @@ pub struct FitOptions {
 impl Default for FitOptions {
     fn default() -> Self {
         FitOptions {
-            inputs: Vec::new(),
-            sizes: Vec::new(),
-            points: None,
-            knobs: None,
+            recordings: Recordings::default(),
             at_points: None,
             along: None,
             at: Vec::new(),
@@ -188,16 +195,16 @@ pub(crate) fn series(
 }
 
 pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
-    if let Some(points) = &opts.points {
+    if let Some(points) = &opts.recordings.points {
         return run_grid(opts, points);
     }
-    if opts.sizes.len() != opts.inputs.len() {
-        recorded_sizes(&opts.inputs, &opts.sizes)?;
+    if opts.recordings.sizes.len() != opts.recordings.inputs.len() {
+        recorded_sizes(&opts.recordings.inputs, &opts.recordings.sizes)?;
     }
     if opts.step == 0 {
         return Err(Error::Usage("--step 0: the step is 1 or more".into()));
     }
-    recorded_sizes(&opts.inputs, &opts.sizes)?;
+    recorded_sizes(&opts.recordings.inputs, &opts.recordings.sizes)?;
     let mut at = opts
         .at
         .iter()
@@ -206,7 +213,11 @@ pub fn run(opts: &FitOptions) -> Result<Outcome, Error> {
     at.sort_unstable();
     at.dedup();
     let confs = configs(&opts.confs)?;
-    let series = series(&opts.common, &opts.inputs, &opts.sizes)?;
+    let series = series(
+        &opts.common,
+        &opts.recordings.inputs,
+        &opts.recordings.sizes,
+    )?;
     if at.is_empty() && opts.capacity.is_none() {
         let largest = series.recordings.iter().map(|r| r.size).max().unwrap_or(1);
         at.push(largest.saturating_mul(2));
@@ -334,7 +345,12 @@ fn run_grid(opts: &FitOptions, points: &str) -> Result<Outcome, Error> {
     at.sort_unstable();
     at.dedup();
     let confs = configs(&opts.confs)?;
-    let (grid, knobs) = grid(&opts.common, &opts.inputs, points, opts.knobs.as_deref())?;
+    let (grid, knobs) = grid(
+        &opts.common,
+        &opts.recordings.inputs,
+        points,
+        opts.recordings.knobs.as_deref(),
+    )?;
     let points = &grid.points;
     let top = |k: usize| {
         points

@@ -16,31 +16,10 @@ use std::path::PathBuf;
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ForecastOptions {
-    /// Torch memory snapshots of one workload (`_dump_snapshot()` with a trace), one per
-    /// size of the knob, as `fit` takes them.
-    #[cfg_attr(feature = "cli", arg(required = true, num_args = 2..))]
-    pub inputs: Vec<String>,
-    /// The knob's value each input was recorded at, in the inputs' order: `--sizes 128,512`.
-    #[cfg_attr(
-        feature = "cli",
-        arg(
-            long,
-            value_delimiter = ',',
-            required_unless_present = "points",
-            conflicts_with = "points",
-            allow_hyphen_values = true
-        )
-    )]
-    pub sizes: Vec<String>,
-    /// Two knobs, the batch first: the point each input was recorded at, `--points
-    /// "1,512;2,512;1,1024"` (as `fit` takes them). The run's sizes are then the second
-    /// knob's, at the batch --batch gives (or the largest that carries the run: `--batch
-    /// max`).
-    #[cfg_attr(feature = "cli", arg(long, allow_hyphen_values = true))]
-    pub points: Option<String>,
-    /// With --points: the two knobs' names, the batch first: `--knobs batch,seq_len`.
-    #[cfg_attr(feature = "cli", arg(long, requires = "points"))]
-    pub knobs: Option<String>,
+    /// The recordings and where each was made, as `fit` takes them; with --points the
+    /// first knob is the batch and the run's sizes are the second's, at --batch.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub recordings: super::fit::Recordings,
     /// The run: a text file with one step's size per line, in the knob's unit (`#` starts a
     /// comment).
     #[cfg_attr(feature = "cli", arg(long, conflicts_with = "lengths"))]
@@ -98,10 +77,7 @@ pub struct ForecastOptions {
 impl Default for ForecastOptions {
     fn default() -> Self {
         ForecastOptions {
-            inputs: Vec::new(),
-            sizes: Vec::new(),
-            points: None,
-            knobs: None,
+            recordings: super::fit::Recordings::default(),
             run: None,
             lengths: None,
             batch: None,
@@ -298,8 +274,8 @@ pub fn run_with_progress(
     opts: &ForecastOptions,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<Outcome, Error> {
-    if opts.points.is_none() {
-        super::fit::recorded_sizes(&opts.inputs, &opts.sizes)?;
+    if opts.recordings.points.is_none() {
+        super::fit::recorded_sizes(&opts.recordings.inputs, &opts.recordings.sizes)?;
     }
     if opts.write_run.is_some() && opts.lengths.is_none() {
         return Err(Error::Usage(
@@ -311,7 +287,7 @@ pub fn run_with_progress(
         return Err(Error::Usage("--cap-step 0: the step is 1 or more".into()));
     }
     let batch = batch_arg(opts)?;
-    match (&opts.points, batch) {
+    match (&opts.recordings.points, batch) {
         (Some(_), None) => {
             return Err(Error::Usage(
                 "with --points the run's sizes are the second knob's: give --batch N (the first knob's value) or --batch max".into(),
@@ -337,15 +313,23 @@ pub fn run_with_progress(
     };
     let confs = super::fit::configs(&given)?;
     let (series, grid, knobs);
-    let plan = match &opts.points {
+    let plan = match &opts.recordings.points {
         None => {
-            series = super::fit::series(&opts.common, &opts.inputs, &opts.sizes)?;
+            series = super::fit::series(
+                &opts.common,
+                &opts.recordings.inputs,
+                &opts.recordings.sizes,
+            )?;
             knobs = None;
             RunPlan::new(&series)
         }
         Some(points) => {
-            let (g, k) =
-                super::fit::grid(&opts.common, &opts.inputs, points, opts.knobs.as_deref())?;
+            let (g, k) = super::fit::grid(
+                &opts.common,
+                &opts.recordings.inputs,
+                points,
+                opts.recordings.knobs.as_deref(),
+            )?;
             grid = g;
             knobs = Some(k);
             let b = match batch {

@@ -7,9 +7,46 @@ use super::common::{Grid, json, size};
 use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, size_chart};
 use crate::trial::answer::Strength;
-use crate::trial::fit::{ConfPrediction, Fit, FitOom, Largest};
+use crate::trial::fit::{At, ConfPrediction, Fit, FitInput, FitOom, Largest};
 use crate::trial::run::conf_name;
 use crate::units::human;
+
+/// Where an input was recorded: "512", or "(2, 512)" with two knobs.
+pub(super) fn at(at: &At) -> String {
+    match *at {
+        At::Size(s) => s.to_string(),
+        At::Point([a, b]) => format!("({a}, {b})"),
+    }
+}
+
+/// The recordings, each where it was recorded (`knobs` names the column).
+pub(super) fn recordings_table(knobs: &str, inputs: &[FitInput]) -> Grid {
+    let mut g = Grid::new(
+        "Recordings",
+        &[
+            knobs,
+            "input",
+            "device",
+            "trace entries",
+            "allocations",
+            "live before the trace",
+            "peak allocated",
+        ],
+    )
+    .numeric(&[0, 3, 4, 5, 6]);
+    for i in inputs {
+        g.row(vec![
+            at(&i.at),
+            file(&i.input).to_string(),
+            format!("cuda:{}", i.device),
+            i.trace_entries.to_string(),
+            i.allocations.to_string(),
+            size(Some(i.pre_trace_bytes)),
+            size(Some(i.peak_allocated_bytes)),
+        ]);
+    }
+    g
+}
 
 /// An input as tables show it: its file name.
 pub(super) fn file(input: &str) -> &str {
@@ -211,30 +248,7 @@ fn next_on_card(l: &Largest) -> String {
 fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
     let k = knob.0;
     let mut out = Vec::new();
-    let mut inputs = Grid::new(
-        "Recordings",
-        &[
-            k,
-            "input",
-            "device",
-            "trace entries",
-            "allocations",
-            "live before the trace",
-            "peak allocated",
-        ],
-    )
-    .numeric(&[0, 3, 4, 5, 6]);
-    for i in &fit.inputs {
-        inputs.row(vec![
-            i.size.to_string(),
-            file(&i.input).to_string(),
-            format!("cuda:{}", i.device),
-            i.trace_entries.to_string(),
-            i.allocations.to_string(),
-            size(Some(i.pre_trace_bytes)),
-            size(Some(i.peak_allocated_bytes)),
-        ]);
-    }
+    let inputs = recordings_table(k, &fit.inputs);
     out.push(inputs);
     if !fit.predictions.is_empty() {
         out.push(predictions_table(
@@ -285,7 +299,7 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
     if !fit.sites.is_empty() {
         out.push(laws_table(
             "Size laws of the largest call sites (each one's largest allocation)",
-            fit.inputs.iter().map(|i| format!("at {}", i.size)),
+            fit.inputs.iter().map(|i| format!("at {}", at(&i.at))),
             fit.sites
                 .iter()
                 .map(|s| (s.site.as_str(), s.law.as_str(), &s.sizes[..], s.allocations)),
@@ -425,7 +439,10 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
     let mut marks: Vec<(u64, String)> = fit
         .inputs
         .iter()
-        .map(|i| (i.size, format!("recorded {}", i.size)))
+        .filter_map(|i| match i.at {
+            At::Size(s) => Some((s, format!("recorded {s}"))),
+            At::Point(_) => None,
+        })
         .collect();
     for l in &fit.largest {
         if let Some(s) = l.size {
@@ -438,7 +455,7 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
         subtitle: Some(
             fit.inputs
                 .iter()
-                .map(|i| format!("{} at {}", file(&i.input), i.size))
+                .map(|i| format!("{} at {}", file(&i.input), at(&i.at)))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),

@@ -9,7 +9,7 @@ use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, line_chart};
 use crate::conf::Shell;
 use crate::trial::answer::Strength;
-use crate::trial::forecast::{BatchFit, ConfForecast, Forecast, Inputs};
+use crate::trial::forecast::{BatchFit, ConfForecast, Forecast};
 use crate::trial::run::conf_name;
 use crate::units::human;
 
@@ -403,63 +403,8 @@ fn grids(f: &Forecast, knob: &Knob) -> Vec<Grid> {
         Some([a, b]) => format!("{a}, {b}"),
         None => k.to_string(),
     };
-    let mut inputs = Grid::new(
-        "Recordings",
-        &[
-            &at,
-            "input",
-            "allocations",
-            "live before the trace",
-            "peak allocated",
-        ],
-    )
-    .numeric(&[0, 2, 3, 4]);
-    for i in recorded_at(&f.inputs) {
-        inputs.row(vec![
-            i.at,
-            super::fit::file(i.input).to_string(),
-            i.allocations.to_string(),
-            size(Some(i.pre_trace_bytes)),
-            size(Some(i.peak_allocated_bytes)),
-        ]);
-    }
+    let inputs = super::fit::recordings_table(&at, &f.inputs);
     vec![g, inputs]
-}
-
-/// An input as the tables show it: where it was recorded ("512", or "(2,
-/// 512)" with two knobs), its name, allocations, bytes live before its
-/// trace and peak allocated.
-struct Recorded<'a> {
-    at: String,
-    input: &'a str,
-    allocations: usize,
-    pre_trace_bytes: u64,
-    peak_allocated_bytes: u64,
-}
-
-fn recorded_at(inputs: &Inputs) -> Vec<Recorded<'_>> {
-    match inputs {
-        Inputs::One(v) => v
-            .iter()
-            .map(|i| Recorded {
-                at: i.size.to_string(),
-                input: &i.input,
-                allocations: i.allocations,
-                pre_trace_bytes: i.pre_trace_bytes,
-                peak_allocated_bytes: i.peak_allocated_bytes,
-            })
-            .collect(),
-        Inputs::Two(v) => v
-            .iter()
-            .map(|i| Recorded {
-                at: format!("({}, {})", i.point[0], i.point[1]),
-                input: &i.input,
-                allocations: i.allocations,
-                pre_trace_bytes: i.pre_trace_bytes,
-                peak_allocated_bytes: i.peak_allocated_bytes,
-            })
-            .collect(),
-    }
 }
 
 /// Each OOM on the card, in a sentence.
@@ -609,9 +554,9 @@ pub fn html(f: &Forecast, knob: &Knob) -> String {
     let mut data = ReportData {
         title: format!("allocdoc forecast: a run of {} steps", f.steps),
         subtitle: Some(
-            recorded_at(&f.inputs)
+            f.inputs
                 .iter()
-                .map(|i| format!("{} at {}", i.input, i.at))
+                .map(|i| format!("{} at {}", i.input, super::fit::at(&i.at)))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),

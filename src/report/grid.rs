@@ -4,7 +4,7 @@
 //! JSON and the HTML report's chart of the frontier.
 
 use super::common::{Grid, json, size};
-use super::fit::{file, laws_table, predictions_table};
+use super::fit::{at, file, laws_table, predictions_table, recordings_table};
 use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, frontier_chart};
 use crate::trial::answer::Strength;
@@ -82,28 +82,7 @@ fn answer(g: &GridFit) -> String {
 fn grids(g: &GridFit) -> Vec<Grid> {
     let (ka, kb) = (g.knobs[0].as_str(), g.knobs[1].as_str());
     let mut out = Vec::new();
-    let mut inputs = Grid::new(
-        "Recordings",
-        &[
-            ka,
-            kb,
-            "input",
-            "allocations",
-            "live before the trace",
-            "peak allocated",
-        ],
-    )
-    .numeric(&[0, 1, 3, 4, 5]);
-    for i in &g.inputs {
-        inputs.row(vec![
-            i.point[0].to_string(),
-            i.point[1].to_string(),
-            file(&i.input).to_string(),
-            i.allocations.to_string(),
-            size(Some(i.pre_trace_bytes)),
-            size(Some(i.peak_allocated_bytes)),
-        ]);
-    }
+    let inputs = recordings_table(&format!("{ka}, {kb}"), &g.inputs);
     out.push(inputs);
     if !g.predictions.is_empty() {
         out.push(predictions_table(
@@ -148,9 +127,7 @@ fn grids(g: &GridFit) -> Vec<Grid> {
     if !g.sites.is_empty() {
         out.push(laws_table(
             "Laws of the largest call sites in both knobs (each one's largest allocation)",
-            g.inputs
-                .iter()
-                .map(|i| format!("at ({}, {})", i.point[0], i.point[1])),
+            g.inputs.iter().map(|i| format!("at {}", at(&i.at))),
             g.sites
                 .iter()
                 .map(|s| (s.site.as_str(), s.law.as_str(), &s.sizes[..], s.allocations)),
@@ -240,7 +217,7 @@ pub fn html(g: &GridFit) -> String {
         subtitle: Some(
             g.inputs
                 .iter()
-                .map(|i| format!("{} at ({}, {})", i.input, i.point[0], i.point[1]))
+                .map(|i| format!("{} at {}", i.input, at(&i.at)))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),

@@ -61,12 +61,22 @@ pub struct Fit {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FitInput {
     pub input: String,
-    pub size: u64,
+    /// Where it was recorded: `size` (one knob) or `point` (two).
+    #[serde(flatten)]
+    pub at: At,
     pub device: u32,
     pub trace_entries: usize,
     pub allocations: usize,
     pub pre_trace_bytes: u64,
     pub peak_allocated_bytes: u64,
+}
+
+/// The knobs' values a recording was made at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum At {
+    Size(u64),
+    Point([u64; 2]),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -244,7 +254,7 @@ pub(crate) fn inputs(series: &Series) -> Vec<FitInput> {
         .iter()
         .map(|r| FitInput {
             input: r.input.clone(),
-            size: r.size,
+            at: At::Size(r.size),
             device: r.device,
             trace_entries: r.entries,
             allocations: r.allocs.len(),

@@ -6,7 +6,8 @@
 
 use super::answer::Strength;
 use super::fit::{
-    Check, ConfPrediction, Pairing, checks_off, configs_at, too_far, unsure_bytes, unsure_lines,
+    At, Check, ConfPrediction, FitInput, Pairing, checks_off, configs_at, too_far, unsure_bytes,
+    unsure_lines,
 };
 use crate::conf::Settings;
 use crate::device::sim::SimDevice;
@@ -35,7 +36,7 @@ const MAX_VALUE: u64 = 1 << 32;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GridFit {
     pub knobs: [String; 2],
-    pub inputs: Vec<GridInput>,
+    pub inputs: Vec<FitInput>,
     pub pairing: Vec<Pairing>,
     pub sites: Vec<GridSite>,
     /// Allocations made at some points of the grid only, and where a
@@ -47,17 +48,6 @@ pub struct GridFit {
     pub predictions: Vec<GridPrediction>,
     pub frontier: Vec<Frontier>,
     pub strength: Strength,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GridInput {
-    pub input: String,
-    pub point: [u64; 2],
-    pub device: u32,
-    pub trace_entries: usize,
-    pub allocations: usize,
-    pub pre_trace_bytes: u64,
-    pub peak_allocated_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -153,21 +143,12 @@ pub fn fit_grid(grid: &Grid, ask: &GridAsk) -> GridFit {
 }
 
 /// Each recording at its point.
-pub(crate) fn inputs(grid: &Grid) -> Vec<GridInput> {
-    grid.series
-        .recordings
-        .iter()
-        .zip(&grid.points)
-        .map(|(r, &(a, b))| GridInput {
-            input: r.input.clone(),
-            point: [a, b],
-            device: r.device,
-            trace_entries: r.entries,
-            allocations: r.allocs.len(),
-            pre_trace_bytes: r.pre_trace_bytes(),
-            peak_allocated_bytes: r.peak_allocated(),
-        })
-        .collect()
+pub(crate) fn inputs(grid: &Grid) -> Vec<FitInput> {
+    let mut out = super::fit::inputs(&grid.series);
+    for (i, &(a, b)) in out.iter_mut().zip(&grid.points) {
+        i.at = At::Point([a, b]);
+    }
+    out
 }
 
 /// How each recording pairs with the first.

@@ -24,3 +24,33 @@ pub fn json(args: &[&str]) -> (i32, Value) {
     let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out} {err}"));
     (code, v)
 }
+
+/// `csv` (a trace CSV) written to `path` and replayed on a card of
+/// `capacity` under the defaults and `expandable_segments:True`: the JSON.
+pub fn replay_csv(path: &Path, csv: &str, capacity: &str) -> Value {
+    std::fs::write(path, csv).unwrap();
+    let path = path.to_string_lossy();
+    let (_, v) = json(&[
+        "replay",
+        &path,
+        "--conf",
+        "",
+        "--conf",
+        "expandable_segments:True",
+        "--capacity",
+        capacity,
+        "--format",
+        "json",
+    ]);
+    v
+}
+
+/// The config named `name` in a JSON answer's `configs` (`""` for the defaults).
+pub fn conf<'v>(v: &'v Value, name: &str) -> &'v Value {
+    v["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["conf"] == name)
+        .unwrap_or_else(|| panic!("no config {name:?}: {v}"))
+}

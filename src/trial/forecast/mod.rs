@@ -14,7 +14,7 @@ pub use batch::{BatchFit, BatchSearch};
 
 use super::answer::Strength;
 use super::fit::{self, Check, FitInput, Pairing, capacity_matters};
-use super::grid::{self as grid_fit, GridInput};
+use super::grid as grid_fit;
 use super::search::Progress;
 use crate::conf::Settings;
 use crate::device::NO_LIMIT;
@@ -48,14 +48,6 @@ pub struct ForecastAsk {
     pub search: Option<BatchSearch>,
 }
 
-/// The recordings, each at its size or point.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum Inputs {
-    One(Vec<FitInput>),
-    Two(Vec<GridInput>),
-}
-
 /// The whole answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Forecast {
@@ -66,7 +58,8 @@ pub struct Forecast {
     /// largest any config carries).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<u64>,
-    pub inputs: Inputs,
+    /// The recordings, each at its size or point.
+    pub inputs: Vec<FitInput>,
     pub pairing: Vec<Pairing>,
     pub steps: usize,
     pub sizes: RunSizes,
@@ -271,13 +264,13 @@ fn forecast_run(
     let (checks, inputs, pairing, batch) = match &plan.laws {
         Laws::One(_) => (
             fit::checks(series),
-            Inputs::One(fit::inputs(series)),
+            fit::inputs(series),
             fit::pairing(series),
             None,
         ),
         Laws::Two { grid, batch, .. } => (
             grid_fit::checks(grid),
-            Inputs::Two(grid_fit::inputs(grid)),
+            grid_fit::inputs(grid),
             grid_fit::pairing(grid),
             Some(*batch),
         ),
@@ -702,6 +695,10 @@ fn uncertainty(
     let mut distinct = ask.steps.clone();
     distinct.sort_unstable();
     distinct.dedup();
+    let (ka, kb) = ask
+        .knobs
+        .as_ref()
+        .map_or(("", ""), |(a, b)| (a.as_str(), b.as_str()));
     let per_size: Vec<(u64, Vec<String>)> = distinct
         .par_iter()
         .map(|&size| {
@@ -716,10 +713,7 @@ fn uncertainty(
                     grid,
                     models,
                     batch,
-                } => {
-                    let (ka, kb) = ask.knobs.clone().unwrap_or_default();
-                    grid_fit::reasons(grid, &models[r], (*batch, size), (&ka, &kb), checks)
-                }
+                } => grid_fit::reasons(grid, &models[r], (*batch, size), (ka, kb), checks),
             };
             (size, reasons)
         })
