@@ -6,6 +6,7 @@
 //! what must go on a generated run whose answer is known; growth on leaking
 //! and control snapshots; the inputs Mosaic crashes on.
 
+use crate::cli::allocdoc;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -19,19 +20,6 @@ const REAL: [&str; 4] = [
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn allocdoc(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allocdoc"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run allocdoc");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn json(args: &[&str]) -> Value {

@@ -5,7 +5,7 @@
 //! within the bounds of issue 32; refusals of inputs that are not one
 //! workload recorded at several sizes.
 
-use crate::cli::allocdoc;
+use crate::cli::{allocdoc, json};
 use crate::written::Written;
 use allocdoc::snapshot::attribute::{self, Ask, MomentKind};
 use allocdoc::snapshot::writer::{self, Frame};
@@ -191,9 +191,7 @@ fn fit_json(paths: &[String], sizes: &str, extra: &[&str]) -> (i32, Value) {
     args.extend(paths.iter().map(String::as_str));
     args.extend(["--sizes", sizes]);
     args.extend(extra);
-    let (code, out, err) = allocdoc(&args);
-    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out} {err}"));
-    (code, v)
+    json(&args)
 }
 
 fn prediction(v: &Value, size: u64) -> &Value {

@@ -6,8 +6,6 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
 
 const DOC: &str = include_str!("../docs/json.md");
 
@@ -221,12 +219,9 @@ fn check(
     }
 }
 
+/// (exit code, standard output) of `allocdoc ARGS`; the output must be UTF-8.
 fn allocdoc(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allocdoc"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run allocdoc");
+    let out = crate::cli::output(args);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).expect("UTF-8 output"),

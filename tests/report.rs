@@ -12,6 +12,7 @@ use std::process::Command;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+use crate::cli::output as allocdoc;
 use crate::xorshift::Rng;
 
 /// A training-like timeline: allocated saws up and down per step, reserved
@@ -512,14 +513,6 @@ fn replayed_allocator_state_exports_as_a_snapshot() {
     assert_eq!(recorded["max_split_size"], -1);
     assert_eq!(recorded["expandable_segments"], false);
     assert_eq!(recorded["roundup_power2_divisions"]["32768"], 0);
-}
-
-fn allocdoc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_allocdoc"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap()
 }
 
 /// Standard output of `allocdoc ARGS`, which must exit 0.

@@ -167,16 +167,25 @@ pub(crate) fn configs(given: &[String]) -> Result<Vec<(String, Settings)>, Error
 
 /// The size of each input: one each, whole numbers above 0.
 pub(crate) fn recorded_sizes(inputs: &[String], sizes: &[String]) -> Result<Vec<u64>, Error> {
-    if sizes.len() != inputs.len() {
-        return Err(Error::Usage(format!(
-            "--sizes gives {} value{} for {} input{}: one size per input, in the same order",
-            sizes.len(),
-            if sizes.len() == 1 { "" } else { "s" },
-            inputs.len(),
-            if inputs.len() == 1 { "" } else { "s" }
-        )));
-    }
+    one_per_input(("--sizes", "value", "size"), sizes.len(), inputs.len())?;
     sizes.iter().map(|s| knob_value("--sizes", s)).collect()
+}
+
+/// `flag` gave `given` of its `unit`s for `inputs` inputs: one `what` each, or a usage error.
+fn one_per_input(
+    (flag, unit, what): (&str, &str, &str),
+    given: usize,
+    inputs: usize,
+) -> Result<(), Error> {
+    let s = |n: usize| if n == 1 { "" } else { "s" };
+    if given == inputs {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{flag} gives {given} {unit}{} for {inputs} input{}: one {what} per input, in the same order",
+        s(given),
+        s(inputs)
+    )))
 }
 
 /// The recordings of `inputs` at `sizes`, read and paired into a series.
@@ -296,15 +305,7 @@ pub(crate) fn grid(
     knobs: Option<&str>,
 ) -> Result<(Grid, (String, String)), Error> {
     let points = parse_points("--points", points)?;
-    if points.len() != inputs.len() {
-        return Err(Error::Usage(format!(
-            "--points gives {} point{} for {} input{}: one point per input, in the same order",
-            points.len(),
-            if points.len() == 1 { "" } else { "s" },
-            inputs.len(),
-            if inputs.len() == 1 { "" } else { "s" }
-        )));
-    }
+    one_per_input(("--points", "point", "point"), points.len(), inputs.len())?;
     let knobs = match knobs {
         Some(k) => {
             let names: Vec<String> = k.split(',').map(|n| n.trim().to_string()).collect();

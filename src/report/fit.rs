@@ -7,7 +7,7 @@ use super::common::{Grid, json, size};
 use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, size_chart};
 use crate::trial::answer::Strength;
-use crate::trial::fit::{At, ConfPrediction, Fit, FitInput, FitOom, Largest};
+use crate::trial::fit::{At, Fit, FitInput, FitOom, Largest, Prediction};
 use crate::trial::run::conf_name;
 use crate::units::human;
 
@@ -17,6 +17,17 @@ pub(super) fn at(at: &At) -> String {
         At::Size(s) => s.to_string(),
         At::Point([a, b]) => format!("({a}, {b})"),
     }
+}
+
+/// A prediction's knobs with their values: "seq_len 512", or
+/// "d_model 16, seq_len 512" with two knobs.
+pub(super) fn named(knobs: &[&str], at: &At) -> String {
+    knobs
+        .iter()
+        .zip(at.values())
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The recordings, each where it was recorded (`knobs` names the column).
@@ -48,17 +59,26 @@ pub(super) fn recordings_table(knobs: &str, inputs: &[FitInput]) -> Grid {
     g
 }
 
+/// The HTML report's subtitle: each input and where it was recorded.
+pub(super) fn recorded(inputs: &[FitInput]) -> String {
+    inputs
+        .iter()
+        .map(|i| format!("{} at {}", file(&i.input), at(&i.at)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An input as tables show it: its file name.
 pub(super) fn file(input: &str) -> &str {
     input.rsplit(['/', '\\']).next().unwrap_or(input)
 }
 
-/// The table of predicted peaks: a row per prediction (`at`: its values of
-/// the knobs named by `knobs`) and config, with whether it fits `capacity`.
-pub(super) fn predictions_table<'a>(
+/// The table of predicted peaks: a row per prediction (a column per knob
+/// named by `knobs`) and config, with whether it fits `capacity`.
+pub(super) fn predictions_table(
     knobs: &[&str],
     capacity: Option<u64>,
-    predictions: impl Iterator<Item = (Vec<String>, Strength, u64, &'a [ConfPrediction])>,
+    predictions: &[Prediction],
 ) -> Grid {
     let fits_col = capacity.map(|c| format!("fits {}?", human(c)));
     let mut header = knobs.to_vec();
@@ -74,13 +94,13 @@ pub(super) fn predictions_table<'a>(
         &header,
     )
     .numeric(&numeric);
-    for (at, strength, peak_allocated, configs) in predictions {
-        for c in configs {
-            let mut row = at.clone();
+    for p in predictions {
+        for c in &p.configs {
+            let mut row: Vec<String> = p.at.values().iter().map(u64::to_string).collect();
             row.extend([
-                strength.name().to_string(),
+                p.strength.name().to_string(),
                 conf_name(&c.conf).to_string(),
-                size(Some(peak_allocated)),
+                size(Some(p.peak_allocated_bytes)),
                 size(Some(c.peak_reserved_bytes)),
             ]);
             if fits_col.is_some() {
@@ -213,8 +233,8 @@ fn answer(fit: &Fit, knob: &Knob) -> String {
             .map(|p| {
                 let defaults = p.configs.first().map_or(0, |c| c.peak_reserved_bytes);
                 format!(
-                    "{k} {} needs {} allocated, {} reserved under the defaults",
-                    p.size,
+                    "{} needs {} allocated, {} reserved under the defaults",
+                    named(&[k], &p.at),
                     human(p.peak_allocated_bytes),
                     human(defaults)
                 )
@@ -254,10 +274,7 @@ fn grids(fit: &Fit, knob: &Knob) -> Vec<Grid> {
         out.push(predictions_table(
             &[k],
             fit.capacity_bytes,
-            fit.predictions.iter().map(|p| {
-                let at = vec![p.size.to_string()];
-                (at, p.strength, p.peak_allocated_bytes, &p.configs[..])
-            }),
+            &fit.predictions,
         ));
     }
     if let Some(cap) = fit.capacity_bytes
@@ -366,7 +383,7 @@ fn notes(fit: &Fit, knob: &Knob) -> Vec<String> {
     }
     for p in &fit.predictions {
         for r in &p.reasons {
-            out.push(format!("{} {} is uncertain: {r}", knob.0, p.size));
+            out.push(format!("{} is uncertain: {r}", named(&[knob.0], &p.at)));
         }
     }
     for w in &fit.warnings {
@@ -376,25 +393,35 @@ fn notes(fit: &Fit, knob: &Knob) -> Vec<String> {
 }
 
 pub fn text(fit: &Fit, knob: &Knob) -> String {
-    let mut s = format!("{}\n\n", headline(fit, knob));
-    for g in grids(fit, knob) {
+    text_of(&headline(fit, knob), grids(fit, knob), notes(fit, knob))
+}
+
+pub fn markdown(fit: &Fit, knob: &Knob) -> String {
+    markdown_of(&headline(fit, knob), grids(fit, knob), notes(fit, knob))
+}
+
+/// `fit`'s text, in one knob or two: the headline, the tables, the notes.
+pub(super) fn text_of(headline: &str, grids: Vec<Grid>, notes: Vec<String>) -> String {
+    let mut s = format!("{headline}\n\n");
+    for g in grids {
         s.push_str(&g.to_text());
         s.push('\n');
     }
-    for n in notes(fit, knob) {
+    for n in notes {
         s.push_str(&n);
         s.push('\n');
     }
     s
 }
 
-pub fn markdown(fit: &Fit, knob: &Knob) -> String {
-    let mut s = format!("## allocdoc fit\n\n**{}**\n\n", headline(fit, knob));
-    for g in grids(fit, knob) {
+/// `fit`'s Markdown, in one knob or two.
+pub(super) fn markdown_of(headline: &str, grids: Vec<Grid>, notes: Vec<String>) -> String {
+    let mut s = format!("## allocdoc fit\n\n**{headline}**\n\n");
+    for g in grids {
         s.push_str(&g.to_markdown());
         s.push('\n');
     }
-    for n in notes(fit, knob) {
+    for n in notes {
         s.push_str(&format!("- {}\n", super::common::markdown_escape(&n)));
     }
     s
@@ -419,7 +446,7 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
                     p.configs
                         .iter()
                         .find(|c| c.conf == *conf)
-                        .map(|c| (p.size, c.peak_reserved_bytes))
+                        .map(|c| (p.at.values()[0], c.peak_reserved_bytes))
                 })
                 .collect(),
             allocated: false,
@@ -431,7 +458,7 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
         points: fit
             .predictions
             .iter()
-            .map(|p| (p.size, p.peak_allocated_bytes))
+            .map(|p| (p.at.values()[0], p.peak_allocated_bytes))
             .collect(),
         allocated: true,
         colour: confs.len(),
@@ -452,13 +479,7 @@ pub fn html(fit: &Fit, knob: &Knob) -> String {
     let chart = size_chart(&lines, &marks, fit.capacity_bytes, knob.0);
     let mut data = ReportData {
         title: format!("allocdoc fit: memory by {}", knob.0),
-        subtitle: Some(
-            fit.inputs
-                .iter()
-                .map(|i| format!("{} at {}", file(&i.input), at(&i.at)))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        subtitle: Some(recorded(&fit.inputs)),
         verdict: Verdict {
             headline: headline(fit, knob),
             tone: match fit.strength {

@@ -553,13 +553,7 @@ pub fn html(f: &Forecast, knob: &Knob) -> String {
     );
     let mut data = ReportData {
         title: format!("allocdoc forecast: a run of {} steps", f.steps),
-        subtitle: Some(
-            f.inputs
-                .iter()
-                .map(|i| format!("{} at {}", i.input, super::fit::at(&i.at)))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        subtitle: Some(super::fit::recorded(&f.inputs)),
         verdict: Verdict {
             headline: headline(f, knob),
             tone: match (f.strength, f.configs.iter().any(|c| c.oom.is_none())) {

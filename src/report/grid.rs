@@ -4,7 +4,10 @@
 //! JSON and the HTML report's chart of the frontier.
 
 use super::common::{Grid, json, size};
-use super::fit::{at, file, laws_table, predictions_table, recordings_table};
+use super::fit::{
+    at, file, laws_table, markdown_of, named, predictions_table, recorded, recordings_table,
+    text_of,
+};
 use super::html::{self, Figure, ReportData, Tone, Verdict};
 use super::svg::{SizeLine, frontier_chart};
 use crate::trial::answer::Strength;
@@ -25,8 +28,8 @@ pub fn json_doc(g: &GridFit) -> String {
     })
 }
 
-fn point(g: &GridFit, p: [u64; 2]) -> String {
-    format!("{} {}, {} {}", g.knobs[0], p[0], g.knobs[1], p[1])
+fn knobs(g: &GridFit) -> [&str; 2] {
+    [&g.knobs[0], &g.knobs[1]]
 }
 
 /// The one sentence that answers, said to be uncertain when it is.
@@ -70,7 +73,7 @@ fn answer(g: &GridFit) -> String {
         .map(|p| {
             format!(
                 "{} needs {} allocated, {} reserved under the defaults",
-                point(g, p.point),
+                named(&knobs(g), &p.at),
                 human(p.peak_allocated_bytes),
                 human(p.configs.first().map_or(0, |c| c.peak_reserved_bytes))
             )
@@ -88,10 +91,7 @@ fn grids(g: &GridFit) -> Vec<Grid> {
         out.push(predictions_table(
             &[ka, kb],
             g.capacity_bytes,
-            g.predictions.iter().map(|p| {
-                let at = vec![p.point[0].to_string(), p.point[1].to_string()];
-                (at, p.strength, p.peak_allocated_bytes, &p.configs[..])
-            }),
+            &g.predictions,
         ));
     }
     if let (Some(cap), Some(first)) = (g.capacity_bytes, g.frontier.first()) {
@@ -154,7 +154,7 @@ fn notes(g: &GridFit) -> Vec<String> {
     }
     for p in &g.predictions {
         for r in &p.reasons {
-            out.push(format!("{} is uncertain: {r}", point(g, p.point)));
+            out.push(format!("{} is uncertain: {r}", named(&knobs(g), &p.at)));
         }
     }
     for w in &g.warnings {
@@ -164,28 +164,11 @@ fn notes(g: &GridFit) -> Vec<String> {
 }
 
 pub fn text(g: &GridFit) -> String {
-    let mut s = format!("{}\n\n", headline(g));
-    for t in grids(g) {
-        s.push_str(&t.to_text());
-        s.push('\n');
-    }
-    for n in notes(g) {
-        s.push_str(&n);
-        s.push('\n');
-    }
-    s
+    text_of(&headline(g), grids(g), notes(g))
 }
 
 pub fn markdown(g: &GridFit) -> String {
-    let mut s = format!("## allocdoc fit\n\n**{}**\n\n", headline(g));
-    for t in grids(g) {
-        s.push_str(&t.to_markdown());
-        s.push('\n');
-    }
-    for n in notes(g) {
-        s.push_str(&format!("- {}\n", super::common::markdown_escape(&n)));
-    }
-    s
+    markdown_of(&headline(g), grids(g), notes(g))
 }
 
 /// The HTML report: the frontier per config (the largest value of one knob
@@ -214,13 +197,7 @@ pub fn html(g: &GridFit) -> String {
         .collect();
     let mut data = ReportData {
         title: format!("allocdoc fit: memory by {} and {}", g.knobs[0], g.knobs[1]),
-        subtitle: Some(
-            g.inputs
-                .iter()
-                .map(|i| format!("{} at {}", i.input, at(&i.at)))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        subtitle: Some(recorded(&g.inputs)),
         verdict: Verdict {
             headline: headline(g),
             tone: match g.strength {

@@ -71,12 +71,22 @@ pub struct FitInput {
     pub peak_allocated_bytes: u64,
 }
 
-/// The knobs' values a recording was made at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// The knobs' values a recording was made at, or a prediction asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum At {
     Size(u64),
     Point([u64; 2]),
+}
+
+impl At {
+    /// Each knob's value, in order.
+    pub fn values(&self) -> &[u64] {
+        match self {
+            At::Size(s) => std::slice::from_ref(s),
+            At::Point(p) => p,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -122,7 +132,9 @@ pub struct Check {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Prediction {
-    pub size: u64,
+    /// Where it was asked for: `size` (one knob) or `point` (two).
+    #[serde(flatten)]
+    pub at: At,
     /// The input whose timeline the predicted trace follows.
     pub reference: String,
     pub strength: Strength,
@@ -184,7 +196,7 @@ pub fn fit(series: &Series, ask: &FitAsk) -> Fit {
         .par_iter()
         .map(|&size| predict(series, &models, size, ask, &checks))
         .collect();
-    predictions.sort_by_key(|p| p.size);
+    predictions.sort_by_key(|p| p.at);
     let largest: Vec<Largest> = match ask.capacity {
         Some(cap) => {
             let peaks: Vec<Peaks> = models.par_iter().map(Model::peaks).collect();
@@ -372,7 +384,7 @@ fn predict(
     let reasons = reasons(series, model, size, &allocs, &pre, checks);
     let configs = configs_at(rec, (&allocs, &pre), &ask.confs, ask.capacity);
     Prediction {
-        size,
+        at: At::Size(size),
         reference: rec.input.clone(),
         strength: Strength::of_reasons(&reasons),
         reasons,

@@ -6,7 +6,7 @@
 
 use super::answer::Strength;
 use super::fit::{
-    At, Check, ConfPrediction, FitInput, Pairing, checks_off, configs_at, too_far, unsure_bytes,
+    At, Check, FitInput, Pairing, Prediction, checks_off, configs_at, too_far, unsure_bytes,
     unsure_lines,
 };
 use crate::conf::Settings;
@@ -45,7 +45,7 @@ pub struct GridFit {
     pub checks: Vec<Check>,
     pub warnings: Vec<String>,
     pub capacity_bytes: Option<u64>,
-    pub predictions: Vec<GridPrediction>,
+    pub predictions: Vec<Prediction>,
     pub frontier: Vec<Frontier>,
     pub strength: Strength,
 }
@@ -58,17 +58,6 @@ pub struct GridSite {
     /// The largest allocation's bytes at each input (`null` where unpaired).
     pub sizes: Vec<Option<u64>>,
     pub allocations: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GridPrediction {
-    pub point: [u64; 2],
-    /// The input whose timeline the predicted trace follows.
-    pub reference: String,
-    pub strength: Strength,
-    pub reasons: Vec<String>,
-    pub peak_allocated_bytes: u64,
-    pub configs: Vec<ConfPrediction>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -98,12 +87,12 @@ pub fn fit_grid(grid: &Grid, ask: &GridAsk) -> GridFit {
         .collect();
     let checks = checks(grid);
     let knobs = (ask.knobs.0.as_str(), ask.knobs.1.as_str());
-    let mut predictions: Vec<GridPrediction> = ask
+    let mut predictions: Vec<Prediction> = ask
         .at
         .par_iter()
         .map(|&x| predict(grid, &models, x, ask, &checks))
         .collect();
-    predictions.sort_by_key(|p| p.point);
+    predictions.sort_by_key(|p| p.at);
     let frontier: Vec<Frontier> = match (ask.capacity, &ask.along) {
         (Some(cap), Some((k, values))) => ask
             .confs
@@ -332,7 +321,7 @@ fn predict(
     x: Point,
     ask: &GridAsk,
     checks: &[Check],
-) -> GridPrediction {
+) -> Prediction {
     let (r, _) = grid.reference_for(x);
     let model = &models[r];
     let rec = model.recording();
@@ -342,8 +331,8 @@ fn predict(
     let knobs = (ask.knobs.0.as_str(), ask.knobs.1.as_str());
     let reasons = reasons(grid, model, x, knobs, checks);
     let configs = configs_at(rec, (&allocs, &pre), &ask.confs, ask.capacity);
-    GridPrediction {
-        point: [x.0, x.1],
+    Prediction {
+        at: At::Point([x.0, x.1]),
         reference: rec.input.clone(),
         strength: Strength::of_reasons(&reasons),
         reasons,

@@ -2,15 +2,20 @@
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
-/// (exit code, standard output, standard error) of `allocdoc ARGS`.
-pub fn allocdoc(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allocdoc"))
+/// What `allocdoc ARGS` did, run from the checkout's root.
+pub fn output(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_allocdoc"))
         .args(args)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
         .output()
-        .expect("run allocdoc");
+        .expect("run allocdoc")
+}
+
+/// (exit code, standard output, standard error) of `allocdoc ARGS`.
+pub fn allocdoc(args: &[&str]) -> (i32, String, String) {
+    let out = output(args);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

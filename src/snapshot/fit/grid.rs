@@ -9,7 +9,6 @@
 //! below some element count) is placed by where it was seen, along the
 //! product of the knobs (what a tensor's element count follows).
 
-use super::align::UNPAIRED;
 use super::law::{self, SizeLaw};
 use super::{LiveAtPeak, Recording, Series, SeriesError};
 
@@ -438,7 +437,6 @@ impl Grid {
     /// recordings in `using` (all when `None`; the reference always).
     pub fn model(&self, reference: usize, using: Option<&[usize]>) -> GridModel<'_> {
         let recs = &self.series.recordings;
-        let r = &recs[reference];
         let others: Vec<usize> = (0..recs.len())
             .filter(|&o| o != reference && using.is_none_or(|u| u.contains(&o)))
             .collect();
@@ -447,7 +445,7 @@ impl Grid {
             (a as f64, b as f64)
         };
         let mut pts = Vec::with_capacity(others.len() + 1);
-        let mut fit_one = |own: u64, partner: &dyn Fn(usize) -> Option<u64>| {
+        let fit_one = |own: u64, partner: &dyn Fn(usize) -> Option<u64>| {
             pts.clear();
             pts.push((at(reference), own));
             for &o in &others {
@@ -457,24 +455,8 @@ impl Grid {
             }
             (fit(&pts, own), pts.len() == others.len() + 1)
         };
-        let (mut laws, mut paired) = (Vec::new(), Vec::new());
-        for (i, a) in r.allocs.iter().enumerate() {
-            let (law, all) = fit_one(a.size, &|o| {
-                let j = self.series.partners(reference, o)[i];
-                (j != UNPAIRED).then(|| recs[o].allocs[j as usize].size)
-            });
-            laws.push(law);
-            paired.push(all);
-        }
-        let (mut pre_laws, mut pre_paired) = (Vec::new(), Vec::new());
-        for (i, p) in r.pre.iter().enumerate() {
-            let (law, all) = fit_one(p.size, &|o| {
-                let j = self.series.pre_partners(reference, o)[i];
-                (j != UNPAIRED).then(|| recs[o].pre[j as usize].size)
-            });
-            pre_laws.push(law);
-            pre_paired.push(all);
-        }
+        let [(laws, paired), (pre_laws, pre_paired)] =
+            self.series.laws_by_partner(reference, fit_one);
         GridModel {
             grid: self,
             reference,

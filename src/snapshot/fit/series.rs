@@ -167,6 +167,27 @@ impl Series {
         &self.pre_pairs[r][o]
     }
 
+    /// The law of each allocation of recording `reference`, then of each
+    /// allocation live before its trace, with whether it paired:
+    /// `fit_one(its size, its partner's size in recording o)`, in one knob
+    /// or two.
+    pub(crate) fn laws_by_partner<L>(
+        &self,
+        reference: usize,
+        mut fit_one: impl FnMut(u64, &dyn Fn(usize) -> Option<u64>) -> (L, bool),
+    ) -> [(Vec<L>, Vec<bool>); 2] {
+        let r = &self.recordings[reference];
+        let allocs = laws_of(&mut fit_one, r.allocs.iter().map(|a| a.size), |o, i| {
+            let j = self.pairs[reference][o][i];
+            (j != UNPAIRED).then(|| self.recordings[o].allocs[j as usize].size)
+        });
+        let pre = laws_of(&mut fit_one, r.pre.iter().map(|p| p.size), |o, i| {
+            let j = self.pre_pairs[reference][o][i];
+            (j != UNPAIRED).then(|| self.recordings[o].pre[j as usize].size)
+        });
+        [allocs, pre]
+    }
+
     /// The recording whose timeline a prediction at `size` follows: the
     /// nearest by ratio, the larger of two when above both.
     pub fn reference_for(&self, size: u64) -> usize {
@@ -203,7 +224,7 @@ impl Series {
         // A trace repeats its steps: the same sizes, the same law. Keyed by
         // each input's size (`u64::MAX` where unpaired), up to MEMO_INPUTS.
         let mut memo: rustc_hash::FxHashMap<[u64; MEMO_INPUTS], SizeLaw> = Default::default();
-        let mut fit_one = |own: u64, partner: &dyn Fn(usize) -> Option<u64>| {
+        let fit_one = |own: u64, partner: &dyn Fn(usize) -> Option<u64>| {
             points.clear();
             points.push((r.size as f64, own));
             let mut key = [u64::MAX; MEMO_INPUTS];
@@ -223,25 +244,8 @@ impl Series {
             };
             (law, points.len() > 1)
         };
-        let (mut laws, mut paired) = (Vec::with_capacity(r.allocs.len()), Vec::new());
-        for (i, a) in r.allocs.iter().enumerate() {
-            let (law, p) = fit_one(a.size, &|o| {
-                let j = self.pairs[reference][o][i];
-                (j != UNPAIRED).then(|| self.recordings[o].allocs[j as usize].size)
-            });
-            laws.push(law);
-            paired.push(p);
-        }
+        let [(mut laws, paired), (pre_laws, pre_paired)] = self.laws_by_partner(reference, fit_one);
         let borrowed = borrow_laws(r, &mut laws, &paired);
-        let (mut pre_laws, mut pre_paired) = (Vec::with_capacity(r.pre.len()), Vec::new());
-        for (i, p) in r.pre.iter().enumerate() {
-            let (law, ok) = fit_one(p.size, &|o| {
-                let j = self.pre_pairs[reference][o][i];
-                (j != UNPAIRED).then(|| self.recordings[o].pre[j as usize].size)
-            });
-            pre_laws.push(law);
-            pre_paired.push(ok);
-        }
         Model {
             series: self,
             reference,
@@ -398,6 +402,23 @@ impl Peaks {
         let v = self.0.iter().map(|t| t.at(&p)).fold(0.0, f64::max);
         if v > 0.0 { (v + 0.5) as u64 } else { 0 }
     }
+}
+
+/// Each size's law (`fit_one(own, partner's size in recording o)`) and
+/// whether it paired; `partner(o, i)`: the size paired with the `i`th in `o`.
+fn laws_of<L>(
+    fit_one: &mut impl FnMut(u64, &dyn Fn(usize) -> Option<u64>) -> (L, bool),
+    sizes: impl Iterator<Item = u64>,
+    partner: impl Fn(usize, usize) -> Option<u64>,
+) -> (Vec<L>, Vec<bool>) {
+    let n = sizes.size_hint().0;
+    let (mut laws, mut paired) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (i, own) in sizes.enumerate() {
+        let (law, p) = fit_one(own, &|o| partner(o, i));
+        laws.push(law);
+        paired.push(p);
+    }
+    (laws, paired)
 }
 
 /// Every allocation of one recording with its law: the predicted trace's
