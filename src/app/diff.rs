@@ -64,6 +64,7 @@ pub fn run(opts: &DiffOptions) -> Result<Outcome, Error> {
         at: None,
         timeline_points: 0,
         headline_only: false,
+        blocks_without_stacks: true,
     };
     let side = |input: &str| -> Result<Attribution, Error> {
         let devices = attribute_input(

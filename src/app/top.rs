@@ -7,7 +7,7 @@
 use super::Outcome;
 use crate::Error;
 use crate::ingest::InputKind;
-use crate::snapshot::attribute::{self, Ask, At, Attribution, Grouping, MomentKind, Stacks};
+use crate::snapshot::attribute::{self, Ask, At, Attribution, Grouping, MomentKind};
 use std::path::PathBuf;
 
 #[derive(Debug, Clone)]
@@ -90,7 +90,8 @@ pub fn parse_at(at: Option<&str>) -> Result<(Option<At>, Option<MomentKind>), Er
 }
 
 /// The attribution of a snapshot's devices as `top` computes it: `device`
-/// picks one; snapshots without stacks are grouped by block size instead.
+/// picks one; snapshots without stacks are grouped by block size and by
+/// segment instead, when `ask` says so.
 pub fn attribute_input(
     input: &str,
     (buffers, limits): (&super::Buffers, &crate::limits::Limits),
@@ -107,12 +108,9 @@ pub fn attribute_input(
     }
     let mut release = data.releaser();
     let release = release.as_mut().map(|r| r as &mut dyn FnMut(usize));
-    let snap = crate::snapshot::load_releasing(name, &data, limits, release)?;
     let devices = device.map(|d| vec![d]);
-    let model = |e: crate::snapshot::model::ModelError| {
-        Error::Input(format!("{name}: not a torch memory snapshot: {e}"))
-    };
-    let mut out = attribute::attribute(&snap, devices.as_deref(), ask).map_err(model)?;
+    let (snap, out) =
+        attribute::tapped::attribute_input(name, &data, limits, release, devices.as_deref(), ask)?;
     if let Some(d) = device
         && out.is_empty()
     {
@@ -126,25 +124,6 @@ pub fn attribute_input(
             }
         )));
     }
-    // No stacks: by block size, then by segment, each moment.
-    let by_code = matches!(ask.by, Grouping::Site | Grouping::User | Grouping::Stack);
-    for a in out
-        .iter_mut()
-        .filter(|a| by_code && a.stacks == Stacks::None)
-    {
-        let device = [a.device_index];
-        let moments_by = |by| {
-            attribute::attribute(&snap, Some(&device), Ask { by, ..ask })
-                .map_err(model)
-                .map(|mut v| v.pop().map(|a| a.moments).unwrap_or_default())
-        };
-        let (size, segment) = (moments_by(Grouping::Size)?, moments_by(Grouping::Segment)?);
-        a.moments = size
-            .into_iter()
-            .zip(segment)
-            .flat_map(|(s, g)| [s, g])
-            .collect();
-    }
     Ok(out)
 }
 
@@ -156,6 +135,7 @@ pub fn run(opts: &TopOptions) -> Result<Outcome, Error> {
         at,
         timeline_points: if opts.report.is_some() { 1200 } else { 0 },
         headline_only: false,
+        blocks_without_stacks: true,
     };
     let inputs = if opts.each {
         super::each::expand(&opts.inputs)

@@ -52,18 +52,30 @@ impl Bytes {
         let Bytes::Mapped { map, .. } = self else {
             return None;
         };
-        let mut done = 0usize;
+        let (mut done, mut mapped) = (0usize, 0usize);
         Some(move |upto: usize| {
+            // The pages ahead mapped by the decoder's populating thread, if
+            // it has one, while it reads these.
+            let ahead = upto.saturating_add(MAP_AHEAD).min(map.len());
+            if let Some(next) = map.get(mapped.max(upto)..ahead) {
+                crate::snapshot::grow::read_soon(next);
+                mapped = ahead;
+            }
             // A margin behind the offset: the opcodes being read stay mapped.
             const PAGE: usize = 4096;
             let end = (upto.saturating_sub(1 << 20) / PAGE) * PAGE;
-            if end > done {
+            if end >= done.saturating_add(RELEASE_AT_ONCE) {
                 release_pages(map, done, end);
                 done = end;
             }
         })
     }
 }
+
+/// Bytes of a mapped input mapped ahead of its decoder ([`Bytes::releaser`]).
+const MAP_AHEAD: usize = 8 << 20;
+/// Bytes behind the decoder given back at once (fewer, longer calls).
+const RELEASE_AT_ONCE: usize = 16 << 20;
 
 /// Drops the pages of `map[from..to]` (page-aligned offsets) from the process.
 #[cfg(target_os = "linux")]

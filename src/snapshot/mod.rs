@@ -130,6 +130,18 @@ pub fn load_releasing<'a>(
     limits: &Limits,
     release: Option<pickle::Release<'_>>,
 ) -> Result<Snapshot<'a>, Error> {
+    load_tapped(input_name, data, limits, release, None)
+}
+
+/// [`load_releasing`], telling `tap` of the dicts the decoder builds with a
+/// key shape ([`pickle::Tap`]).
+pub(crate) fn load_tapped<'a>(
+    input_name: &str,
+    data: &'a [u8],
+    limits: &Limits,
+    release: Option<pickle::Release<'_>>,
+    tap: Option<&mut dyn pickle::Tap<'a>>,
+) -> Result<Snapshot<'a>, Error> {
     let memory = memory_values();
     let decode_limits = pickle::Limits {
         max_values: limits.max_objects.min(memory),
@@ -138,9 +150,8 @@ pub fn load_releasing<'a>(
         sized: limits.max_objects == Limits::default().max_objects,
         ..pickle::Limits::default()
     };
-    let decoded = populating(data, || match release {
-        Some(r) => pickle::decode_releasing(data, decode_limits, r),
-        None => pickle::decode_with(data, decode_limits),
+    let decoded = populating(data, || {
+        pickle::decode_tapped(data, decode_limits, release, tap)
     });
     let p = decoded.map_err(|e| match e {
         pickle::DecodeError::Limit {

@@ -278,6 +278,12 @@ impl<'a> Snapshot<'a> {
             .unwrap_or_default()
     }
 
+    /// Whether device `device`'s trace is the dicts of arena ids `ids`, in order.
+    pub(crate) fn trace_is(&self, device: u32, ids: &[u32]) -> bool {
+        let items = self.trace_items(device);
+        items.len() == ids.len() && items.iter().zip(ids).all(|(v, &id)| v.id() == Some(id))
+    }
+
     /// A device's trace entries, read from the pickle as they are visited.
     pub fn trace(&self, device: u32) -> impl Iterator<Item = Result<TraceEntry, ModelError>> + '_ {
         self.read_trace(device, Reader::trace_entry)
@@ -562,6 +568,54 @@ const TRACE_KEYS: &[(&str, TraceKey)] = &[
     ("frames", TraceKey::Frames),
 ];
 
+/// Reads trace entries as the decoder builds them ([`super::pickle::Tap`]).
+pub(crate) struct TraceReader {
+    reader: Reader,
+    /// Per key shape ([`Pickle::shape_keys`]), once seen: where a trace entry's
+    /// fields sit, or `None` for a shape without `action`.
+    shapes: Vec<Option<Option<[u8; TRACE_KEYS.len()]>>>,
+}
+
+impl TraceReader {
+    pub(crate) fn new() -> Self {
+        TraceReader {
+            reader: Reader::new(),
+            shapes: Vec::new(),
+        }
+    }
+
+    /// A dict of key shape `shape` with `values` read as [`Snapshot::trace`]
+    /// reads a trace entry, when the shape has an `action` key (torch's
+    /// trace entries, not its segments, blocks or frames); `None` otherwise.
+    #[inline(always)]
+    pub(crate) fn entry(&mut self, p: &Pickle, shape: u32, values: &[V]) -> Option<TraceEntry> {
+        let at = match self.shapes.get(shape as usize) {
+            Some(&Some(at)) => at?,
+            _ => self.resolve(p, shape)?,
+        };
+        let action = *values.get(usize::from(at[TraceKey::Action as usize]))?;
+        let mut t = read_positions(p, values, &at);
+        t.action = self.reader.action.field(p, action).unwrap_or(Action::Other);
+        Some(t)
+    }
+
+    /// Where shape `shape` puts a trace entry's fields (`None`: it has no
+    /// `action`, or a field sits too far in), remembered.
+    #[cold]
+    fn resolve(&mut self, p: &Pickle, shape: u32) -> Option<[u8; TRACE_KEYS.len()]> {
+        let at = self
+            .reader
+            .trace_positions(p, p.shape_keys(shape))
+            .filter(|at| at[TraceKey::Action as usize] != u8::MAX);
+        let i = shape as usize;
+        if self.shapes.len() <= i {
+            self.shapes.resize(i + 1, None);
+        }
+        self.shapes[i] = Some(at);
+        at
+    }
+}
+
 /// The key resolvers of one model build.
 struct Reader {
     seg: Keys<SegKey>,
@@ -737,15 +791,10 @@ impl Reader {
         let at = shaped.and_then(|(keys, _)| self.trace_positions(p, keys));
         let action = match (shaped, at) {
             (Some((_, values)), Some(at)) => {
-                let get = |k: TraceKey| values.get(usize::from(at[k as usize])).copied();
-                let num = |k: TraceKey| get(k).and_then(|v| p.u64(v)).unwrap_or(0);
-                t.addr = num(TraceKey::Addr);
-                t.size = num(TraceKey::Size);
-                t.device_free = num(TraceKey::DeviceFree);
-                t.stream = get(TraceKey::Stream).map_or(0, |v| stream_of(p, v));
-                t.time_us = get(TraceKey::TimeUs).and_then(|v| p.i64(v)).unwrap_or(0);
-                t.frames = get(TraceKey::Frames).map_or(Frames::NONE, Frames::of);
-                get(TraceKey::Action)
+                t = read_positions(p, values, &at);
+                values
+                    .get(usize::from(at[TraceKey::Action as usize]))
+                    .copied()
             }
             _ => {
                 let mut action = None;
@@ -795,6 +844,23 @@ impl Reader {
     ) -> Result<Action, ModelError> {
         let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
         Ok(self.action.field(p, action).unwrap_or(Action::Other))
+    }
+}
+
+/// A trace entry's fields but its action, read by position from the values
+/// of a dict whose key shape puts them at `at` ([`Reader::trace_positions`]).
+#[inline(always)]
+fn read_positions(p: &Pickle, values: &[V], at: &[u8; TRACE_KEYS.len()]) -> TraceEntry {
+    let get = |k: TraceKey| values.get(usize::from(at[k as usize])).copied();
+    let num = |k: TraceKey| get(k).and_then(|v| p.u64(v)).unwrap_or(0);
+    TraceEntry {
+        action: Action::Other,
+        addr: num(TraceKey::Addr),
+        size: num(TraceKey::Size),
+        stream: get(TraceKey::Stream).map_or(0, |v| stream_of(p, v)),
+        device_free: num(TraceKey::DeviceFree),
+        time_us: get(TraceKey::TimeUs).and_then(|v| p.i64(v)).unwrap_or(0),
+        frames: get(TraceKey::Frames).map_or(Frames::NONE, Frames::of),
     }
 }
 

@@ -113,7 +113,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             self.lists.insert(f.0, id);
             id
         } else {
-            self.refused = true;
+            self.fed.refused = true;
             0
         }
     }
@@ -160,7 +160,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             self.site_ids.insert(key, id);
             id
         } else {
-            self.refused = true;
+            self.fed.refused = true;
             SITE_NO_PYTHON
         }
     }

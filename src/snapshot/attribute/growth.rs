@@ -11,13 +11,13 @@ impl<'s, 'a> Attributor<'s, 'a> {
     /// they rose to when the trace ends.
     pub(super) fn growth(&self, step_starts: &[u32]) -> Vec<Growth> {
         const MAX_BOUNDARIES: usize = 4096;
-        if self.lives.is_empty() || step_starts.is_empty() {
+        if self.fed.lives.is_empty() || step_starts.is_empty() {
             return Vec::new();
         }
         // The state before each step's first alloc.
         let mut states: Vec<i64> = std::iter::once(0u32)
             .chain(step_starts.iter().copied())
-            .filter_map(|a| self.lives.get(a as usize))
+            .filter_map(|a| self.fed.lives.get(a as usize))
             .map(|l| i64::from(l.born) - 1)
             .collect();
         states.dedup();
@@ -41,7 +41,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         };
         let (mut born, mut died) = (0usize, 0usize);
         for (j, &s) in states.iter().enumerate() {
-            while let Some(l) = self.lives.get(born).filter(|l| i64::from(l.born) <= s) {
+            while let Some(l) = self.fed.lives.get(born).filter(|l| i64::from(l.born) <= s) {
                 let sid = self.site(l);
                 if let Some(v) = live.get_mut(sid as usize) {
                     *v += i128::from(l.bytes);
@@ -50,9 +50,10 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 born += 1;
             }
             while let Some(l) = self
+                .fed
                 .deaths
                 .get(died)
-                .and_then(|&k| self.lives.get(k as usize))
+                .and_then(|&k| self.fed.lives.get(k as usize))
                 .filter(|l| i64::from(l.died) <= s)
             {
                 {
@@ -78,9 +79,9 @@ impl<'s, 'a> Attributor<'s, 'a> {
         // at every step start but is gone by then grew inside one step (a
         // loop over layers whose outputs the step frees), not from step to
         // step.
-        let last = i64::try_from(self.entries).unwrap_or(i64::MAX) - 1;
+        let last = i64::try_from(self.fed.entries).unwrap_or(i64::MAX) - 1;
         let mut at_end = vec![0u64; self.sites.len()];
-        for l in self.lives.iter().filter(|l| l.alive(last)) {
+        for l in self.fed.lives.iter().filter(|l| l.alive(last)) {
             if let Some(v) = at_end.get_mut(self.site(l) as usize) {
                 *v = v.saturating_add(l.bytes);
             }
@@ -122,7 +123,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         // same rule over the same allocations (what it holds then); one that
         // holds nothing at the peak, by what it holds at its last step start.
         // Each reads every life: only for those listed.
-        let peak = self.peak.unwrap_or(-1);
+        let peak = self.fed.peak.unwrap_or(-1);
         out.into_iter()
             .map(|(sid, last, g)| {
                 let mut acc = self.site_at(sid, peak);
@@ -142,7 +143,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             .all_lives()
             .filter(|l| l.alive(s) && self.site(l) == site)
         {
-            acc.add(l, self.traced);
+            acc.add(l, self.fed.traced);
         }
         acc
     }
@@ -151,17 +152,18 @@ impl<'s, 'a> Attributor<'s, 'a> {
     /// `ask.timeline_points` points (each the fullest state of its stretch).
     pub(super) fn timeline(&self) -> Timeline {
         let points = self.ask.timeline_points;
-        if points == 0 || self.entries == 0 {
+        if points == 0 || self.fed.entries == 0 {
             return Timeline::default();
         }
         // Deaths in order: the trace's lives and the pre-trace ones that it
         // frees each died in entry order, so a merge orders them.
         let mut traced = self
+            .fed
             .deaths
             .iter()
-            .filter_map(|&k| self.lives.get(k as usize))
+            .filter_map(|&k| self.fed.lives.get(k as usize))
             .peekable();
-        let mut pre = self.pre.iter().filter(|l| l.died != NEVER).peekable();
+        let mut pre = self.fed.pre.iter().filter(|l| l.died != NEVER).peekable();
         let deaths: Vec<(u32, Category, u64)> = std::iter::from_fn(|| {
             let take_pre = match (traced.peek(), pre.peek()) {
                 (Some(t), Some(p)) => p.died < t.died,
@@ -172,18 +174,18 @@ impl<'s, 'a> Attributor<'s, 'a> {
         .map(|l| (l.died, l.category, l.bytes))
         .collect();
         let mut cur = [0u64; 7];
-        for l in self.pre.iter() {
+        for l in self.fed.pre.iter() {
             if let Some(c) = cur.get_mut(l.category.index()) {
                 *c = c.saturating_add(l.bytes);
             }
         }
-        let stretch = self.entries.div_ceil(points).max(1);
+        let stretch = self.fed.entries.div_ceil(points).max(1);
         let mut out = Vec::with_capacity(points + 1);
         let (mut born, mut died) = (0usize, 0usize);
         let mut best: Option<(u64, u64, [u64; 7])> = None;
-        for s in 0..self.entries {
+        for s in 0..self.fed.entries {
             let s32 = index32(s);
-            while let Some(l) = self.lives.get(born).filter(|l| l.born <= s32) {
+            while let Some(l) = self.fed.lives.get(born).filter(|l| l.born <= s32) {
                 if let Some(c) = cur.get_mut(l.category.index()) {
                     *c = c.saturating_add(l.bytes);
                 }
@@ -199,7 +201,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             if best.is_none_or(|(t, _, _)| total > t) {
                 best = Some((total, s as u64, cur));
             }
-            if ((s + 1) % stretch == 0 || s + 1 == self.entries)
+            if ((s + 1) % stretch == 0 || s + 1 == self.fed.entries)
                 && let Some((_, at, c)) = best.take()
             {
                 out.push((at, c));

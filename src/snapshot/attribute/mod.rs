@@ -30,7 +30,8 @@
 //! moment, grouped and ranked, with the reserved ranges then; `growth.rs` the
 //! sites that grow across steps and the category timeline; `passes.rs` how a
 //! trace's one read feeds the attribution and a scan, on a second thread for
-//! a long trace; `compare.rs` `diff` and the per-rank view.
+//! a long trace; `tapped.rs` the trace attributed while the pickle is
+//! decoded; `compare.rs` `diff` and the per-rank view.
 
 mod compare;
 mod feed;
@@ -39,14 +40,16 @@ mod frames;
 mod growth;
 mod moment;
 mod passes;
+pub mod tapped;
 
 pub use compare::{diff, median, rank_in_name, ranks};
+pub(crate) use feed::Lives;
 pub use frames::site_label;
 pub(crate) use frames::{GENERATED, PY, frame_flags};
 pub(crate) use passes::{Feeding, Passes};
 
 use super::live_map::LiveMap;
-use super::model::{Action, Frames, Snapshot};
+use super::model::{Frames, Snapshot};
 use super::trace_metrics::{StepScan, index32};
 use crate::conf::Settings;
 pub use crate::evidence::fills::{
@@ -77,6 +80,9 @@ pub struct Ask {
     pub timeline_points: usize,
     /// Only the moment a diagnosis is about: the OOM, else the peak, else the end.
     pub headline_only: bool,
+    /// A device whose trace records no stacks gets each moment grouped by
+    /// block size and by segment instead of by code (`by` site, user or stack).
+    pub blocks_without_stacks: bool,
 }
 
 impl Default for Ask {
@@ -87,6 +93,7 @@ impl Default for Ask {
             at: None,
             timeline_points: 0,
             headline_only: false,
+            blocks_without_stacks: false,
         }
     }
 }
@@ -121,7 +128,8 @@ struct Life {
     born: u32,
     /// Not live from the state after entry `died` on ([`NEVER`]: still live).
     died: u32,
-    /// Index into [`Attributor::stacks`].
+    /// Index into [`Attributor::stacks`] (the frames list's arena id
+    /// until [`Attributor::settle`]).
     stack: u32,
     category: Category,
 }
@@ -152,44 +160,11 @@ pub struct Attributor<'s, 'a> {
     stack_frames: Vec<Frames>,
     sites: Vec<SiteKey<'s>>,
     site_ids: FxHashMap<SiteKey<'s>, u32>,
-    /// Traced allocations, in `alloc` order.
-    lives: Vec<Life>,
-    /// Allocations live before the trace.
-    pre: Vec<Life>,
-    /// Address → index in `lives` of the allocation live there.
-    /// (its size beside it: a free then reads no `Life`, a cache miss on a long trace).
-    live: FxHashMap<u64, (u32, u64)>,
-    /// Σ alloc sizes − Σ freed sizes so far; its highest value and entry.
-    running: i128,
-    best: i128,
-    /// The entry after which allocated memory peaked; -1 before the first
-    /// (a trace that begins by freeing memory allocated before it).
-    peak: Option<i64>,
-    /// The last `oom` entry: index, request, device free; and how many.
-    oom: Option<(usize, u64, u64)>,
-    ooms: u64,
-    /// Segment entries: index, action, addr, size.
-    segment_events: Vec<(u32, Action, u64, u64)>,
-    /// Indices into `lives` in the order they died: entries come in order,
-    /// so this is `lives` sorted by `died` without a sort.
-    deaths: Vec<u32>,
-    entries: usize,
-    at_time: Option<usize>,
-    first_time: Option<i64>,
-    last_time: i64,
-    out_of_order: u64,
-    replaced: u64,
-    /// Memory refused while growing a table.
-    refused: bool,
-    /// The trace records allocations (known once it ends): without it
-    /// nothing is "before the trace".
-    traced: bool,
+    /// The trace as fed.
+    fed: Lives,
     settled: bool,
     /// What matching the end state found, for the notes.
     end_notes: Vec<String>,
-    /// Only the allocated peak is wanted ([`Attributor::peak_only`]): the
-    /// live sizes by address then, in place of `live`.
-    peak_only: Option<LiveMap>,
 }
 
 /// Appends `x` unless the system refuses the memory.
@@ -218,26 +193,33 @@ pub fn attribute(
     ask: Ask,
 ) -> Result<Vec<Attribution>, super::model::ModelError> {
     let settings = super::evidence::recorded_settings(snap);
-    let mut out = Vec::new();
-    for device in snap.devices() {
-        if devices.is_some_and(|d| !d.contains(&device)) {
-            continue;
+    snap.devices()
+        .into_iter()
+        .filter(|device| devices.is_none_or(|d| d.contains(device)))
+        .map(|device| attribute_device(snap, device, &settings, ask))
+        .collect()
+}
+
+/// One device's attribution, its trace read from the snapshot.
+fn attribute_device(
+    snap: &Snapshot,
+    device: u32,
+    settings: &Settings,
+    ask: Ask,
+) -> Result<Attribution, super::model::ModelError> {
+    let passes = Passes {
+        scan: Some(StepScan::new(snap, device)),
+        fills: Attributor::new(snap, device, settings.clone(), ask),
+    };
+    // A long trace is scanned and attributed on a second thread, while
+    // this one reads its entries.
+    let passes = std::thread::scope(|threads| {
+        let mut feeding = Feeding::new(threads, passes, snap.trace_len(device));
+        for (i, e) in snap.trace(device).enumerate() {
+            feeding.entry(i, &e?);
         }
-        let passes = Passes {
-            scan: Some(StepScan::new(snap, device)),
-            fills: Attributor::new(snap, device, settings.clone(), ask),
-        };
-        // A long trace is scanned and attributed on a second thread, while
-        // this one reads its entries.
-        let passes = std::thread::scope(|threads| {
-            let mut feeding = Feeding::new(threads, passes, snap.trace_len(device));
-            for (i, e) in snap.trace(device).enumerate() {
-                feeding.entry(i, &e?);
-            }
-            feeding.finish(device)
-        })?;
-        let steps = passes.scan.map(StepScan::finish);
-        out.push(passes.fills.finish(&steps.unwrap_or_default()));
-    }
-    Ok(out)
+        feeding.finish(device)
+    })?;
+    let steps = passes.scan.map(StepScan::finish);
+    Ok(passes.fills.finish(&steps.unwrap_or_default()))
 }

@@ -15,11 +15,17 @@ use std::collections::BTreeMap;
 
 impl<'s, 'a> Attributor<'s, 'a> {
     /// The live set after entry `s`, grouped; `index` is the entry named.
-    pub(super) fn moment(&self, kind: MomentKind, s: i64, index: Option<usize>) -> Moment {
+    pub(super) fn moment(
+        &self,
+        by: Grouping,
+        kind: MomentKind,
+        s: i64,
+        index: Option<usize>,
+    ) -> Moment {
         let ranges: Vec<(u64, u64)> = self.reserved_at(s).into_iter().collect();
         // Groups: by site, category or size class a dense table (their keys
         // are small); by stack or segment a map.
-        let dense = match self.ask.by {
+        let dense = match by {
             Grouping::Site | Grouping::User => self.sites.len(),
             Grouping::Category => Category::ALL.len(),
             Grouping::Size => SIZE_CLASSES.len(),
@@ -40,9 +46,9 @@ impl<'s, 'a> Attributor<'s, 'a> {
             total_block = total_block.saturating_add(l.block);
             count += 1;
             if let Some(c) = cats.get_mut(l.category.index()) {
-                c.add(l, self.traced);
+                c.add(l, self.fed.traced);
             }
-            if l.pre_trace() && self.traced {
+            if l.pre_trace() && self.fed.traced {
                 pre.bytes = pre.bytes.saturating_add(l.bytes);
                 pre.block_bytes = pre.block_bytes.saturating_add(l.block);
                 pre.count += 1;
@@ -66,8 +72,8 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 }
                 None => outside = outside.saturating_add(l.bytes),
             }
-            let key = match self.ask.by {
-                Grouping::Site | Grouping::User => self.site_of(l),
+            let key = match by {
+                Grouping::Site | Grouping::User => self.site_of(by, l),
                 Grouping::Category => l.category.index() as u32,
                 Grouping::Size => size_class(l.block) as u32,
                 Grouping::Segment => range.map_or(u32::MAX, index32),
@@ -80,8 +86,8 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 }
             };
             match table.get_mut(key as usize) {
-                Some(acc) => acc.add(l, self.traced),
-                None => groups.entry(key).or_default().add(l, self.traced),
+                Some(acc) => acc.add(l, self.fed.traced),
+                None => groups.entry(key).or_default().add(l, self.fed.traced),
             }
         }
         let share = |b: u64| if total == 0 { 0.0 } else { ratio(b, total) };
@@ -96,7 +102,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         // else by the key; only the rows listed are formatted.
         let mut ranked: Vec<(u32, &Acc, (&str, i64, &str))> = accs
             .map(|(key, acc)| {
-                let tie = match self.ask.by {
+                let tie = match by {
                     Grouping::Site | Grouping::User if key >= SPECIAL_SITES => self
                         .sites
                         .get(key as usize)
@@ -108,9 +114,8 @@ impl<'s, 'a> Attributor<'s, 'a> {
             .collect();
         ranked.sort_by(|(_, a, ta), (_, b, tb)| b.bytes.cmp(&a.bytes).then_with(|| ta.cmp(tb)));
         // The top N groups, and the pre-trace row beside them wherever it ranks.
-        let is_pre = |key: u32| {
-            matches!(self.ask.by, Grouping::Site | Grouping::User) && key == SITE_PRE_TRACE
-        };
+        let is_pre =
+            |key: u32| matches!(by, Grouping::Site | Grouping::User) && key == SITE_PRE_TRACE;
         let top = self.ask.top.max(1);
         let mut kept = Vec::with_capacity(top.min(ranked.len()) + 1);
         let mut rest = Rest::default();
@@ -118,7 +123,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         for (key, acc, _) in ranked {
             if is_pre(key) || listed < top {
                 listed += usize::from(!is_pre(key));
-                kept.push(self.row(key, acc, (&stack_of_key, &ranges), share(acc.bytes)));
+                kept.push(self.row(by, key, acc, (&stack_of_key, &ranges), share(acc.bytes)));
             } else {
                 rest.groups += 1;
                 rest.bytes = rest.bytes.saturating_add(acc.bytes);
@@ -157,11 +162,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
                 }
             }
         }
-        let time_us = index
-            .and_then(|i| self.snap.trace_entry(self.device, i))
-            .and_then(Result::ok)
-            .map(|e| e.time_us)
-            .filter(|&t| t != 0);
+        let time_us = index.map(|i| self.fed.time_of(i)).filter(|&t| t != 0);
         Moment {
             moment: kind,
             event_index: index.map(|i| i as u64),
@@ -173,7 +174,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             outside_segments_bytes: outside,
             request_bytes: None,
             device_free_bytes: None,
-            by: self.ask.by,
+            by,
             rows: kept,
             rest: (rest.groups > 0).then_some(rest),
             pre_trace: pre,
@@ -183,8 +184,8 @@ impl<'s, 'a> Attributor<'s, 'a> {
     }
 
     /// The site id a life is grouped under (site or user grouping).
-    fn site_of(&self, l: &Life) -> u32 {
-        match self.ask.by {
+    fn site_of(&self, by: Grouping, l: &Life) -> u32 {
+        match by {
             Grouping::User => self
                 .stacks
                 .get(l.stack as usize)
@@ -228,6 +229,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
 
     fn row(
         &self,
+        by: Grouping,
         key: u32,
         acc: &Acc,
         (stack_of_key, ranges): (&FxHashMap<u32, u32>, &[(u64, u64)]),
@@ -248,7 +250,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             share,
             pre_trace_bytes: acc.pre,
         };
-        match self.ask.by {
+        match by {
             Grouping::Site | Grouping::User => {
                 row.key = self.site_text(key);
                 if key >= SPECIAL_SITES
@@ -317,7 +319,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
             .filter(|g: &&Segment| g.device == self.device && g.total_size > 0)
             .map(|g| (g.address, g.total_size))
             .collect();
-        for &(i, action, addr, size) in self.segment_events.iter().rev() {
+        for &(i, action, addr, size) in self.fed.segment_events.iter().rev() {
             if i64::from(i) <= s {
                 break;
             }

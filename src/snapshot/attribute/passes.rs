@@ -2,9 +2,9 @@
 //! or, for a long trace, the attribution on a second one handed the
 //! entries in batches while the scan stays beside the reading.
 
-use super::Attributor;
+use super::{Attributor, Lives, index32};
 use crate::snapshot::model::{ModelError, TraceEntry};
-use crate::snapshot::trace_metrics::Feed;
+use crate::snapshot::trace_metrics::{Feed, StepScan};
 
 /// What one read of a trace feeds: a scan (the trace metrics, or the steps
 /// alone; when there is one) and the attribution.
@@ -22,14 +22,15 @@ impl<S: Feed> Passes<'_, '_, S> {
     }
 }
 
-impl Attributor<'_, '_> {
-    /// A batch's entries in order, [`WARM`] at a time after their addresses
-    /// are looked up ([`Attributor::warm`]).
-    fn batch(&mut self, batch: &[(usize, TraceEntry)]) {
+impl Lives {
+    /// A batch's entries in order, the first entry `i`, [`WARM`] at a time
+    /// after their addresses are looked up ([`Lives::warm`]).
+    fn batch(&mut self, mut i: usize, batch: &[(u32, TraceEntry)]) {
         for window in batch.chunks(WARM) {
             self.warm(window);
-            for (i, e) in window {
-                self.entry(*i, e);
+            for (_, e) in window {
+                self.entry(i, e);
+                i += 1;
             }
         }
     }
@@ -39,26 +40,21 @@ impl Attributor<'_, '_> {
 const WARM: usize = 16;
 
 /// Where a trace's passes are fed: on this thread, entry by entry, or the
-/// attribution on a thread of its own, in batches of the entries this
-/// thread has read (each entry is decoded once; the batches' buffers go back
-/// and forth), the scan here. Reading an entry out of the decoded pickle
-/// costs about what the scan costs, and the attribution (an address lookup
-/// per entry) about both: with the scan on the second thread too, this one
-/// waited on it for 60 % of the trace pass (`parse` of a 185 MB snapshot,
-/// BENCHMARKS.md, issue 33).
+/// attribution's [`Lives`] on a thread of its own, in batches of the entries this
+/// thread has read ([`Batches`]), the scan here. Reading an entry out of the
+/// decoded pickle costs about what the scan costs, and the attribution (an
+/// address lookup per entry) about both: with the scan on the second thread
+/// too, this one waited on it for 60 % of the trace pass (`parse` of a
+/// 185 MB snapshot, BENCHMARKS.md, issue 33).
 pub(crate) enum Feeding<'t, 's, 'a, S> {
     Inline(Box<Passes<'s, 'a, S>>),
     Thread {
         scan: Option<S>,
-        batch: Vec<(usize, TraceEntry)>,
-        full: std::sync::mpsc::SyncSender<Vec<(usize, TraceEntry)>>,
-        empty: std::sync::mpsc::Receiver<Vec<(usize, TraceEntry)>>,
-        worker: std::thread::ScopedJoinHandle<'t, Attributor<'s, 'a>>,
+        /// The attribution, its lives away on the worker.
+        fills: Box<Attributor<'s, 'a>>,
+        batches: Batches<'t>,
     },
 }
-
-/// Entries handed to the attribution's thread at a time.
-const FEED_BATCH: usize = 4096;
 
 impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
     /// Inline for a short trace; a trace of [`THREADED_TRACE`] entries or
@@ -74,51 +70,23 @@ impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
         if entries < THREADED_TRACE {
             return Feeding::Inline(Box::new(passes));
         }
-        // Two batches in flight: one being read here, one fed there.
-        let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(usize, TraceEntry)>>(2);
-        let (back, empty) = std::sync::mpsc::channel();
-        let Passes { scan, fills } = passes;
-        let worker = threads.spawn(move || {
-            let mut fills = fills;
-            for mut batch in batches {
-                fills.batch(&batch);
-                batch.clear();
-                // This side may have stopped early (an error): nothing to hand back to.
-                let _ = back.send(batch);
-            }
-            fills.settle();
-            fills
-        });
+        let Passes { scan, mut fills } = passes;
+        let fed = std::mem::replace(&mut fills.fed, Lives::new(0, None));
         Feeding::Thread {
             scan,
-            batch: Vec::with_capacity(FEED_BATCH),
-            full,
-            empty,
-            worker,
+            fills: Box::new(fills),
+            batches: Batches::spawn(threads, fed, None, None),
         }
     }
 
     pub(crate) fn entry(&mut self, i: usize, e: &TraceEntry) {
         match self {
             Feeding::Inline(a) => a.entry(i, e),
-            Feeding::Thread {
-                scan,
-                batch,
-                full,
-                empty,
-                ..
-            } => {
+            Feeding::Thread { scan, batches, .. } => {
                 if let Some(scan) = scan {
                     scan.entry(i, e);
                 }
-                batch.push((i, e.clone()));
-                if batch.len() == FEED_BATCH {
-                    let next = empty
-                        .try_recv()
-                        .unwrap_or_else(|_| Vec::with_capacity(FEED_BATCH));
-                    // A send fails only when the worker is gone (it panicked): join says so.
-                    let _ = full.send(std::mem::replace(batch, next));
-                }
+                batches.entry(index32(i), e.clone());
             }
         }
     }
@@ -128,22 +96,131 @@ impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
             Feeding::Inline(p) => Ok(*p),
             Feeding::Thread {
                 scan,
-                batch,
-                full,
-                worker,
-                ..
+                mut fills,
+                batches,
             } => {
-                if !batch.is_empty() {
-                    let _ = full.send(batch);
-                }
-                drop(full);
-                let fills = worker.join().map_err(|_| ModelError {
-                    path: format!("device_traces[{device}]"),
-                    problem: "its attribution failed".to_string(),
-                })?;
-                Ok(Passes { scan, fills })
+                fills.fed = batches
+                    .finish()
+                    .ok_or_else(|| ModelError {
+                        path: format!("device_traces[{device}]"),
+                        problem: "its attribution failed".to_string(),
+                    })?
+                    .lives;
+                Ok(Passes {
+                    scan,
+                    fills: *fills,
+                })
             }
         }
+    }
+}
+
+/// A thread that feeds a trace's [`Lives`], and its [`StepScan`] when it is
+/// given one, the entries handed to it in batches (each entry is read once;
+/// the batches' buffers go back and forth). Each entry comes with a number,
+/// its dict's arena id, which the thread keeps in order when asked to
+/// ([`Fed::ids`]).
+pub(crate) struct Batches<'t> {
+    batch: Vec<(u32, TraceEntry)>,
+    full: std::sync::mpsc::SyncSender<Vec<(u32, TraceEntry)>>,
+    empty: std::sync::mpsc::Receiver<Vec<(u32, TraceEntry)>>,
+    worker: std::thread::ScopedJoinHandle<'t, Fed>,
+}
+
+/// What a [`Batches`] thread fed.
+pub(crate) struct Fed {
+    pub(crate) lives: Lives,
+    pub(crate) steps: Option<StepScan>,
+    /// The entries' numbers, in order (empty unless asked for).
+    pub(crate) ids: Vec<u32>,
+}
+
+/// Entries handed to the attribution's thread at a time.
+const FEED_BATCH: usize = 4096;
+/// Batch buffers: one being filled, two queued, one being fed.
+const BUFFERS: usize = 4;
+
+impl<'t> Batches<'t> {
+    /// `ids`: room for the entries' numbers, or `None` not to keep them.
+    pub(crate) fn spawn(
+        threads: &'t std::thread::Scope<'t, '_>,
+        lives: Lives,
+        steps: Option<StepScan>,
+        ids: Option<Vec<u32>>,
+    ) -> Self {
+        // Two batches in flight: one being read here, one fed there; their
+        // buffers made here at the start (made as they are needed, each a
+        // `mmap` that waits on the address space's lock, which the
+        // populating thread holds: BENCHMARKS.md, issue 41).
+        let (full, batches) = std::sync::mpsc::sync_channel::<Vec<(u32, TraceEntry)>>(2);
+        let (back, empty) = std::sync::mpsc::channel();
+        for _ in 0..BUFFERS {
+            let _ = back.send(Vec::with_capacity(FEED_BATCH));
+        }
+        let keep = ids.is_some();
+        let mut fed = Fed {
+            lives,
+            steps,
+            ids: ids.unwrap_or_default(),
+        };
+        let worker = threads.spawn(move || {
+            let mut i = 0;
+            for mut batch in batches {
+                if let Some(steps) = &mut fed.steps {
+                    for (k, (_, e)) in batch.iter().enumerate() {
+                        steps.entry(i + k, e);
+                    }
+                }
+                if keep {
+                    fed.ids.extend(batch.iter().map(|&(id, _)| id));
+                }
+                fed.lives.batch(i, &batch);
+                i += batch.len();
+                batch.clear();
+                // This side may have stopped early (an error): nothing to hand back to.
+                let _ = back.send(batch);
+            }
+            fed
+        });
+        Batches {
+            batch: Vec::with_capacity(FEED_BATCH),
+            full,
+            empty,
+            worker,
+        }
+    }
+
+    /// The next entry, numbered `id`. Inlined, so an entry read just before
+    /// is written straight into the batch (called apart, the copy of a
+    /// freshly written entry stalled on store forwarding: a fifth of the
+    /// decoding thread's time in `top`).
+    #[inline(always)]
+    pub(crate) fn entry(&mut self, id: u32, e: TraceEntry) {
+        self.batch.push((id, e));
+        if self.batch.len() == FEED_BATCH {
+            self.send();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn send(&mut self) {
+        // Waits for a buffer the thread is done with (it keeps two at most).
+        let next = self
+            .empty
+            .recv()
+            .unwrap_or_else(|_| Vec::with_capacity(FEED_BATCH));
+        // A send fails only when the worker is gone (it panicked): finish says so.
+        let _ = self.full.send(std::mem::replace(&mut self.batch, next));
+    }
+
+    /// What the thread fed, once it has every entry; `None` when it failed.
+    pub(crate) fn finish(self) -> Option<Fed> {
+        if !self.batch.is_empty() {
+            let _ = self.full.send(self.batch);
+        }
+        drop(self.full);
+        self.worker.join().ok()
     }
 }
 
@@ -152,7 +229,7 @@ impl<'t, 's, 'a, S: Feed> Feeding<'t, 's, 'a, S> {
 const THREADED_TRACE: usize = 100_000;
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::allocator::CachingAllocator;
     use crate::device::sim::SimDevice;
@@ -162,7 +239,7 @@ mod tests {
 
     /// A recorded snapshot of about 30 000 trace entries (several feeding
     /// batches), from random allocations and frees on a simulated card.
-    fn recorded() -> Vec<u8> {
+    pub(in crate::snapshot::attribute) fn recorded() -> Vec<u8> {
         let mut a = CachingAllocator::new(Default::default(), SimDevice::new(8 << 30));
         a.record_history();
         let (mut live, mut x) = (Vec::new(), 0x9e37_79b9_7f4a_7c15u64);

@@ -117,8 +117,15 @@ impl<'a> Decoder<'a> {
             Kind::Set => "target is not a set",
             _ => "target is not a list",
         };
-        let Some(Slot::Container(c)) = target.id().and_then(|id| self.p.slots.get(id as usize))
-        else {
+        let slot = target.id().and_then(|id| self.p.slots.get(id as usize));
+        if slot == Some(&Slot::Consumed) && kind == Kind::Dict {
+            // Items for a dict a tap consumed: the pickle is no longer what
+            // the input holds, as its reader learns from the flag.
+            self.p.consumed_read.set();
+            self.stack.truncate(from);
+            return Ok(());
+        }
+        let Some(Slot::Container(c)) = slot else {
             return Err(self.malformed(at, op, wrong()));
         };
         if c.kind != kind {
@@ -164,6 +171,9 @@ impl<'a> Decoder<'a> {
                         }
                     }
                 };
+                if slot.layout == Layout::Shaped {
+                    self.shaped = target;
+                }
                 self.p.slots[id] = Slot::Container(slot);
             }
             Layout::Pool if c.len == 0 || c.start + u64::from(c.len) == pool_end => {

@@ -10,7 +10,7 @@ use super::limits::{Limits, SIZED_VALUES, VALUES, sized_values};
 use super::memo::Memo;
 use super::proto0::{parse_index, raw_unicode_unescape, unquote_string};
 use super::read::opcode_name;
-use super::{Kind, Pickle, RELEASE_STEP, Release, Slot, V};
+use super::{Kind, Layout, Pickle, RELEASE_STEP, Release, Slot, Tap, V};
 use crate::snapshot::grow::{Prefault, reserved};
 use std::collections::HashMap;
 
@@ -45,6 +45,7 @@ pub(super) fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<
             shapes: Vec::new(),
             root: V::NONE,
             protocol: 0,
+            consumed_read: Default::default(),
         },
         shape_ids: HashMap::new(),
         last_shape: u32::MAX,
@@ -57,6 +58,7 @@ pub(super) fn decoder(data: &[u8], limits: Limits, defer_code: bool) -> Decoder<
         defer_code,
         code: None,
         release_at: usize::MAX,
+        shaped: V::NONE,
     }
 }
 
@@ -84,14 +86,47 @@ pub(super) struct Decoder<'a> {
     pub(super) code: Option<DecodeError>,
     /// The input offset at which a [`Release`] hook is called next.
     pub(super) release_at: usize,
+    /// The dict a SETITEMS just gave a key shape, for a [`Tap`] (else `NONE`).
+    pub(super) shaped: V,
 }
 
 impl<'a> Decoder<'a> {
     pub(super) fn run(self) -> Res<Pickle<'a>> {
-        self.run_releasing(None)
+        self.run_releasing(None, None)
     }
 
-    pub(super) fn run_releasing(mut self, mut release: Option<Release<'_>>) -> Res<Pickle<'a>> {
+    /// Tells `tap` of the dict the last SETITEM(S) gave a key shape, if any.
+    fn tap_shaped(&mut self, tap: &mut Option<&mut dyn Tap<'a>>) {
+        let d = std::mem::replace(&mut self.shaped, V::NONE);
+        if d != V::NONE
+            && let Some(t) = tap.as_mut()
+        {
+            self.tap_dict(*t, d);
+        }
+    }
+
+    /// Tells `tap` of dict `d`, just given the key shape matched last (its
+    /// values end the pool), and drops its values if the tap takes them.
+    fn tap_dict(&mut self, tap: &mut dyn Tap<'a>, d: V) {
+        let shape = self.last_shape;
+        let n = self.p.shape_keys(shape).len();
+        let (Some(id), Some(start)) = (d.id(), self.p.pool.len().checked_sub(n)) else {
+            return;
+        };
+        let id = id as usize;
+        let built = matches!(self.p.slots.get(id), Some(Slot::Container(c))
+            if c.layout == Layout::Shaped && c.len == shape && c.start == start as u64);
+        if built && tap.dict(&self.p, d, shape, &self.p.pool[start..]) {
+            self.p.pool.truncate(start);
+            self.p.slots[id] = Slot::Consumed;
+        }
+    }
+
+    pub(super) fn run_releasing(
+        mut self,
+        mut release: Option<Release<'_>>,
+        mut tap: Option<&mut dyn Tap<'a>>,
+    ) -> Res<Pickle<'a>> {
         loop {
             self.hot();
             let at = self.pos;
@@ -152,6 +187,10 @@ impl<'a> Decoder<'a> {
                     if !self.shaped_dict(at)? {
                         self.new_container(Kind::Dict, at)?;
                         self.then_memoize_and_mark()?;
+                    } else if let Some(t) = tap.as_mut()
+                        && let Some(&d) = self.stack.last()
+                    {
+                        self.tap_dict(*t, d);
                     }
                 }
                 b']' => {
@@ -160,7 +199,10 @@ impl<'a> Decoder<'a> {
                 }
                 0x8f => self.new_container(Kind::Set, at)?,
                 b')' => self.new_container(Kind::Tuple, at)?,
-                b'u' => self.extend_marked(Kind::Dict, at, op)?,
+                b'u' => {
+                    self.extend_marked(Kind::Dict, at, op)?;
+                    self.tap_shaped(&mut tap);
+                }
                 b'e' => self.extend_marked(Kind::List, at, op)?,
                 0x90 => self.extend_marked(Kind::Set, at, op)?,
                 b's' => {
@@ -170,6 +212,9 @@ impl<'a> Decoder<'a> {
                     }
                     let target = self.stack[n - 3];
                     self.extend(target, Kind::Dict, n - 2, at, op)?;
+                    // Built item by item (protocol 0): more items may come,
+                    // so a tap is not told.
+                    self.shaped = V::NONE;
                 }
                 b'a' => {
                     let n = self.stack.len();

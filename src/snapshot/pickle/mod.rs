@@ -168,9 +168,29 @@ enum Slot {
     UInt(u64),
     Float(f64),
     Container(Container),
+    /// A dict a [`Tap`] took: its values are gone from the pool. Reading it
+    /// reads nothing and marks the pickle ([`Pickle::consumed_read`]).
+    Consumed,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 16);
+
+/// Set once a consumed dict ([`Slot::Consumed`]) was read.
+#[derive(Debug, Default)]
+struct ReadFlag(std::sync::atomic::AtomicBool);
+
+impl ReadFlag {
+    #[cold]
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clone for ReadFlag {
+    fn clone(&self) -> Self {
+        ReadFlag(self.0.load(std::sync::atomic::Ordering::Relaxed).into())
+    }
+}
 
 /// A decoded pickle: the arena, the item pool and the root value.
 #[derive(Debug, Clone)]
@@ -190,6 +210,7 @@ pub struct Pickle<'a> {
     pub root: V,
     /// The protocol named by the PROTO opcode (0 when absent).
     pub protocol: u8,
+    consumed_read: ReadFlag,
 }
 
 /// Decodes with the default [`Limits`].
@@ -204,21 +225,41 @@ pub fn decode_with(data: &[u8], limits: Limits) -> Result<Pickle<'_>, DecodeErro
 }
 
 /// Input bytes between calls of a [`Release`] hook.
-const RELEASE_STEP: usize = 16 << 20;
+const RELEASE_STEP: usize = 2 << 20;
 
-/// Told how far the decoder has read (a byte offset, every 16 MiB): the
-/// input before it is read again only for the strings the result borrows.
+/// Told how far the decoder has read (a byte offset, at the start and every
+/// 2 MiB): the input before it is read again only for the strings the
+/// result borrows.
 pub type Release<'r> = &'r mut dyn FnMut(usize);
 
-/// [`decode_with`], calling `release` as the input is read.
-pub fn decode_releasing<'a>(
+/// Told of each dict as a SETITEMS (or the one-step build) gives it a key
+/// shape ([`Layout::Shaped`]: torch's trace entries, blocks and frames), on
+/// the decoding thread, with the pickle as decoded so far: a long run of
+/// such dicts (a trace's entries) can be read while its values are still
+/// in cache, and handed on while the rest of the input is decoded. A dict
+/// it takes and that takes more items later (pickle allows it; torch never
+/// does) marks the pickle as if it was read ([`Pickle::consumed_read`]).
+pub trait Tap<'a> {
+    /// `dict` has just taken key shape `shape` ([`Pickle::shape_keys`]) and
+    /// its first items, `values`. True: the tap has taken what it needs and
+    /// the dict's values are dropped from the pickle
+    /// ([`Pickle::consumed_read`] says whether anything read it then).
+    fn dict(&mut self, p: &Pickle<'a>, dict: V, shape: u32, values: &[V]) -> bool;
+}
+
+/// [`decode_with`], calling `release` as the input is read and telling
+/// `tap` of the dicts that take a key shape.
+pub fn decode_tapped<'a>(
     data: &'a [u8],
     limits: Limits,
-    release: Release<'_>,
+    release: Option<Release<'_>>,
+    tap: Option<&mut dyn Tap<'a>>,
 ) -> Result<Pickle<'a>, DecodeError> {
     let mut d = decoder(data, limits, false);
-    d.release_at = RELEASE_STEP;
-    d.run_releasing(Some(release)).map_err(|e| *e)
+    if release.is_some() {
+        d.release_at = 0;
+    }
+    d.run_releasing(release, tap).map_err(|e| *e)
 }
 
 /// Decodes `data` to its STOP, stepping over the opcodes that would call
@@ -245,7 +286,19 @@ impl<'a> Pickle<'a> {
             Slot::UInt(u) => Obj::UInt(u),
             Slot::Float(f) => Obj::Float(f),
             Slot::Container(c) => Obj::Container(c),
+            Slot::Consumed => {
+                self.consumed_read.set();
+                return None;
+            }
         })
+    }
+
+    /// Whether a dict a [`Tap`] consumed was read since (its values were
+    /// gone: what read it saw nothing where the dict was).
+    pub fn consumed_read(&self) -> bool {
+        self.consumed_read
+            .0
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The value with numbers unboxed.
@@ -269,6 +322,10 @@ impl<'a> Pickle<'a> {
     pub fn str(&self, v: V) -> Option<&str> {
         match self.slots.get(v.id()? as usize)? {
             Slot::Str(i) => self.texts.get(*i as usize).map(|s| &**s),
+            Slot::Consumed => {
+                self.consumed_read.set();
+                None
+            }
             _ => None,
         }
     }
@@ -313,6 +370,10 @@ impl<'a> Pickle<'a> {
     fn container_of(&self, v: V) -> Option<&Container> {
         match self.slots.get(v.id()? as usize)? {
             Slot::Container(c) => Some(c),
+            Slot::Consumed => {
+                self.consumed_read.set();
+                None
+            }
             _ => None,
         }
     }
@@ -332,6 +393,11 @@ impl<'a> Pickle<'a> {
     pub fn set_items(&self, v: V) -> Option<&[V]> {
         let c = self.container_of(v)?;
         matches!(c.kind, Kind::Set | Kind::FrozenSet).then(|| self.items_of(c))
+    }
+
+    /// The keys of the dicts of key shape `shape` ([`Layout::Shaped`]).
+    pub fn shape_keys(&self, shape: u32) -> &[V] {
+        self.shapes.get(shape as usize).map_or(&[], |k| k)
     }
 
     /// A dict's (key, value) pairs in insertion order.

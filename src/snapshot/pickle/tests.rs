@@ -184,3 +184,74 @@ fn decoding_beside_a_populating_thread_is_the_plain_decode() {
         );
     }
 }
+
+/// A [`Tap`] that takes (or only counts) every shaped dict.
+#[derive(Default)]
+struct Taking {
+    take: bool,
+    told: Vec<(u32, usize)>,
+}
+
+impl Tap<'_> for Taking {
+    fn dict(&mut self, _: &Pickle<'_>, dict: V, _: u32, values: &[V]) -> bool {
+        self.told
+            .push((dict.id().unwrap_or(u32::MAX), values.len()));
+        self.take
+    }
+}
+
+fn tapped<'a>(data: &'a [u8], tap: &mut Taking) -> Pickle<'a> {
+    decode_tapped(data, Limits::default(), None, Some(tap)).unwrap()
+}
+
+/// Each dict is told to the tap once, by the one-step build and the
+/// opcodes one by one alike; the ones it takes lose their values (the pool
+/// does not grow) and read as nothing, and reading one marks the pickle.
+#[test]
+fn a_tap_is_told_each_shaped_dict_once_and_what_it_takes_is_gone() {
+    for frame in [false, true] {
+        let data = trace_like(50, frame);
+        let plain = decode(&data).unwrap();
+        let mut counting = Taking::default();
+        let counted = tapped(&data, &mut counting);
+        assert_eq!(counting.told.len(), 50);
+        assert!(counting.told.iter().all(|&(_, n)| n == 4));
+        assert_eq!(counted.pool, plain.pool);
+        let mut taking = Taking {
+            take: true,
+            ..Taking::default()
+        };
+        let taken = tapped(&data, &mut taking);
+        assert_eq!(taking.told, counting.told);
+        assert!(taken.pool.len() + 50 * 4 <= plain.pool.len());
+        assert!(!taken.consumed_read());
+        let items = taken.items(taken.root).unwrap().to_vec();
+        assert_eq!(items.len(), 50);
+        assert!(taken.dict(items[7]).is_none());
+        assert!(taken.consumed_read());
+    }
+}
+
+/// A dict given more items after a tap took it marks the pickle; a dict
+/// built item by item (SETITEM, protocol 0) is not told.
+#[test]
+fn a_dict_changed_after_it_was_taken_marks_the_pickle() {
+    // [d] with d = {"a": 1}, then (after another object is built) d["b"] = 2.
+    let data = b"\x80\x04]\x94(}\x94(\x8c\x01a\x94K\x01u\x8c\x01x\x940\x8c\x01b\x94K\x02se.";
+    let mut counting = Taking::default();
+    let p = tapped(data, &mut counting);
+    assert_eq!(counting.told.len(), 1);
+    let d = p.items(p.root).unwrap()[0];
+    assert_eq!(p.dict(d).unwrap().len(), 2);
+    assert!(!p.consumed_read());
+    let mut taking = Taking {
+        take: true,
+        ..Taking::default()
+    };
+    let p = tapped(data, &mut taking);
+    assert!(p.consumed_read());
+    // {"a": 1} by EMPTY_DICT, SETITEM.
+    let mut counting = Taking::default();
+    tapped(b"\x80\x04}\x94\x8c\x01a\x94K\x01s.", &mut counting);
+    assert!(counting.told.is_empty());
+}

@@ -23,12 +23,27 @@ impl StepScan {
     pub fn new(snap: &Snapshot, device: u32) -> Self {
         StepScan {
             step_times: step_annotations(snap, device),
+            ..StepScan::unannotated(snap.trace_len(device))
+        }
+    }
+
+    /// One for a trace of about `entries` entries whose device has no step
+    /// annotations (a snapshot that has them: [`StepScan::annotated`]).
+    pub fn unannotated(entries: usize) -> Self {
+        // Up to half the entries are allocs; untouched capacity costs no memory.
+        StepScan {
+            step_times: Vec::new(),
             next_step: 0,
             step_marks: Vec::new(),
             live: 0,
-            // Up to half the entries are allocs; untouched capacity costs no memory.
-            lives: Vec::with_capacity(snap.trace_len(device) / 2),
+            lives: Vec::with_capacity(entries / 2),
         }
+    }
+
+    /// Whether `device` has step annotations in `snap` (so its steps need
+    /// [`StepScan::new`]).
+    pub fn annotated(snap: &Snapshot, device: u32) -> bool {
+        !step_annotations(snap, device).is_empty()
     }
 
     pub(super) fn entry(&mut self, e: &TraceEntry) {
