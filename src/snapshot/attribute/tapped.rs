@@ -252,4 +252,27 @@ mod tests {
         }
         assert!(told.first() == Some(&0), "{told:?}");
     }
+
+    /// A trace that refers to its entry dicts a second time
+    /// (`scripts/gen_shared_entries_snapshot.py`): what the tap took is not
+    /// the trace, so the snapshot is read again, to the plain answer.
+    #[test]
+    fn a_trace_that_repeats_its_entries_is_read_again() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/attribution/shared-trace-entries.pickle"
+        );
+        let data = std::fs::read(path).unwrap();
+        let limits = Limits::default();
+        let snap = crate::snapshot::load_with("s", &data, &limits).unwrap();
+        assert_eq!(snap.trace_len(0), 4);
+        for ask in asks() {
+            let plain = super::super::attribute(&snap, None, ask).unwrap();
+            assert_eq!(plain[0].trace_entries, 4);
+            let direct = attribute_as_decoded("s", &data, &limits, None, None, ask).unwrap();
+            assert!(direct.is_none());
+            let (_, out) = attribute_input("s", &data, &limits, None, None, ask).unwrap();
+            assert_eq!(out, plain);
+        }
+    }
 }
