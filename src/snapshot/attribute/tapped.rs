@@ -9,14 +9,14 @@
 //! touched (BENCHMARKS.md, issue 41).
 //!
 //! What was fed is used only where the decoded snapshot confirms it: one
-//! device's whole trace, entry for entry, with no step annotations (they come after the trace in torch's
-//! dict, so the steps were found without them), and nothing reading a
-//! dropped dict afterwards ([`Pickle::consumed_read`]). Anything else (a
-//! snapshot with several traced devices, a pickle that adds items to a
-//! dict later or refers to a trace entry twice) is decoded and attributed
-//! again the usual way ([`super::attribute`]): the answer is the same
-//! either way. Block sizes follow the recorded settings, which come after
-//! the trace too: they are given at [`Attributor::settle`](super::Attributor::settle).
+//! device's whole trace, entry for entry, and nothing reading a dropped
+//! dict afterwards ([`Pickle::consumed_read`]). Anything else (a snapshot
+//! with several traced devices, a pickle that adds items to a dict later or
+//! refers to a trace entry twice) is decoded and attributed again the usual
+//! way ([`super::attribute`]): the answer is the same either way. What
+//! follows the trace in torch's dict is given once it is decoded: the step
+//! annotations ([`StepScan::annotate`]) and the recorded settings the block
+//! sizes follow ([`Attributor::settle`](super::Attributor::settle)).
 
 use super::passes::{Batches, Fed};
 use super::{Ask, Attribution, Attributor, Lives};
@@ -97,9 +97,10 @@ fn attribute_fed(
     let Some(traced) = all.iter().copied().find(|&d| snap.trace_is(d, &fed.ids)) else {
         return Ok(None);
     };
-    let Some(steps) = fed.steps.filter(|_| !StepScan::annotated(snap, traced)) else {
+    let Some(mut steps) = fed.steps else {
         return Ok(None);
     };
+    steps.annotate(snap, traced);
     let settings = super::super::evidence::recorded_settings(snap);
     let mut lives = Some((fed.lives, steps));
     let mut out = Vec::new();
@@ -217,8 +218,7 @@ mod tests {
             let traced: Vec<u32> = (snap.devices().into_iter())
                 .filter(|&d| snap.trace_len(d) > 0)
                 .collect();
-            // Step annotations are read after the trace: such a trace is read again.
-            let as_decoded = matches!(traced[..], [d] if !StepScan::annotated(&snap, d));
+            let as_decoded = traced.len() == 1;
             for ask in asks() {
                 let plain = super::super::attribute(&snap, None, ask).unwrap();
                 let (_, tapped) = attribute_input(name, &data, &limits, None, None, ask).unwrap();

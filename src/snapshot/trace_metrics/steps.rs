@@ -17,19 +17,31 @@ pub struct StepScan {
     pub(super) live: i64,
     /// `live` before each alloc.
     lives: Vec<i64>,
+    /// Without the annotations yet ([`StepScan::unannotated`]): the latest
+    /// (nonzero) time recorded up to each alloc, and in the whole trace, so
+    /// that they can be given after the trace ([`StepScan::annotate`]).
+    later: Option<(Vec<i64>, i64)>,
 }
 
 impl StepScan {
     pub fn new(snap: &Snapshot, device: u32) -> Self {
         StepScan {
             step_times: step_annotations(snap, device),
-            ..StepScan::unannotated(snap.trace_len(device))
+            ..StepScan::with_room(snap.trace_len(device))
         }
     }
 
-    /// One for a trace of about `entries` entries whose device has no step
-    /// annotations (a snapshot that has them: [`StepScan::annotated`]).
+    /// One for a trace of about `entries` entries fed before its device's
+    /// step annotations are known (they follow the trace in torch's dict):
+    /// [`StepScan::annotate`] gives them once it is fed.
     pub fn unannotated(entries: usize) -> Self {
+        StepScan {
+            later: Some((Vec::with_capacity(entries / 2), i64::MIN)),
+            ..Self::with_room(entries)
+        }
+    }
+
+    fn with_room(entries: usize) -> Self {
         // Up to half the entries are allocs; untouched capacity costs no memory.
         StepScan {
             step_times: Vec::new(),
@@ -37,16 +49,37 @@ impl StepScan {
             step_marks: Vec::new(),
             live: 0,
             lives: Vec::with_capacity(entries / 2),
+            later: None,
         }
     }
 
-    /// Whether `device` has step annotations in `snap` (so its steps need
-    /// [`StepScan::new`]).
-    pub fn annotated(snap: &Snapshot, device: u32) -> bool {
-        !step_annotations(snap, device).is_empty()
+    /// The step annotations of `device` in `snap`, for one made
+    /// [`StepScan::unannotated`] and fed the whole trace: the marks
+    /// [`StepScan::new`] would have set as it was fed. An annotation's step
+    /// starts at the first entry whose time reaches its own, so at the
+    /// number of allocs whose latest time so far falls short of it (those
+    /// times never fall), and only if some entry reaches it.
+    pub fn annotate(&mut self, snap: &Snapshot, device: u32) {
+        let Some((latest, last)) = self.later.take() else {
+            return;
+        };
+        self.step_times = step_annotations(snap, device);
+        self.next_step = self.step_times.partition_point(|&t| t <= last);
+        self.step_marks = self.step_times[..self.next_step]
+            .iter()
+            .map(|&t| u32::try_from(latest.partition_point(|&l| l < t)).unwrap_or(u32::MAX))
+            .collect();
     }
 
     pub(super) fn entry(&mut self, e: &TraceEntry) {
+        if let Some((latest, last)) = &mut self.later {
+            if e.time_us != 0 {
+                *last = (*last).max(e.time_us);
+            }
+            if e.action == Action::Alloc {
+                latest.push(*last);
+            }
+        }
         if e.time_us != 0 {
             while self
                 .step_times
@@ -190,4 +223,48 @@ fn step_annotations(snap: &Snapshot, device: u32) -> Vec<i64> {
         .collect();
     times.sort_unstable();
     times
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Annotations given after the trace mark the allocs that annotations
+    /// known from the start mark, on every bundled snapshot (some annotated);
+    /// and on an annotated one with its entries' times scrambled, where a
+    /// time can fall back.
+    #[test]
+    fn annotating_after_the_trace_marks_what_annotating_before_it_marks() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/snapshots");
+        let mut annotated = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|x| x != "pickle") {
+                continue;
+            }
+            let data = std::fs::read(&path).unwrap();
+            let snap = crate::snapshot::load("s", &data).unwrap();
+            for device in snap.devices() {
+                let entries: Vec<TraceEntry> = snap.trace(device).map(Result::unwrap).collect();
+                let scrambled = entries.iter().enumerate().map(|(i, e)| TraceEntry {
+                    time_us: if i % 7 == 3 { e.time_us / 2 } else { e.time_us },
+                    ..e.clone()
+                });
+                for entries in [entries.clone(), scrambled.collect()] {
+                    let mut before = StepScan::new(&snap, device);
+                    let mut after = StepScan::unannotated(entries.len());
+                    for e in &entries {
+                        before.entry(e);
+                        after.entry(e);
+                    }
+                    after.annotate(&snap, device);
+                    assert_eq!(after.step_marks, before.step_marks, "{path:?}");
+                    assert_eq!(after.next_step, before.next_step, "{path:?}");
+                    assert_eq!(after.cuts(), before.cuts(), "{path:?}");
+                    annotated += usize::from(!before.step_marks.is_empty());
+                }
+            }
+        }
+        assert!(annotated >= 2, "{annotated}");
+    }
 }
