@@ -368,7 +368,7 @@ impl<'s, 'a> Attributor<'s, 'a> {
         self.fed.entry(i, e);
     }
 
-    /// See [`Lives::peak_event_index`].
+    /// The allocated peak's entry of one made [`Self::peak_only`] and fed every entry.
     pub fn peak_event_index(&self) -> Option<u64> {
         self.fed.peak_event_index()
     }

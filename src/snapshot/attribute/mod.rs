@@ -18,12 +18,14 @@
 //! saw allocated; it is its own row, never hidden, never negative.
 //!
 //! Fed one trace entry at a time by the loop that reads the trace for the
-//! evidence ([`Attributor::entry`]), so a trace is read once; per entry it
-//! costs a hash lookup or two and, for a frames list it has not seen, a
-//! walk over its frames with a verdict cached per frame dict.
+//! evidence ([`Attributor::entry`]), or as the pickle is decoded
+//! ([`tapped`]), so a trace is read once; per entry it costs a hash lookup
+//! or two. Each frames list is classified once, after the last entry, with
+//! a verdict cached per frame dict.
 //!
 //! The files, by concept: `feed.rs` the attributor's construction and its
-//! per-entry pass (the live set, the running total and the peak); `frames.rs`
+//! per-entry pass (`Lives`: the live set, the running total and the peak,
+//! none of it reading the snapshot); `frames.rs`
 //! what a frame and a stack show (site, rule class, the categories' rules);
 //! `finish.rs` what follows the last entry (the end state matched, the
 //! categories given, the moments, the notes); `moment.rs` the live set at one

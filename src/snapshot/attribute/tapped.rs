@@ -1,7 +1,7 @@
 //! A snapshot's trace attributed while its pickle is decoded (`top` and
-//! `diff`). The decoder tells a [`TraceTap`] of each dict as it builds it
+//! `diff`). The decoder tells a `TraceTap` of each dict as it builds it
 //! ([`Tap`]); the tap reads the trace entries among them, hands them to a
-//! thread that feeds the [`Lives`] and the steps, and has their values
+//! thread that feeds the `Lives` and the steps, and has their values
 //! dropped from the pickle. So the trace pass runs beside the decoding
 //! instead of after it, and the trace's values (8 of every 9 the pickle of
 //! a long trace holds) are never kept: on a 1 M-entry trace the pass was a

@@ -233,7 +233,7 @@ const RELEASE_STEP: usize = 2 << 20;
 pub type Release<'r> = &'r mut dyn FnMut(usize);
 
 /// Told of each dict as a SETITEMS (or the one-step build) gives it a key
-/// shape ([`Layout::Shaped`]: torch's trace entries, blocks and frames), on
+/// shape (`Layout::Shaped`: torch's trace entries, blocks and frames), on
 /// the decoding thread, with the pickle as decoded so far: a long run of
 /// such dicts (a trace's entries) can be read while its values are still
 /// in cache, and handed on while the rest of the input is decoded. A dict
@@ -395,7 +395,7 @@ impl<'a> Pickle<'a> {
         matches!(c.kind, Kind::Set | Kind::FrozenSet).then(|| self.items_of(c))
     }
 
-    /// The keys of the dicts of key shape `shape` ([`Layout::Shaped`]).
+    /// The keys of the dicts of key shape `shape` (`Layout::Shaped`).
     pub fn shape_keys(&self, shape: u32) -> &[V] {
         self.shapes.get(shape as usize).map_or(&[], |k| k)
     }
