@@ -112,18 +112,27 @@ fn populate_read(_addr: usize, _len: usize) {}
 /// Asks this thread's [`populating`] thread, if it has one, to map the
 /// pages of `range` (a read-only file mapping about to be read): a decoder
 /// reading a mapped snapshot then finds them mapped instead of faulting
-/// them in 64 KiB at a time, a tenth of `top`'s decoding time on a 78 MB
-/// snapshot (BENCHMARKS.md, issue 41). Without one, nothing is done.
+/// them in 64 KiB at a time, which took 5–9 % of the decoding thread's
+/// samples in `top` of a 78 MB snapshot (`top` 6 % faster with it:
+/// BENCHMARKS.md, issue 41). Without one, nothing is done.
 pub fn read_soon(range: &[u8]) {
     let start = (range.as_ptr() as usize).next_multiple_of(PAGE);
     let end = (range.as_ptr() as usize).saturating_add(range.len()) & !(PAGE - 1);
+    if end > start {
+        let _ = ask(start, end - start, Request::Read);
+    }
+}
+
+/// Asks this thread's [`populating`] thread for `len` bytes at `addr`,
+/// [`PIECE`] at a time; false without one.
+fn ask(addr: usize, len: usize, request: fn(usize, usize) -> Request) -> bool {
     HELPER.with(|h| {
-        if let Some(to) = h.borrow().as_ref() {
-            for at in (start..end).step_by(PIECE) {
-                let _ = to.send(Request::Read(at, PIECE.min(end - at)));
-            }
-        }
-    });
+        h.borrow().as_ref().is_some_and(|to| {
+            (addr..addr.saturating_add(len))
+                .step_by(PIECE)
+                .all(|at| to.send(request(at, PIECE.min(addr + len - at))).is_ok())
+        })
+    })
 }
 
 /// What a [`populating`] thread is asked: pages to populate for writing
@@ -157,15 +166,7 @@ fn populate_soon(addr: usize, len: usize) -> bool {
     if REFUSED.load(Relaxed) {
         return false;
     }
-    let sent = HELPER.with(|h| {
-        h.borrow().as_ref().is_some_and(|to| {
-            (addr..addr.saturating_add(len)).step_by(PIECE).all(|at| {
-                to.send(Request::Write(at, PIECE.min(addr + len - at)))
-                    .is_ok()
-            })
-        })
-    });
-    sent || populate_write(addr, len)
+    ask(addr, len, Request::Write) || populate_write(addr, len)
 }
 
 /// Runs `f` with the page population this thread asks for ([`Prefault`],

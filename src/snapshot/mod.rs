@@ -236,3 +236,21 @@ fn populating<R>(data: &[u8], f: impl FnOnce() -> R) -> R {
 /// than it saves.
 const POPULATING_INPUT: usize = 32 << 20;
 pub mod writer;
+
+/// Every bundled snapshot (`fixtures/snapshots`, `.pickle` and `.pkl`): its
+/// file name and bytes, for the tests that hold a path against another.
+#[cfg(test)]
+pub(crate) fn bundled() -> Vec<(String, Vec<u8>)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/snapshots");
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle" || x == "pkl"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    out.sort();
+    out
+}

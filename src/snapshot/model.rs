@@ -571,8 +571,8 @@ const TRACE_KEYS: &[(&str, TraceKey)] = &[
 /// Reads trace entries as the decoder builds them ([`super::pickle::Tap`]).
 pub(crate) struct TraceReader {
     reader: Reader,
-    /// Per key shape ([`Pickle::shape_keys`]), once seen: where a trace entry's
-    /// fields sit, or `None` for a shape without `action`.
+    /// Per key shape ([`Pickle::shape_keys`]), once seen: where a trace
+    /// entry's fields sit ([`Reader::trace_positions`]).
     shapes: Vec<Option<Option<[u8; TRACE_KEYS.len()]>>>,
 }
 
@@ -593,20 +593,14 @@ impl TraceReader {
             Some(&Some(at)) => at?,
             _ => self.resolve(p, shape)?,
         };
-        let action = *values.get(usize::from(at[TraceKey::Action as usize]))?;
-        let mut t = read_positions(p, values, &at);
-        t.action = self.reader.action.field(p, action).unwrap_or(Action::Other);
-        Some(t)
+        self.reader.read_positions(p, values, &at)
     }
 
-    /// Where shape `shape` puts a trace entry's fields (`None`: it has no
-    /// `action`, or a field sits too far in), remembered.
+    /// Where shape `shape` puts a trace entry's fields (`None`: a field
+    /// sits too far in), remembered.
     #[cold]
     fn resolve(&mut self, p: &Pickle, shape: u32) -> Option<[u8; TRACE_KEYS.len()]> {
-        let at = self
-            .reader
-            .trace_positions(p, p.shape_keys(shape))
-            .filter(|at| at[TraceKey::Action as usize] != u8::MAX);
+        let at = self.reader.trace_positions(p, p.shape_keys(shape));
         let i = shape as usize;
         if self.shapes.len() <= i {
             self.shapes.resize(i + 1, None);
@@ -789,29 +783,51 @@ impl Reader {
         // and each entry is read by position (millions of entries).
         let shaped = p.dict(e).and_then(|pairs| pairs.shaped());
         let at = shaped.and_then(|(keys, _)| self.trace_positions(p, keys));
-        let action = match (shaped, at) {
-            (Some((_, values)), Some(at)) => {
-                t = read_positions(p, values, &at);
-                values
-                    .get(usize::from(at[TraceKey::Action as usize]))
-                    .copied()
-            }
-            _ => {
-                let mut action = None;
-                self.trace.each(p, e, &path, |k, v| match k {
-                    TraceKey::Action => action = Some(v),
-                    TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
-                    TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
-                    TraceKey::Stream => t.stream = stream_of(p, v),
-                    TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
-                    TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
-                    TraceKey::Frames => t.frames = Frames::of(v),
-                })?;
-                action
-            }
-        };
-        t.action = self.action_of(p, action, &path)?;
+        if let (Some((_, values)), Some(at)) = (shaped, at) {
+            return self
+                .read_positions(p, values, &at)
+                .ok_or_else(|| err(path(), MISSING_ACTION));
+        }
+        let mut action = None;
+        self.trace.each(p, e, &path, |k, v| match k {
+            TraceKey::Action => action = Some(v),
+            TraceKey::Addr => t.addr = p.u64(v).unwrap_or(0),
+            TraceKey::Size => t.size = p.u64(v).unwrap_or(0),
+            TraceKey::Stream => t.stream = stream_of(p, v),
+            TraceKey::DeviceFree => t.device_free = p.u64(v).unwrap_or(0),
+            TraceKey::TimeUs => t.time_us = p.i64(v).unwrap_or(0),
+            TraceKey::Frames => t.frames = Frames::of(v),
+        })?;
+        let action = action.ok_or_else(|| err(path(), MISSING_ACTION))?;
+        t.action = self.action(p, action);
         Ok(t)
+    }
+
+    /// A trace entry read by position from the values of a dict whose key
+    /// shape puts its fields at `at` ([`Reader::trace_positions`]; an
+    /// absent field, `u8::MAX`, reads as its default); `None` without an
+    /// `action`.
+    #[inline(always)]
+    fn read_positions(
+        &mut self,
+        p: &Pickle,
+        values: &[V],
+        at: &[u8; TRACE_KEYS.len()],
+    ) -> Option<TraceEntry> {
+        let get = |k: TraceKey| match at[k as usize] {
+            u8::MAX => None,
+            i => values.get(usize::from(i)).copied(),
+        };
+        let num = |k: TraceKey| get(k).and_then(|v| p.u64(v)).unwrap_or(0);
+        Some(TraceEntry {
+            action: self.action(p, get(TraceKey::Action)?),
+            addr: num(TraceKey::Addr),
+            size: num(TraceKey::Size),
+            stream: get(TraceKey::Stream).map_or(0, |v| stream_of(p, v)),
+            device_free: num(TraceKey::DeviceFree),
+            time_us: get(TraceKey::TimeUs).and_then(|v| p.i64(v)).unwrap_or(0),
+            frames: get(TraceKey::Frames).map_or(Frames::NONE, Frames::of),
+        })
     }
 
     /// The position of each [`TraceKey`] (by discriminant) in trace-entry
@@ -836,33 +852,13 @@ impl Reader {
 
     /// A trace entry's action from its `action` value (unknown names read as
     /// [`Action::Other`]).
-    fn action_of(
-        &mut self,
-        p: &Pickle,
-        action: Option<V>,
-        path: &dyn Fn() -> String,
-    ) -> Result<Action, ModelError> {
-        let action = action.ok_or_else(|| err(path(), "missing 'action'"))?;
-        Ok(self.action.field(p, action).unwrap_or(Action::Other))
+    fn action(&mut self, p: &Pickle, action: V) -> Action {
+        self.action.field(p, action).unwrap_or(Action::Other)
     }
 }
 
-/// A trace entry's fields but its action, read by position from the values
-/// of a dict whose key shape puts them at `at` ([`Reader::trace_positions`]).
-#[inline(always)]
-fn read_positions(p: &Pickle, values: &[V], at: &[u8; TRACE_KEYS.len()]) -> TraceEntry {
-    let get = |k: TraceKey| values.get(usize::from(at[k as usize])).copied();
-    let num = |k: TraceKey| get(k).and_then(|v| p.u64(v)).unwrap_or(0);
-    TraceEntry {
-        action: Action::Other,
-        addr: num(TraceKey::Addr),
-        size: num(TraceKey::Size),
-        stream: get(TraceKey::Stream).map_or(0, |v| stream_of(p, v)),
-        device_free: num(TraceKey::DeviceFree),
-        time_us: get(TraceKey::TimeUs).and_then(|v| p.i64(v)).unwrap_or(0),
-        frames: get(TraceKey::Frames).map_or(Frames::NONE, Frames::of),
-    }
-}
+/// The error of a trace entry without an `action`.
+const MISSING_ACTION: &str = "missing 'action'";
 
 /// Where trace entry `j` of device `d` sits, for errors.
 fn trace_path(d: usize, j: usize) -> String {

@@ -3,10 +3,10 @@
 //! ([`Tap`]); the tap reads the trace entries among them, hands them to a
 //! thread that feeds the `Lives` and the steps, and has their values
 //! dropped from the pickle. So the trace pass runs beside the decoding
-//! instead of after it, and the trace's values (8 of every 9 the pickle of
-//! a long trace holds) are never kept: on a 1 M-entry trace the pass was a
-//! third of `top`'s time, and their pages most of the rest of the memory
-//! touched (BENCHMARKS.md, issue 41).
+//! instead of after it, and the trace's values are never kept: on the
+//! 1 M-entry tiled snapshot the pass was about a third of `top`'s time,
+//! and its entries' values 7.99 M of the pool's 8.16 M (64 MB), half of
+//! `top`'s peak RSS (BENCHMARKS.md, issue 41).
 //!
 //! What was fed is used only where the decoded snapshot confirms it: one
 //! device's whole trace, entry for entry, and nothing reading a dropped
@@ -26,9 +26,9 @@ use crate::snapshot::model::{ModelError, Snapshot, TraceReader};
 use crate::snapshot::pickle::{Pickle, Release, Tap, V};
 use crate::snapshot::trace_metrics::StepScan;
 
-/// Pickle bytes per trace entry, at least, for sizing the tables before
-/// the trace's length is known (torch writes 60 to 90; a table sized too
-/// small grows).
+/// Pickle bytes per trace entry, about, for sizing the tables before the
+/// trace's length is known (the tiled snapshot of a real trace holds 78 per
+/// entry; a table sized too small grows, one too large costs address space).
 const BYTES_PER_ENTRY: usize = 48;
 
 /// Decodes the snapshot `data` and attributes its devices (`devices`, or
@@ -65,20 +65,21 @@ fn attribute_as_decoded<'a>(
     devices: Option<&[u32]>,
     ask: Ask,
 ) -> Result<Option<(Snapshot<'a>, Vec<Attribution>)>, Error> {
-    match load(input_name, data, limits, release, ask) {
-        (Ok(snap), fed, _) => {
-            let attributed = fed.map(|fed| attribute_fed(&snap, devices, ask, fed));
-            Ok(match attributed {
-                _ if snap.pickle.consumed_read() => None,
-                Some(Ok(Some(out))) => Some((snap, out)),
-                Some(Err(e)) => return Err(model(input_name, e)),
-                Some(Ok(None)) | None => None,
-            })
-        }
-        // Modelling read a dropped dict, or found a fault the plain read finds too.
-        (Err(_), _, true) => Ok(None),
-        (Err(e), _, false) => Err(e),
-    }
+    let (snap, fed) = load(input_name, data, limits, release, ask);
+    let snap = match snap {
+        Ok(snap) => snap,
+        // Nothing was dropped: the plain read finds the same fault.
+        Err(e) if fed.as_ref().is_some_and(|f| f.ids.is_empty()) => return Err(e),
+        // Modelling may have read a dropped dict: the plain read says.
+        Err(_) => return Ok(None),
+    };
+    let attributed = fed.map(|fed| attribute_fed(&snap, devices, ask, fed));
+    Ok(match attributed {
+        _ if snap.pickle.consumed_read() => None,
+        Some(Ok(Some(out))) => Some((snap, out)),
+        Some(Err(e)) => return Err(model(input_name, e)),
+        Some(Ok(None)) | None => None,
+    })
 }
 
 /// The attribution of the devices of `snap` with `fed` standing for the
@@ -121,15 +122,15 @@ fn attribute_fed(
 
 /// Decodes and models a snapshot as [`crate::snapshot::load_releasing`]
 /// does, feeding its trace entries to a thread as they are decoded and
-/// dropping them from the pickle. With the snapshot: what the thread fed
-/// (`None` when it cannot be used), and whether any entry was dropped.
+/// dropping them from the pickle; with it, what the thread fed (`None` when
+/// the thread failed; its `ids` are the entries dropped).
 fn load<'a>(
     input_name: &str,
     data: &'a [u8],
     limits: &Limits,
     release: Option<Release<'_>>,
     ask: Ask,
-) -> (Result<Snapshot<'a>, Error>, Option<Fed>, bool) {
+) -> (Result<Snapshot<'a>, Error>, Option<Fed>) {
     let guess = data.len() / BYTES_PER_ENTRY;
     std::thread::scope(|threads| {
         let mut ids = Vec::new();
@@ -142,11 +143,9 @@ fn load<'a>(
                 Some(StepScan::unannotated(guess)),
                 Some(ids),
             ),
-            dropped: false,
         };
         let snap = crate::snapshot::load_tapped(input_name, data, limits, release, Some(&mut tap));
-        let fed = tap.batches.finish();
-        (snap, fed, tap.dropped)
+        (snap, tap.batches.finish())
     })
 }
 
@@ -155,8 +154,6 @@ fn load<'a>(
 struct TraceTap<'t> {
     reader: TraceReader,
     batches: Batches<'t>,
-    /// A dict's values were dropped from the pickle.
-    dropped: bool,
 }
 
 impl<'a> Tap<'a> for TraceTap<'_> {
@@ -164,7 +161,6 @@ impl<'a> Tap<'a> for TraceTap<'_> {
         match (self.reader.entry(p, shape, values), dict.id()) {
             (Some(e), Some(id)) => {
                 self.batches.entry(id, e);
-                self.dropped = true;
                 true
             }
             _ => false,
@@ -202,17 +198,9 @@ mod tests {
     /// with one traced device are attributed that way, not read again.
     #[test]
     fn attributing_as_decoded_gives_what_the_plain_read_gives() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/snapshots");
         let mut fed = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            if !(name.ends_with(".pickle") || name.ends_with(".pkl")) {
-                continue;
-            }
-            let data = std::fs::read(&path).unwrap();
+        for (name, data) in crate::snapshot::bundled() {
+            let name = name.as_str();
             let limits = Limits::default();
             let snap = crate::snapshot::load_with(name, &data, &limits).unwrap();
             let traced: Vec<u32> = (snap.devices().into_iter())
@@ -232,7 +220,8 @@ mod tests {
                 }
             }
         }
-        assert!(fed >= 3 * 20, "{fed}");
+        // 35 of the bundled snapshots, each under the three asks.
+        assert!(fed >= 3 * 35, "{fed}");
     }
 
     /// A trace of several feeding batches, fed as decoded, with the

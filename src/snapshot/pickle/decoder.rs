@@ -86,7 +86,8 @@ pub(super) struct Decoder<'a> {
     pub(super) code: Option<DecodeError>,
     /// The input offset at which a [`Release`] hook is called next.
     pub(super) release_at: usize,
-    /// The dict a SETITEMS just gave a key shape, for a [`Tap`] (else `NONE`).
+    /// The dict a SETITEMS or the one-step build just gave a key shape, for
+    /// a [`Tap`] (else `NONE`).
     pub(super) shaped: V,
 }
 
@@ -95,19 +96,14 @@ impl<'a> Decoder<'a> {
         self.run_releasing(None, None)
     }
 
-    /// Tells `tap` of the dict the last SETITEM(S) gave a key shape, if any.
+    /// Tells `tap` of the dict that just took the key shape matched last
+    /// (by SETITEMS or the one-step build: its values end the pool), if
+    /// any, and drops its values if the tap takes them.
     fn tap_shaped(&mut self, tap: &mut Option<&mut dyn Tap<'a>>) {
         let d = std::mem::replace(&mut self.shaped, V::NONE);
-        if d != V::NONE
-            && let Some(t) = tap.as_mut()
-        {
-            self.tap_dict(*t, d);
-        }
-    }
-
-    /// Tells `tap` of dict `d`, just given the key shape matched last (its
-    /// values end the pool), and drops its values if the tap takes them.
-    fn tap_dict(&mut self, tap: &mut dyn Tap<'a>, d: V) {
+        let Some(tap) = tap.as_mut().filter(|_| d != V::NONE) else {
+            return;
+        };
         let shape = self.last_shape;
         let n = self.p.shape_keys(shape).len();
         let (Some(id), Some(start)) = (d.id(), self.p.pool.len().checked_sub(n)) else {
@@ -184,13 +180,11 @@ impl<'a> Decoder<'a> {
                 }
                 b'(' => self.mark(at)?,
                 b'}' => {
-                    if !self.shaped_dict(at)? {
+                    if self.shaped_dict(at)? {
+                        self.tap_shaped(&mut tap);
+                    } else {
                         self.new_container(Kind::Dict, at)?;
                         self.then_memoize_and_mark()?;
-                    } else if let Some(t) = tap.as_mut()
-                        && let Some(&d) = self.stack.last()
-                    {
-                        self.tap_dict(*t, d);
                     }
                 }
                 b']' => {

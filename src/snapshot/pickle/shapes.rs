@@ -69,6 +69,7 @@ impl Decoder<'_> {
         self.count(items as u64, pos)?;
         self.pool_ahead.ahead(&mut self.p.pool, items);
         self.stack.push(v);
+        self.shaped = v;
         self.pos = pos + 1;
         Ok(true)
     }
